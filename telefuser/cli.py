@@ -1,0 +1,54 @@
+"""The `telefuser` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import __version__
+    from .ops.attention import available_attention_impls
+
+    info = {
+        "telefuser": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "attention_impls": available_attention_impls(),
+    }
+    try:
+        import tf_kernel
+
+        info["tf_kernel"] = tf_kernel.capabilities()
+    except ImportError as exc:
+        info["tf_kernel"] = f"not available: {exc}"
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="telefuser", description="Ulysses sequence-parallel DiT inference.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
+    p.set_defaults(func=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Process groups (mesh), cross-rank agreement and the Ulysses communicator."""

@@ -1,0 +1,213 @@
+"""Pure shape and stride rules for the Ulysses exchange.
+
+Nothing here touches a device or a process group, so every rule is testable on CPU.
+
+Scatter (before attention): each rank holds ``[B, S, H, D]`` (its S sequence rows, all H heads) and ends with
+``[B, W*S, H/W, D]`` (all rows, its H/W heads). Rank r's rows land at ``[r*S, (r+1)*S)`` of every peer's output, and
+peer p receives head slice ``[p*H/W, (p+1)*H/W)``.
+
+Gather (after attention) is the inverse: ``[B, W*S, Hl, D]`` -> ``[B, S, W*Hl, D]``.
+
+Inputs may be strided views (the V view of a fused ``[B, S, 3, H, D]`` projection) as long as, within each sequence
+row, heads and head channels are contiguous: ``stride(3) == 1`` and ``stride(2) == D``. Rows and batch items may sit
+at any larger pitch. This is exactly what a pitched 2-D copy can read without a packing copy.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class UlyssesInputError(ValueError):
+    """A Ulysses call got an input it cannot move; raised identically on every rank."""
+
+
+class Direction(str, enum.Enum):
+    SCATTER = "scatter"  # [B, S_local, H, D] -> [B, S_global, H/W, D]
+    GATHER = "gather"  # [B, S_global, H_local, D] -> [B, S_local, H_local*W, D]
+
+
+@dataclass(frozen=True)
+class UlyssesPlan:
+    """Everything a backend needs to move one tensor; derived from the input alone."""
+
+    direction: Direction
+    world_size: int
+    batch: int
+    local_seq: int  # S: rows each rank owns before scatter / after gather
+    heads_per_rank: int  # H/W: heads each rank owns after scatter / before gather
+    head_dim: int
+    dtype: torch.dtype
+    in_shape: tuple[int, int, int, int]
+    out_shape: tuple[int, int, int, int]
+    in_strides: tuple[int, int, int, int]  # in elements
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def row_elems(self) -> int:
+        """Elements of one rank's head slice in one sequence row: the width of every pitched copy."""
+        return self.heads_per_rank * self.head_dim
+
+    def signature(self) -> tuple:
+        """What all ranks must agree on for this call (strides may differ between ranks)."""
+        return (self.direction.value, self.in_shape, str(self.dtype).removeprefix("torch."))
+
+
+def describe(x: torch.Tensor) -> str:
+    return f"shape={tuple(x.shape)} stride={tuple(x.stride())} dtype={str(x.dtype).removeprefix('torch.')}"
+
+
+def _check_common(x: object, world_size: int, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise UlyssesInputError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise UlyssesInputError(f"{what}: expected a 4-D tensor [B, S, H, D], got {x.dim()}-D ({describe(x)})")
+    if x.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise UlyssesInputError(f"{what}: dtype {str(x.dtype).removeprefix('torch.')} is not supported ({names})")
+    if x.numel() == 0:
+        raise UlyssesInputError(f"{what}: the tensor is empty ({describe(x)})")
+    if world_size < 1:
+        raise UlyssesInputError(f"{what}: world size must be >= 1, got {world_size}")
+    return x
+
+
+def check_row_layout(x: torch.Tensor, what: str) -> None:
+    """Heads and head channels contiguous within each sequence row; rows and batch items do not overlap."""
+    b, s, h, d = x.shape
+    sb, ss, sh, sd = x.stride()
+    problems = []
+    if d > 1 and sd != 1:
+        problems.append(f"head channels are not contiguous (stride(3)={sd}, need 1)")
+    if h > 1 and sh != d:
+        problems.append(f"heads are not contiguous within a row (stride(2)={sh}, need D={d})")
+    row = h * d
+    if s > 1 and ss < row:
+        problems.append(f"sequence rows overlap (stride(1)={ss} < H*D={row})")
+    if b > 1 and sb < (s - 1) * ss + row:
+        problems.append(f"batch items overlap (stride(0)={sb} < {(s - 1) * ss + row})")
+    if problems:
+        raise UlyssesInputError(
+            f"{what}: unsupported layout ({describe(x)}): " + "; ".join(problems)
+            + ". Inputs must keep heads and head channels contiguous within each sequence row, e.g. a "
+            "contiguous tensor or the q/k/v view of a fused [B, S, 3, H, D] projection."
+        )
+
+
+def plan_scatter(x: torch.Tensor, world_size: int) -> UlyssesPlan:
+    """Validate a scatter input and describe the exchange. Raises UlyssesInputError."""
+    _check_common(x, world_size, "scatter_heads")
+    b, s, h, d = x.shape
+    if h % world_size:
+        raise UlyssesInputError(
+            f"scatter_heads: {h} heads cannot be split evenly over the Ulysses degree {world_size} ({describe(x)})"
+        )
+    check_row_layout(x, "scatter_heads")
+    hl = h // world_size
+    return UlyssesPlan(
+        Direction.SCATTER, world_size, b, s, hl, d, x.dtype, (b, s, h, d), (b, s * world_size, hl, d),
+        tuple(x.stride()),
+    )
+
+
+def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesPlan:
+    """Validate a gather input and describe the exchange. Raises UlyssesInputError."""
+    _check_common(y, world_size, "gather_heads")
+    b, sg, hl, d = y.shape
+    if sg % world_size:
+        raise UlyssesInputError(
+            f"gather_heads: the global sequence length {sg} is not divisible by the Ulysses degree {world_size} "
+            f"({describe(y)})"
+        )
+    check_row_layout(y, "gather_heads")
+    s = sg // world_size
+    return UlyssesPlan(
+        Direction.GATHER, world_size, b, s, hl, d, y.dtype, (b, sg, hl, d), (b, s, hl * world_size, d),
+        tuple(y.stride()),
+    )
+
+
+@dataclass(frozen=True)
+class PitchedCopy:
+    """One 2-D copy per batch item, in bytes: what `cudaMemcpy2DAsync` (or a fake) executes."""
+
+    src_offset: int
+    src_pitch: int
+    src_batch_stride: int
+    dst_offset: int
+    dst_pitch: int
+    dst_batch_stride: int
+    width: int
+    height: int
+    batch: int
+
+
+def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
+    """Geometry of rank `rank`'s copy into `peer`'s final output tensor (contiguous `plan.out_shape`).
+
+    Scatter: read head slice `peer` of every local row; write it at rows `[rank*S, (rank+1)*S)` of the peer's output.
+    Gather: read rows `[peer*S, (peer+1)*S)` of the local heads; write them at head slice `rank` of the peer's rows.
+    The source offset is relative to the input's first element (its data_ptr).
+    """
+    if not (0 <= rank < plan.world_size and 0 <= peer < plan.world_size):
+        raise ValueError(f"rank {rank} / peer {peer} outside world size {plan.world_size}")
+    e = plan.element_size
+    sb, ss, _, _ = plan.in_strides
+    width = plan.row_elems * e
+    s, w = plan.local_seq, plan.world_size
+    if plan.direction is Direction.SCATTER:
+        return PitchedCopy(
+            src_offset=peer * plan.row_elems * e,
+            src_pitch=ss * e,
+            src_batch_stride=sb * e,
+            dst_offset=rank * s * width,
+            dst_pitch=width,
+            dst_batch_stride=w * s * width,
+            width=width,
+            height=s,
+            batch=plan.batch,
+        )
+    return PitchedCopy(
+        src_offset=peer * s * ss * e,
+        src_pitch=ss * e,
+        src_batch_stride=sb * e,
+        dst_offset=rank * width,
+        dst_pitch=w * width,
+        dst_batch_stride=s * w * width,
+        width=width,
+        height=s,
+        batch=plan.batch,
+    )
+
+
+def packed_source(x, plan: UlyssesPlan):
+    """Ablation of the pitched path: pack the input destination-major ([W, B, S, Hl, D], one copy on the caller's
+    stream) so that every peer's chunk is contiguous. Only meaningful for scatter."""
+    w, hl = plan.world_size, plan.heads_per_rank
+    return x.unflatten(2, (w, hl)).permute(2, 0, 1, 3, 4).contiguous()
+
+
+def flat_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
+    """Geometry of a copy from `packed_source(x)` (contiguous rows) into the peer's output: the flat-copy ablation."""
+    e = plan.element_size
+    width = plan.row_elems * e
+    s, w, b = plan.local_seq, plan.world_size, plan.batch
+    return PitchedCopy(
+        src_offset=peer * b * s * width,
+        src_pitch=width,
+        src_batch_stride=s * width,
+        dst_offset=rank * s * width,
+        dst_pitch=width,
+        dst_batch_stride=w * s * width,
+        width=width,
+        height=s,
+        batch=b,
+    )

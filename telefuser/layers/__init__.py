@@ -1,0 +1,1 @@
+"""Reusable transformer layers that know how to run under Ulysses sequence parallelism."""

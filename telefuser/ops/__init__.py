@@ -1,0 +1,1 @@
+"""Device ops used by the models: attention dispatch and rotary embeddings."""

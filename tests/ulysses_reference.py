@@ -1,0 +1,28 @@
+"""Rank-wise constructed inputs and expected outputs for Ulysses data-movement tests.
+
+Every rank's input is reproducible from (seed, rank), so each rank can build the exact output it must receive from
+all of its peers' inputs without any communication, and tests compare with `torch.equal`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rank_input(seed: int, rank: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return (torch.randn(*shape, generator=g) * 3 + rank).to(dtype)  # never zeros; differs per rank
+
+
+def expected_scatter(inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """inputs[p] is rank p's [B, S, H, D]; rank `rank` receives every row of head slice `rank`."""
+    w = len(inputs)
+    hl = inputs[0].shape[2] // w
+    return torch.cat([x[:, :, rank * hl : (rank + 1) * hl] for x in inputs], dim=1)
+
+
+def expected_gather(inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """inputs[p] is rank p's [B, W*S, Hl, D]; rank `rank` receives rows slice `rank` of every peer's heads."""
+    w = len(inputs)
+    s = inputs[0].shape[1] // w
+    return torch.cat([y[:, rank * s : (rank + 1) * s] for y in inputs], dim=2)

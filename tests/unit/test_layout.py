@@ -1,0 +1,115 @@
+"""Pure layout rules: validation and the pitched-copy geometry, checked by executing the copies on CPU bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from telefuser.distributed.ulysses.layout import (
+    Direction,
+    PitchedCopy,
+    UlyssesInputError,
+    pitched_copy_to_peer,
+    plan_gather,
+    plan_scatter,
+)
+from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
+
+
+def run_pitched_copy(src: torch.Tensor, dst: torch.Tensor, pc: PitchedCopy) -> None:
+    """Execute one batched 2-D copy (cudaMemcpy2DAsync semantics) on CPU byte views."""
+    esize = src.element_size()
+    src_bytes = torch.as_strided(src, (src.untyped_storage().nbytes() // esize,), (1,), 0).view(torch.uint8)
+    base = src.storage_offset() * esize
+    dst_bytes = dst.view(-1).view(torch.uint8)
+    for b in range(pc.batch):
+        s0 = base + pc.src_offset + b * pc.src_batch_stride
+        d0 = pc.dst_offset + b * pc.dst_batch_stride
+        rows_src = torch.as_strided(src_bytes, (pc.height, pc.width), (pc.src_pitch, 1), s0)
+        rows_dst = torch.as_strided(dst_bytes, (pc.height, pc.width), (pc.dst_pitch, 1), d0)
+        rows_dst.copy_(rows_src)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fused", [False, True], ids=["contiguous", "fused_v_view"])
+def test_pitched_scatter_geometry_builds_exact_outputs(world, dtype, fused):
+    b, s, h, d = 2, 3, 2 * world, 4
+    if fused:  # the V view of a fused [B, S, 3, H, D] projection: rows at a 3*H*D pitch
+        inputs = [rank_input(7, r, (b, s, 3, h, d), dtype)[:, :, 2] for r in range(world)]
+    else:
+        inputs = [rank_input(7, r, (b, s, h, d), dtype) for r in range(world)]
+    plans = [plan_scatter(x, world) for x in inputs]
+    outputs = [torch.full(plans[0].out_shape, float("nan"), dtype=dtype) for _ in range(world)]  # poisoned
+    for rank in range(world):
+        for peer in range(world):
+            run_pitched_copy(inputs[rank], outputs[peer], pitched_copy_to_peer(plans[rank], rank, peer))
+    for peer in range(world):
+        assert torch.equal(outputs[peer], expected_scatter(inputs, peer))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_pitched_gather_geometry_builds_exact_outputs(world):
+    b, s, hl, d = 2, 3, 2, 4
+    inputs = [rank_input(8, r, (b, s * world, hl, d), torch.bfloat16) for r in range(world)]
+    plans = [plan_gather(y, world) for y in inputs]
+    outputs = [torch.full(plans[0].out_shape, float("nan"), dtype=torch.bfloat16) for _ in range(world)]
+    for rank in range(world):
+        for peer in range(world):
+            run_pitched_copy(inputs[rank], outputs[peer], pitched_copy_to_peer(plans[rank], rank, peer))
+    for peer in range(world):
+        assert torch.equal(outputs[peer], expected_gather(inputs, peer))
+
+
+def test_plan_fields():
+    x = torch.randn(1, 5, 3, 8, 16)[:, :, 1]
+    plan = plan_scatter(x, 4)
+    assert plan.direction is Direction.SCATTER
+    assert plan.out_shape == (1, 20, 2, 16) and plan.row_elems == 32 and plan.element_size == 4
+    assert plan.in_strides == (5 * 3 * 8 * 16, 3 * 8 * 16, 16, 1)
+    pc = pitched_copy_to_peer(plan, rank=1, peer=3)
+    assert (pc.src_offset, pc.src_pitch, pc.dst_offset, pc.dst_pitch, pc.width, pc.height) == (
+        3 * 32 * 4, 3 * 8 * 16 * 4, 5 * 32 * 4, 32 * 4, 32 * 4, 5,
+    )
+    assert plan.signature() == ("scatter", (1, 5, 8, 16), "float32")
+    with pytest.raises(ValueError, match="outside world size"):
+        pitched_copy_to_peer(plan, rank=4, peer=0)
+
+
+@pytest.mark.parametrize(
+    "make, world, message",
+    [
+        (lambda: torch.randn(2, 4, 8), 2, "expected a 4-D tensor"),
+        (lambda: torch.randn(1, 4, 6, 8), 4, "6 heads cannot be split evenly over the Ulysses degree 4"),
+        (lambda: torch.randn(1, 4, 4, 8).to(torch.int8), 2, "dtype int8 is not supported"),
+        (lambda: torch.randn(1, 0, 4, 8), 2, "the tensor is empty"),
+        (lambda: torch.randn(1, 8, 4, 4).transpose(1, 2), 2, "heads are not contiguous"),
+        (lambda: torch.randn(1, 4, 4, 16)[..., ::2], 2, "head channels are not contiguous"),
+        (lambda: torch.randn(64).as_strided((2, 4, 2, 4), (8, 8, 4, 1)), 2, "batch items overlap"),
+        (lambda: torch.randn(64).as_strided((1, 4, 2, 4), (8, 4, 4, 1)), 2, "sequence rows overlap"),
+    ],
+)
+def test_scatter_validation_messages(make, world, message):
+    with pytest.raises(UlyssesInputError, match=message):
+        plan_scatter(make(), world)
+
+
+def test_gather_validation_messages():
+    with pytest.raises(UlyssesInputError, match="global sequence length 5 is not divisible by the Ulysses degree 2"):
+        plan_gather(torch.randn(1, 5, 2, 8), 2)
+    assert plan_gather(torch.randn(1, 6, 2, 8), 2).out_shape == (1, 3, 4, 8)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_packed_flat_ablation_geometry_builds_exact_outputs(world):
+    from telefuser.distributed.ulysses.layout import flat_copy_to_peer, packed_source
+
+    inputs = [rank_input(9, r, (2, 3, 3, 2 * world, 4), torch.float16)[:, :, 2] for r in range(world)]
+    plans = [plan_scatter(x, world) for x in inputs]
+    outputs = [torch.full(plans[0].out_shape, float("nan"), dtype=torch.float16) for _ in range(world)]
+    for rank in range(world):
+        packed = packed_source(inputs[rank], plans[rank])
+        for peer in range(world):
+            run_pitched_copy(packed, outputs[peer], flat_copy_to_peer(plans[rank], rank, peer))
+    for peer in range(world):
+        assert torch.equal(outputs[peer], expected_scatter(inputs, peer))
