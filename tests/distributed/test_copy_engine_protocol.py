@@ -1,0 +1,79 @@
+"""The copy-engine protocol (cache, double buffers, epochs, grouping, agreed fallback, failure semantics, timeouts,
+close) on CPU ranks, through the host shared-memory mapping and synchronous host primitives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import transport_cases as cases
+
+T, DEV = "host-shm", "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_exact_scatter_views_and_gather(ranks, dtype):
+    assert ranks.run(cases.case_exact_scatter_and_views, T, DEV, dtype) == ["host-shm"] * ranks.world_size
+
+
+def test_grouped_stress_with_skew_reuses_two_buffers_per_tag(ranks):
+    for distinct, alternates, stats in ranks.run(cases.case_grouped_reuse_and_stress, T, DEV, 64):
+        assert all(len(p) == 2 for p in distinct.values()), distinct
+        assert alternates
+        keys, allocations, epoch = stats
+        assert (keys, allocations, epoch) == (3, 6, 64)  # one handshake per group of three
+
+
+def test_cache_is_bounded_lru(ranks2):
+    for (keys, evictions, tags), hit in ranks2.run(cases.case_cache_bound, T, DEV, 14):
+        assert keys == 12 and evictions == 2
+        assert tags == [f"t{i}" for i in range(2, 14)]
+        assert hit
+
+
+def test_close_releases_everything(ranks2):
+    for live, _, message in ranks2.run(cases.case_close_releases, T, DEV):
+        assert live == 0
+        assert "closed" in message
+
+
+@pytest.mark.parametrize("fail_call", [1, 2], ids=["at_init", "at_first_grouped_submission"])
+def test_setup_failure_on_one_rank_falls_back_on_all(ranks, fail_call):
+    for name, reasons in ranks.run(cases.case_agreed_fallback, T, DEV, fail_call):
+        assert name == "portable"
+        assert "injected failure" in reasons["host-shm"]
+
+
+def test_failure_after_group_start_raises_everywhere(ranks):
+    for message, backend_after, later in ranks.run(cases.case_failure_after_group_start, T, DEV):
+        assert "after a grouped transfer started" in message and "cannot safely fall back" in message
+        assert backend_after == "host-shm"  # no switch of protocol mid-group
+        assert "failed earlier" in later
+
+
+def test_missing_peer_gives_timeout_error(ranks):
+    results = ranks.run(cases.case_missing_peer_times_out, T, DEV, 1.5)
+    assert results[-1] == "skipped K"
+    for message, elapsed in results[:-1]:
+        assert f"peers [{ranks.world_size - 1}] did not complete handshake epoch 2" in message
+        assert 1.5 <= elapsed < 10
+
+
+def test_validation_is_still_agreed(ranks2):
+    messages = ranks2.run(cases.case_agreed_input_error, T, DEV)
+    assert len(set(messages)) == 1 and "rank 1: scatter_heads: dtype float64" in messages[0]
+
+
+@pytest.mark.parametrize(
+    "options, epochs, allocations",
+    [
+        (dict(pitched=False), 3, 6),
+        (dict(handshake_per_tensor=True), 9, 6),
+        (dict(cache_targets=False), 3, 9),
+        (dict(flag_bits=32, high_priority_stream=False), 3, 6),
+    ],
+    ids=["pack_then_flat", "handshake_per_tensor", "no_target_cache", "flags32_normal_priority"],
+)
+def test_ablation_options_stay_exact(ranks2, options, epochs, allocations):
+    for name, epoch, allocs in ranks2.run(cases.case_options_exact, T, DEV, options):
+        assert (name, epoch, allocs) == ("host-shm", epochs, allocations)
