@@ -71,7 +71,7 @@ def test_plan_fields():
     assert (pc.src_offset, pc.src_pitch, pc.dst_offset, pc.dst_pitch, pc.width, pc.height) == (
         3 * 32 * 4, 3 * 8 * 16 * 4, 5 * 32 * 4, 32 * 4, 32 * 4, 5,
     )
-    assert plan.signature() == ("scatter", (1, 5, 8, 16), "float32")
+    assert plan.signature() == ("scatter", (1, 5, 8, 16), torch.float32)
     with pytest.raises(ValueError, match="outside world size"):
         pitched_copy_to_peer(plan, rank=4, peer=0)
 

@@ -47,6 +47,7 @@ ABLATIONS = {
     "ce-handshake-per-tensor": dict(handshake_per_tensor=True),
     "ce-normal-priority": dict(high_priority_stream=False),
     "ce-flags32": dict(flag_bits=32),
+    "ce-symm-barrier": dict(handshake="symm_barrier"),
 }
 
 
@@ -148,6 +149,61 @@ def handshake_us(comm: UlyssesCommunicator, n: int) -> float:
 
 
 CPU_GROUP = None
+_ZERO_CTA = {}
+
+
+def nccl_zero_cta_row(shape_name, local, fused, iters, repeats, bytes_moved) -> Row:
+    """The portable exchange on NCCL's copy-engine collectives: a CTA_POLICY_ZERO communicator and send/receive
+    buffers from Symmetric Memory's NCCL backend (registered windows). Run it in its own process: it switches the
+    Symmetric Memory backend. The layout permutes stay, as NCCL's CE all-to-all moves contiguous chunks only."""
+    row = Row("nccl-zero-cta", shape_name, local, "nccl-zero-cta")
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if "group" not in _ZERO_CTA:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.config.cta_policy = dist.ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO
+            _ZERO_CTA["group"] = dist.new_group(backend="nccl", pg_options=opts)
+            symm_mem.set_backend("NCCL")
+        group = _ZERO_CTA["group"]
+        world = dist.get_world_size()
+        b, s, h, d = local
+        hl = h // world
+        pairs = []
+        for _ in range(3):
+            send = symm_mem.empty(b * s * h * d, dtype=fused.dtype, device=fused.device)
+            recv = symm_mem.empty(b * s * h * d, dtype=fused.dtype, device=fused.device)
+            symm_mem.rendezvous(send, group)
+            symm_mem.rendezvous(recv, group)
+            pairs.append((send, recv))
+
+        def layer():
+            works = []
+            for idx, (send, recv) in zip((2, 0, 1), pairs):  # V first
+                send.view(world, b, s, hl, d).copy_(fused[:, :, idx].unflatten(2, (world, hl)).permute(2, 0, 1, 3, 4))
+                works.append(dist.all_to_all_single(recv, send, group=group, async_op=True))
+            for work in works:
+                work.wait()
+
+        for _ in range(3):
+            layer()
+        per_repeat = []
+        for _ in range(repeats):
+            sync_all()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                layer()
+            end.record()
+            end.synchronize()
+            per_repeat.append(start.elapsed_time(end) / iters)
+        med = max_over_ranks(statistics.median(per_repeat))
+        row.ms_per_layer, row.ms_min, row.ms_max = med, max_over_ranks(min(per_repeat)), max_over_ranks(max(per_repeat))
+        row.gbps = bytes_moved / (med * 1e-3) / 1e9
+    except Exception as exc:  # report, do not hide: the row says why it did not run
+        row.ran_on, row.note = "", f"skipped: {type(exc).__name__}: {str(exc)[:160]}"
+    return row
+
 
 
 def main() -> int:
@@ -185,6 +241,11 @@ def main() -> int:
             transport = "ce-ipc" if name in ABLATIONS else name
             if name in ABLATIONS and "ce-symm" in (r.ran_on for r in rows if r.shape == shape_name):
                 transport = "ce-symm"  # ablate the preferred transport where it runs
+            if name == "ce-symm-barrier":
+                transport = "ce-symm"
+            if name == "nccl-zero-cta":
+                rows.append(nccl_zero_cta_row(shape_name, local, fused, args.iters, args.repeats, bytes_moved))
+                continue
             row = Row(name, shape_name, local, "")
             if transport == "portable" and not one_gpu_per_rank:
                 row.note = "skipped: NCCL needs one GPU per rank (gloo staging through the host is not a baseline)"
@@ -230,8 +291,9 @@ def main() -> int:
                 print(f"{r.backend:<24} {r.shape:<18} {str(list(r.local_shape)):<22} {r.note}")
                 continue
             flat = f"{r.of_flat_ceiling:.0%}" if r.of_flat_ceiling else "-"
+            submit = f"{r.submit_us_per_call:.1f}" if r.submit_us_per_call is not None else "-"
             print(f"{r.backend:<24} {r.shape:<18} {str(list(r.local_shape)):<22} {r.ms_per_layer:>9.3f} "
-                  f"{r.ms_min:>7.3f}-{r.ms_max:<7.3f} {r.gbps:>7.0f} {flat:>8} {r.submit_us_per_call:>15.1f}")
+                  f"{r.ms_min:>7.3f}-{r.ms_max:<7.3f} {r.gbps:>7.0f} {flat:>8} {submit:>15}")
         for key, value in extras.items():
             print(f"{key}: " + ", ".join(f"{k}={v:.4g}" for k, v in value.items()))
         if args.output:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .layout import Direction, UlyssesPlan, flat_copy_to_peer, packed_source, pitched_copy_to_peer
-from .peer_mapping import PeerBuffers, PeerMapping
+from .layout import Direction, UlyssesPlan, copies_to_all_peers, packed_source
+from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping
 
 
 @dataclass
@@ -41,6 +41,7 @@ class CopyEngineOptions:
     cache_targets: bool = True  # False: allocate (collectively) on every call -- what the cache saves
     handshake_per_tensor: bool = False  # True: one handshake per call instead of one per group
     pitched: bool = True  # False: pack destination-major on the caller's stream, then flat copies
+    handshake: str = "memops"  # "symm_barrier": SymmetricMemory.barrier() (an SM kernel) instead of stream memops
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -48,6 +49,8 @@ class CopyEngineOptions:
             raise ValueError(f"max_targets must be >= 1, got {self.max_targets}")
         if self.flag_bits not in (32, 64):
             raise ValueError(f"flag_bits must be 32 or 64, got {self.flag_bits}")
+        if self.handshake not in ("memops", "symm_barrier"):
+            raise ValueError(f"handshake must be 'memops' or 'symm_barrier', got {self.handshake!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
@@ -102,6 +105,9 @@ class CopyEngineBackend:
         self.allocations = 0
         self.evictions = 0
         self.flags = mapping.allocate_flags(options.flag_bits)  # collective and agreed
+        if options.handshake == "symm_barrier" and self.flags.handle is None:
+            self.flags.release()
+            raise CopyEngineSetupError(f"the symm_barrier handshake needs Symmetric Memory, not {mapping.name}")
         self.stream = prims.new_stream(options.high_priority_stream)
 
     # -- the backend contract used by UlyssesCommunicator ---------------------------------------------------------
@@ -156,13 +162,11 @@ class CopyEngineBackend:
 
     def submit(self, x: torch.Tensor, plan: UlyssesPlan, buffers: PeerBuffers) -> CopyEngineTransfer:
         """Issue this rank's copies to every peer on the copy stream. Local; nothing waits on peers here."""
-        geometry_for = pitched_copy_to_peer
-        if not self.options.pitched and plan.direction is Direction.SCATTER:
-            x, geometry_for = packed_source(x, plan), flat_copy_to_peer
+        packed = not self.options.pitched and plan.direction is Direction.SCATTER
+        if packed:
+            x = packed_source(x, plan)
         self.prims.record_ready(self.stream)
-        for i in range(self.world_size):
-            peer = (self.rank + i) % self.world_size  # start with self, then spread the writes over peers
-            geometry = geometry_for(plan, self.rank, peer)
+        for peer, geometry in copies_to_all_peers(plan, self.rank, packed):
             self.prims.copy_2d(x, buffers.peers[peer], buffers.capacity_bytes, geometry, self.stream)
         self.prims.protect_input(x, self.stream)
         if self._pending is None:
@@ -174,7 +178,11 @@ class CopyEngineBackend:
 
     def _handshake(self) -> None:
         self._epoch += 1
-        self.prims.handshake(self.flags.peers, self.flags.local, self.rank, self._epoch, self.stream, self.options.flag_bits)
+        if self.options.handshake == "symm_barrier":  # ablation: the seed's first, slower design
+            with torch.cuda.stream(self.stream):
+                self.flags.handle.barrier(channel=0)
+        else:
+            self.prims.handshake(self.flags.peers, self.flags.local, self.rank, self._epoch, self.stream, self.options.flag_bits)
         completion = self._pending if self._pending is not None else _Completion()
         completion.epoch = self._epoch
         completion.event = self.prims.record_completion(self.stream)

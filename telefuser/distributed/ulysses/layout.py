@@ -16,6 +16,7 @@ at any larger pitch. This is exactly what a pitched 2-D copy can read without a 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,7 @@ class UlyssesPlan:
 
     @property
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def row_elems(self) -> int:
@@ -58,7 +59,7 @@ class UlyssesPlan:
 
     def signature(self) -> tuple:
         """What all ranks must agree on for this call (strides may differ between ranks)."""
-        return (self.direction.value, self.in_shape, str(self.dtype).removeprefix("torch."))
+        return (self.direction.value, self.in_shape, self.dtype)
 
 
 def describe(x: torch.Tensor) -> str:
@@ -211,3 +212,13 @@ def flat_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
         height=s,
         batch=b,
     )
+
+
+@functools.lru_cache(maxsize=512)
+def copies_to_all_peers(plan: UlyssesPlan, rank: int, packed: bool = False) -> tuple[tuple[int, PitchedCopy], ...]:
+    """(peer, geometry) for every peer, starting with `rank` itself so that the writes spread over peers.
+
+    Cached: a model repeats the same few plans every layer and step, and the submission path is latency-critical."""
+    geometry_for = flat_copy_to_peer if packed else pitched_copy_to_peer
+    order = [(rank + i) % plan.world_size for i in range(plan.world_size)]
+    return tuple((peer, geometry_for(plan, rank, peer)) for peer in order)

@@ -42,7 +42,7 @@ class SymmetricMemoryMapping:
         agree_on_setup(error, self.group, "Symmetric Memory rendezvous")
         self._live.append(local)
         nbytes = math.prod(shape) * local.element_size()
-        return PeerBuffers(local, pointers, nbytes, lambda: self._forget(local))
+        return PeerBuffers(local, pointers, nbytes, lambda: self._forget(local), handle=handle)
 
     def _forget(self, tensor: torch.Tensor) -> None:
         self._live = [t for t in self._live if t is not tensor]

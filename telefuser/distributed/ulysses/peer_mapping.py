@@ -29,6 +29,7 @@ class PeerBuffers:
     peers: list[Any]  # index p: where this rank writes to reach rank p's buffer (p == rank: the local buffer)
     capacity_bytes: int
     _release: Callable[[], None] | None = field(default=None, repr=False)
+    handle: Any = field(default=None, repr=False)  # the Symmetric Memory handle, where the mapping has one
 
     def release(self) -> None:
         if self._release is not None:

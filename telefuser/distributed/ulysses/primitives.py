@@ -82,6 +82,7 @@ class CudaPrimitives:
 
     def __init__(self, ops: Any):
         self.ops = ops  # torch.ops.tf_kernel
+        self._ready = torch.cuda.Event()  # re-recorded per call: a wait captures the record that precedes it
 
     def new_stream(self, high_priority: bool) -> torch.cuda.Stream:
         # Lower numbers are higher priorities; the copy stream gets the highest so its tiny copy and memop
@@ -91,7 +92,8 @@ class CudaPrimitives:
 
     def record_ready(self, stream: torch.cuda.Stream) -> None:
         """The copy stream waits until the caller's stream has produced everything submitted so far."""
-        stream.wait_stream(torch.cuda.current_stream())
+        self._ready.record(torch.cuda.current_stream())
+        stream.wait_event(self._ready)
 
     def record_completion(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
         return stream.record_event()
