@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from ..distributed.ulysses import UlyssesCommunicator
 from ..ops.attention import attention
 from ..ops.rotary import apply_rotary
+from ..profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
 
 
 class UlyssesSelfAttention(nn.Module):
@@ -32,14 +34,19 @@ class UlyssesSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)  # strided views
         comm = self.communicator
         if comm is not None:
-            v_handle = comm.scatter_heads(v, tag="v", barrier=False)
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(k), cos, sin)
+            with record_function(PHASE_SCATTER_V):
+                v_handle = comm.scatter_heads(v, tag="v", barrier=False)
+        with record_function(PHASE_QK_PREP):
+            q = apply_rotary(self.q_norm(q), cos, sin)
+            k = apply_rotary(self.k_norm(k), cos, sin)
         if comm is not None:
-            q_handle = comm.scatter_heads(q, tag="q", barrier=False)
-            k_handle = comm.scatter_heads(k, tag="k")
-            q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
-        o = attention(q, k, v, impl=self.attn_impl)
+            with record_function("ulysses.scatter.qk"):
+                q_handle = comm.scatter_heads(q, tag="q", barrier=False)
+                k_handle = comm.scatter_heads(k, tag="k")
+                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
+        with record_function("ulysses.attention"):
+            o = q if self.attn_impl == "identity" else attention(q, k, v, impl=self.attn_impl)
         if comm is not None:
-            o = comm.gather_heads(o).wait()
+            with record_function("ulysses.gather"):
+                o = comm.gather_heads(o).wait()
         return self.out(o.flatten(2))

@@ -1,0 +1,1 @@
+"""Profiling helpers: reading torch.profiler traces."""
