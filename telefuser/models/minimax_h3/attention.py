@@ -1,0 +1,74 @@
+"""Joint self-attention over the packed sequence, with the V-first Ulysses schedule.
+
+fused bias-free QKV -> [B, S, 3, H, D] -> submit the strided V view (barrier=False) -> per-head RMSNorm and partial
+RoPE on Q and K while V moves -> submit Q (barrier=False) -> submit K (completes the group) -> attention on the local
+heads over the full sequence, one document at a time -> gather_heads -> out_proj.
+
+Under tensor parallelism `qkv_proj` holds this rank's heads of each of Q, K and V and `out_proj` is completed by an
+all-reduce (see tp.py), so H here is whatever the projection holds locally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from ...distributed.ulysses import UlyssesCommunicator
+from ...ops.attention import attention
+from ...ops.rotary import apply_rotary
+from ...profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
+
+
+@dataclass
+class AttentionContext:
+    """What one forward's attention calls share. `documents` are (start, stop) ranges of the full sequence that
+    attend only within themselves (the valid rows, then the padding); None means one document."""
+
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for this rank's rows
+    documents: list[tuple[int, int]] | None = None
+    communicator: UlyssesCommunicator | None = None
+    attn_impl: str = "sdpa"
+
+
+def attend_documents(q, k, v, documents, impl: str) -> torch.Tensor:
+    """Attention within each document of [B, S, H, D]; equal to masking keys of other documents."""
+    if documents is None or len(documents) == 1:
+        return attention(q, k, v, impl=impl)
+    parts = [attention(q[:, a:b], k[:, a:b], v[:, a:b], impl=impl) for a, b in documents]
+    return torch.cat(parts, dim=1)
+
+
+class JointAttention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, qk_norm_eps: float):
+        super().__init__()
+        self.head_dim = head_dim
+        self.qkv_proj = nn.Linear(hidden_size, 3 * num_heads * head_dim, bias=False)
+        self.q_norm = nn.RMSNorm(head_dim, eps=qk_norm_eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=qk_norm_eps)
+        self.out_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv_proj(x).view(b, s, 3, -1, self.head_dim).unbind(2)  # strided views
+        comm = ctx.communicator
+        if comm is not None:
+            with record_function(PHASE_SCATTER_V):
+                v_handle = comm.scatter_heads(v, tag="v", barrier=False)
+        with record_function(PHASE_QK_PREP):
+            q, k = self.q_norm(q), self.k_norm(k)
+            if ctx.rope is not None:
+                q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
+        if comm is not None:
+            with record_function("ulysses.scatter.qk"):
+                q_handle = comm.scatter_heads(q, tag="q", barrier=False)
+                k_handle = comm.scatter_heads(k, tag="k")
+                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
+        with record_function("ulysses.attention"):
+            o = attend_documents(q, k, v, ctx.documents, ctx.attn_impl)
+        if comm is not None:
+            with record_function("ulysses.gather"):
+                o = comm.gather_heads(o).wait()
+        return self.out_proj(o.flatten(2))

@@ -1,0 +1,103 @@
+"""The DiT's blocks: SwiGLU MLP, the text token refiner, the AdaLN-modulated joint block and the final layer.
+
+Module and parameter names are those of the released checkpoint (``blocks.N.attn.qkv_proj.weight`` ...).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionContext, JointAttention
+from .config import ADALN_MODALITIES, ADALN_PARAMS_PER_MODALITY, FINAL_ADALN_PARAMS, MiniMaxH3Config
+from .modulation import AdaLNProjection, gated_residual, modulate
+
+
+class SwiGLU(nn.Module):
+    """fc1 -> [gate | up] -> silu(gate) * up -> fc2; bias-free."""
+
+    def __init__(self, hidden_size: int, ffn_size: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden_size, 2 * ffn_size, bias=False)
+        self.fc2 = nn.Linear(ffn_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(gate) * up)
+
+
+def _attention(config: MiniMaxH3Config) -> JointAttention:
+    return JointAttention(
+        config.hidden_size, config.num_attention_heads, config.attention_head_dim, qk_norm_eps=config.qk_norm_eps
+    )
+
+
+class TokenRefinerBlock(nn.Module):
+    """A plain pre-norm transformer block over the text rows: no AdaLN, no RoPE."""
+
+    def __init__(self, config: MiniMaxH3Config):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = _attention(config)
+        self.norm2 = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), ctx)
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenRefiner(nn.Module):
+    def __init__(self, config: MiniMaxH3Config):
+        super().__init__()
+        self.blocks = nn.ModuleList(TokenRefinerBlock(config) for _ in range(config.token_refiner_num_layers))
+        self.final_norm = nn.RMSNorm(config.hidden_size, eps=config.final_norm_eps)
+
+    def forward(self, text: torch.Tensor, attn_impl: str) -> torch.Tensor:
+        ctx = AttentionContext(attn_impl=attn_impl)  # all text rows, one document, no rotary, no sequence split
+        for block in self.blocks:
+            text = block(text, ctx)
+        return self.final_norm(text)
+
+
+class MiniMaxH3Block(nn.Module):
+    """norm1 -> modulate -> joint attention -> gated residual; norm2 -> modulate -> SwiGLU -> gated residual."""
+
+    def __init__(self, config: MiniMaxH3Config):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.norm2 = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = _attention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size)
+        self.adaln_proj = AdaLNProjection(
+            config.time_embed_dim, config.hidden_size, params=ADALN_PARAMS_PER_MODALITY, modalities=ADALN_MODALITIES
+        )
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, rows: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality)."""
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaln_proj(cond)
+        h = self.attn(modulate(self.norm1(x), shift_msa, scale_msa, rows), ctx)
+        x = gated_residual(x, gate_msa, h, rows)
+        h = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp, rows))
+        return gated_residual(x, gate_mlp, h, rows)
+
+
+class FinalLayer(nn.Module):
+    """Final RMSNorm, a shift/scale modulation per timestep (no modality split), then fp32 output heads."""
+
+    def __init__(self, config: MiniMaxH3Config):
+        super().__init__()
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.final_norm_eps)
+        self.adaln_proj = AdaLNProjection(
+            config.time_embed_dim, config.hidden_size, params=FINAL_ADALN_PARAMS, modalities=1
+        )
+        self.video_out = nn.Linear(config.hidden_size, config.video_patch_dim)
+        self.audio_out = nn.Linear(config.hidden_size, config.audio_latents_dim)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, timesteps: torch.Tensor):
+        """timesteps: [B, S] conditioning row per token. Returns (video [B, S, patch_dim], audio [B, S, channels])."""
+        shift, scale = self.adaln_proj(cond)
+        h = modulate(self.norm(x), shift, scale, timesteps)
+        h = h.to(self.video_out.weight.dtype)  # the heads are fp32 in the release: keep their precision
+        return self.video_out(h), self.audio_out(h)

@@ -1,0 +1,160 @@
+"""`MiniMaxH3Config`: the DiT's architecture, with the field names of the released ``transformer/config.json``.
+
+The defaults are the released FL2VA/Ref2VA values. `from_json` reads a released config (metadata keys such as
+``_class_name`` are skipped, other unknown keys are logged and ignored); `tiny()` is a CPU-sized variant for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Keys a released config.json must carry: they fix every weight shape. The others have released defaults.
+REQUIRED_KEYS = (
+    "hidden_size",
+    "num_layers",
+    "token_refiner_num_layers",
+    "num_attention_heads",
+    "attention_head_dim",
+    "ffn_hidden_size",
+    "latents_dim",
+    "audio_latents_dim",
+    "patch_size",
+    "text_dim",
+    "timestep_input_dim",
+    "time_embed_hidden_size",
+    "time_embed_dim",
+    "rope_inv_freq_len",
+)
+
+# AdaLN outputs per token: 6 (shift, scale, gate for attention and MLP) per modality (video, text, audio).
+ADALN_PARAMS_PER_MODALITY = 6
+ADALN_MODALITIES = 3
+FINAL_ADALN_PARAMS = 2  # shift, scale
+
+
+class MiniMaxH3ConfigError(ValueError):
+    """A config that cannot describe a MiniMax H3 DiT (missing keys, inconsistent sizes)."""
+
+
+@dataclass(frozen=True)
+class MiniMaxH3Config:
+    hidden_size: int = 5376
+    num_layers: int = 50
+    token_refiner_num_layers: int = 2
+    num_attention_heads: int = 56
+    attention_head_dim: int = 128
+    ffn_hidden_size: int = 14336
+    latents_dim: int = 24
+    audio_latents_dim: int = 32
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_dim: int = 5120
+    timestep_input_dim: int = 256
+    time_embed_hidden_size: int = 5376
+    time_embed_dim: int = 2688
+    adaln_out_features: int | None = None  # derived (18 * hidden_size) when absent; checked when present
+    final_adaln_out_features: int | None = None  # derived (2 * hidden_size)
+    rope_inv_freq_len: int = 16
+    rope_theta: float = 10000.0  # not in the released config.json; the released rope.inv_freq table solves to 1e4
+    norm_eps: float = 1e-5
+    qk_norm_eps: float = 1e-5
+    final_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
+        self._derive("adaln_out_features", ADALN_PARAMS_PER_MODALITY * ADALN_MODALITIES * self.hidden_size)
+        self._derive("final_adaln_out_features", FINAL_ADALN_PARAMS * self.hidden_size)
+        positive = ("hidden_size", "num_layers", "num_attention_heads", "attention_head_dim", "ffn_hidden_size",
+                    "latents_dim", "audio_latents_dim", "text_dim", "timestep_input_dim", "time_embed_hidden_size",
+                    "time_embed_dim", "rope_inv_freq_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise MiniMaxH3ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.token_refiner_num_layers < 0:
+            raise MiniMaxH3ConfigError(f"token_refiner_num_layers must be >= 0, got {self.token_refiner_num_layers}")
+        if len(self.patch_size) != 3 or min(self.patch_size) <= 0:
+            raise MiniMaxH3ConfigError(f"patch_size must be three positive integers, got {self.patch_size}")
+        if self.timestep_input_dim % 2:
+            raise MiniMaxH3ConfigError(f"timestep_input_dim must be even (cos | sin), got {self.timestep_input_dim}")
+        if self.rotary_dim > self.attention_head_dim:
+            raise MiniMaxH3ConfigError(
+                f"the 3-axis rotary needs 6 * rope_inv_freq_len = {self.rotary_dim} channels but a head has only "
+                f"{self.attention_head_dim}"
+            )
+
+    def _derive(self, name: str, expected: int) -> None:
+        value = getattr(self, name)
+        if value is None:
+            object.__setattr__(self, name, expected)
+        elif value != expected:
+            raise MiniMaxH3ConfigError(f"{name}={value} does not match the architecture (expected {expected})")
+
+    # -- derived sizes ------------------------------------------------------------------------------------------
+    @property
+    def inner_dim(self) -> int:
+        """Attention width; 7168 in the release, larger than hidden_size."""
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Rotated channels per head: 3 axes x rope_inv_freq_len frequencies, duplicated (NeoX halves)."""
+        return 6 * self.rope_inv_freq_len
+
+    @property
+    def video_patch_dim(self) -> int:
+        return self.latents_dim * math.prod(self.patch_size)
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, payload: dict, *, source: str = "config") -> "MiniMaxH3Config":
+        missing = [key for key in REQUIRED_KEYS if key not in payload]
+        if missing:
+            raise MiniMaxH3ConfigError(f"{source} is missing required MiniMax H3 keys: {', '.join(missing)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in payload if k not in known and not k.startswith("_"))
+        if unknown:
+            log.info("%s: ignoring keys this DiT does not use: %s", source, ", ".join(unknown))
+        return cls(**{k: v for k, v in payload.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "MiniMaxH3Config":
+        path = Path(path)
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise MiniMaxH3ConfigError(f"no MiniMax H3 config at {path}") from None
+        if not isinstance(payload, dict):
+            raise MiniMaxH3ConfigError(f"{path} does not hold a JSON object")
+        return cls.from_dict(payload, source=str(path))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["patch_size"] = list(self.patch_size)
+        return out
+
+    @classmethod
+    def tiny(cls, **overrides) -> "MiniMaxH3Config":
+        """A CPU-sized config with the released structure: 8 heads x 16 channels (12 rotated), inner 128 != hidden."""
+        base = cls(
+            hidden_size=64,
+            num_layers=2,
+            token_refiner_num_layers=1,
+            num_attention_heads=8,
+            attention_head_dim=16,
+            ffn_hidden_size=128,
+            text_dim=32,
+            timestep_input_dim=32,
+            time_embed_hidden_size=64,
+            time_embed_dim=32,
+            rope_inv_freq_len=2,
+        )
+        if not overrides:
+            return base
+        overrides.setdefault("adaln_out_features", None)
+        overrides.setdefault("final_adaln_out_features", None)
+        return replace(base, **overrides)

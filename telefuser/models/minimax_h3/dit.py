@@ -1,0 +1,221 @@
+"""MiniMax H3: one DiT over a packed joint sequence of text, audio and video tokens.
+
+Text is projected (`condition_proj`) and refined by a small pre-norm transformer; audio latents and 1x2x2 video
+patches are projected in fp32. All rows are packed into one sequence (packing.py) and run through the block stack,
+where attention spans every modality and AdaLN modulation is chosen per token by its modality and its modality's
+timestep. A final modulated norm feeds fp32 output heads; the video and audio rows are cut out and unpacked.
+
+Parallelism (`enable_parallel`): tensor parallelism first (tp.py), then Ulysses: the packed rows are split over the
+Ulysses group, each rank embeds only its rows, attention exchanges heads for rows with one communicator shared by
+all blocks, and the output rows are all-gathered at the end so every rank returns the full velocities.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ...distributed.mesh import ParallelMesh
+from ...distributed.ulysses import UlyssesCommunicator
+from ...ops.attention import check_attention_impl
+from .attention import AttentionContext
+from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner
+from .config import MiniMaxH3Config
+from .embeddings import Rope3D, TimestepEmbedder
+from .modulation import table_rows, timestep_rows
+from .packing import PACKED_SEQUENCE_ALIGNMENT, PackedLayout, pack_layout, patchify_video, unpatchify_video
+from .tp import TensorParallelState, apply_tensor_parallel
+
+# Parameters the released checkpoint stores, and the model runs, in fp32 whatever the compute dtype.
+FP32_PARAMETER_NAMES = frozenset(
+    f"{module}.{p}"
+    for module in ("video_patch_proj", "audio_patch_proj", "time_embedder.proj_in", "time_embedder.proj_out",
+                   "final_layer.video_out", "final_layer.audio_out")
+    for p in ("weight", "bias")
+)
+FP32_BUFFER_NAMES = frozenset({"rope.inv_freq"})
+
+# forward() takes timesteps in [0, 1000]; the released model embeds t in [0, 1] (t = 1 - sigma, 1 = clean).
+TIMESTEP_SCALE = 1000.0
+STEREO = 2
+
+BlockHook = Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class MiniMaxH3DiT(nn.Module):
+    def __init__(
+        self, config: MiniMaxH3Config, *, attn_impl: str = "sdpa", sequence_alignment: int = PACKED_SEQUENCE_ALIGNMENT
+    ):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.video_patch_proj = nn.Linear(config.video_patch_dim, hidden)
+        self.audio_patch_proj = nn.Linear(config.audio_latents_dim, hidden)
+        self.condition_proj = nn.Linear(config.text_dim, hidden)
+        self.time_embedder = TimestepEmbedder(config.timestep_input_dim, config.time_embed_hidden_size,
+                                              config.time_embed_dim)
+        self.rope = Rope3D(config.rope_inv_freq_len, config.rope_theta)
+        self.token_refiner = TokenRefiner(config)
+        self.blocks = nn.ModuleList(MiniMaxH3Block(config) for _ in range(config.num_layers))
+        self.final_layer = FinalLayer(config)
+
+        self.attn_impl = check_attention_impl(attn_impl)
+        self.sequence_alignment = sequence_alignment
+        self.weights_source = "constructed (default init)"
+        self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
+        self.ulysses_group: dist.ProcessGroup | None = None
+        self.tensor_parallel: TensorParallelState | None = None
+
+    # -- precision ----------------------------------------------------------------------------------------------
+    def to_mixed_precision(self, dtype: torch.dtype) -> "MiniMaxH3DiT":
+        """Cast to `dtype`, keeping the released fp32 modules (patch projections, time embedder, heads) in fp32."""
+        for name, param in self.named_parameters():
+            param.data = param.data.to(torch.float32 if name in FP32_PARAMETER_NAMES else dtype)
+        self.rope.inv_freq.data = self.rope.inv_freq.data.float()
+        return self
+
+    # -- parallelism ----------------------------------------------------------------------------------------------
+    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "MiniMaxH3DiT":
+        """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over
+        `mesh.ulysses_group` with one communicator for all blocks."""
+        parallel = mesh.config
+        parallel.check_heads(self.config.num_attention_heads)
+        if self.tensor_parallel is None and parallel.tp_degree > 1:
+            self.tensor_parallel = apply_tensor_parallel(self, mesh.tp_group, mesh.tp_rank, parallel.tp_degree)
+        elif self.tensor_parallel is not None and self.tensor_parallel.size != parallel.tp_degree:
+            raise ValueError(
+                f"the model is already split for tp_degree {self.tensor_parallel.size}, not {parallel.tp_degree}"
+            )
+        self.close()
+        if parallel.ulysses_degree > 1:
+            self.ulysses_group = mesh.ulysses_group
+            self.communicator = communicator_factory(mesh.ulysses_group)
+        return self
+
+    def close(self) -> None:
+        """Release the Ulysses communicator (local, no collective); the model then runs without sequence split.
+        TP slicing stays: it is one-way for a model instance."""
+        if self.communicator is not None:
+            self.communicator.close()
+        self.communicator, self.ulysses_group = None, None
+
+    disable_parallel = close
+
+    def _ulysses_coordinates(self) -> tuple[int, int]:
+        if self.communicator is None:
+            return 0, 1
+        return self.communicator.rank, self.communicator.world_size
+
+    # -- forward --------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        video: torch.Tensor,
+        audio: torch.Tensor,
+        text: torch.Tensor,
+        t_video: torch.Tensor,
+        t_audio: torch.Tensor,
+        *,
+        block_hook: BlockHook | None = None,
+        audio_channels: int = STEREO,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """video [B, C, T, H, W] latents; audio [B, C_a, A] latents, A = audio_channels x T_a, channel-major;
+        text [B, L, text_dim] (all L rows are live text); t_video, t_audio [B] in [0, 1000] (1000 = clean).
+        Returns fp32 velocities shaped like video and audio."""
+        self._check_inputs(video, audio, text, t_video, t_audio)
+        batch, channels, lt, lh, lw = video.shape
+        rank, world = self._ulysses_coordinates()
+        layout = pack_layout(
+            text_rows=text.shape[1], video_latent_thw=(lt, lh, lw), audio_rows=audio.shape[2],
+            audio_channels=audio_channels, patch_size=self.config.patch_size,
+            alignment=self.sequence_alignment, multiple_of=world,
+        )
+        rows = layout.local_rows(rank, world)
+        tags = layout.tags[rows].to(video.device)
+        timesteps = timestep_rows(layout.timestep_slots[rows].to(video.device), batch)
+        adaln_rows = table_rows(tags, timesteps)
+
+        hidden = self._embed_rows(layout, rows, video, audio, text)
+        cond = F.silu(self.time_embedder(torch.cat([t_video, t_audio]).float() / TIMESTEP_SCALE))
+        ctx = AttentionContext(
+            rope=self.rope(layout.positions[rows].to(video.device)),
+            documents=layout.documents,
+            communicator=self.communicator,
+            attn_impl=self.attn_impl,
+        )
+
+        def run_blocks(h: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                h = block(h, cond, adaln_rows, ctx)
+            return h
+
+        hidden = run_blocks(hidden) if block_hook is None else block_hook(hidden, run_blocks, tags)
+        video_out, audio_out = self.final_layer(hidden, cond, timesteps)
+        out = torch.cat([video_out, audio_out], dim=-1)
+        if world > 1:
+            out = _all_gather_rows(out, self.ulysses_group, world)
+        patch_dim = self.config.video_patch_dim
+        video_velocity = unpatchify_video(out[:, layout.video, :patch_dim], (channels, lt, lh, lw),
+                                          self.config.patch_size)
+        audio_velocity = out[:, layout.audio, patch_dim:].transpose(1, 2)
+        return video_velocity.float().contiguous(), audio_velocity.float().contiguous()
+
+    def _embed_rows(self, layout: PackedLayout, rows: slice, video, audio, text) -> torch.Tensor:
+        """This rank's packed rows [B, S_local, hidden]: its part of each modality, in packed order, then padding.
+        Only the rows a rank owns are projected; the text refiner runs when the rank owns any text row, since it
+        attends over the whole prompt."""
+        text_part, audio_part, video_part = (_overlap(s, rows) for s in (layout.text, layout.audio, layout.video))
+        parts = []
+        if text_part is not None:
+            parts.append(self._embed_text(text)[:, text_part])
+        if audio_part is not None:
+            parts.append(self._embed_latents(self.audio_patch_proj, audio.transpose(1, 2)[:, audio_part]))
+        if video_part is not None:
+            tokens = patchify_video(video, self.config.patch_size)[:, video_part]
+            parts.append(self._embed_latents(self.video_patch_proj, tokens))
+        stream_dtype = self.condition_proj.weight.dtype
+        padding = rows.stop - max(layout.used, rows.start)
+        if padding > 0:
+            parts.append(video.new_zeros(video.shape[0], padding, self.config.hidden_size, dtype=stream_dtype))
+        return torch.cat([part.to(stream_dtype) for part in parts], dim=1)
+
+    def _embed_text(self, text: torch.Tensor) -> torch.Tensor:
+        return self.token_refiner(self.condition_proj(text.to(self.condition_proj.weight.dtype)), self.attn_impl)
+
+    @staticmethod
+    def _embed_latents(proj: nn.Linear, tokens: torch.Tensor) -> torch.Tensor:
+        return proj(tokens.to(proj.weight.dtype))  # fp32 projection of fp32 latents, as released
+
+    def _check_inputs(self, video, audio, text, t_video, t_audio) -> None:
+        cfg = self.config
+        batch = video.shape[0] if video.dim() == 5 else None
+        problems = []
+        if video.dim() != 5 or video.shape[1] != cfg.latents_dim:
+            problems.append(f"video must be [B, {cfg.latents_dim}, T, H, W], got {tuple(video.shape)}")
+        if audio.dim() != 3 or audio.shape[:2] != (batch, cfg.audio_latents_dim):
+            problems.append(f"audio must be [B={batch}, {cfg.audio_latents_dim}, A], got {tuple(audio.shape)}")
+        if text.dim() != 3 or text.shape[0] != batch or text.shape[2] != cfg.text_dim:
+            problems.append(f"text must be [B={batch}, L, {cfg.text_dim}], got {tuple(text.shape)}")
+        for name, t in (("t_video", t_video), ("t_audio", t_audio)):
+            if t.shape != (batch,):
+                problems.append(f"{name} must be [B={batch}], got {tuple(t.shape)}")
+        if problems:
+            raise ValueError("MiniMaxH3DiT.forward: " + "; ".join(problems))
+        ts = torch.cat([t_video.float(), t_audio.float()])
+        if not bool(((ts >= 0) & (ts <= TIMESTEP_SCALE)).all()):
+            raise ValueError(f"timesteps must lie in [0, {TIMESTEP_SCALE:g}], got {ts.tolist()}")
+
+
+def _overlap(segment: slice, rows: slice) -> slice | None:
+    """The part of `segment` inside `rows`, relative to the segment's start; None when they do not meet."""
+    start, stop = max(segment.start, rows.start), min(segment.stop, rows.stop)
+    return slice(start - segment.start, stop - segment.start) if start < stop else None
+
+
+def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup, world: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
