@@ -1,0 +1,141 @@
+"""MiniMax H3 text -> video + audio, one request, timed.
+
+    python examples/minimax_h3/run_t2va.py --config tiny --device cpu --dtype float32 \
+        --duration 0.2 --resolution 32 --steps 3 --output outputs/minimax_h3/tiny.mp4
+    torchrun --standalone --nproc-per-node=4 examples/minimax_h3/run_t2va.py --checkpoint /models/MiniMax-H3 \
+        --ulysses-degree 2 --tp-degree 2 --attn-impl flash_attn_4 --enable-feature-cache --output out/h3.mp4
+
+Writes the MP4 (H.264, 24 fps, AAC 32 kHz stereo) and ``<output>.json`` with timings, peak memory, DiT calls
+computed/skipped and where the weights came from. Without --checkpoint every weight is random: the clip shows
+noise-like pictures and sound, which is what a plumbing/timing run needs and nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from telefuser.distributed.mesh import ParallelConfig, init_distributed
+from telefuser.media import write_mp4
+from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
+from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, build_minimax_h3_pipeline, plan_shape
+from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching softly while a crow calls overhead."
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds; snapped up to 17n+5 frames at 24 fps")
+    p.add_argument("--resolution", default="768", help="short edge in pixels (with --aspect-ratio) or WIDTHxHEIGHT")
+    p.add_argument("--aspect-ratio", default="16:9", choices=list(ASPECT_RATIOS))
+    p.add_argument("--steps", type=int, default=50, help="sigma points; the DiT runs steps-1 times")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flow-shift", type=float, default=DEFAULT_VIDEO_FLOW_SHIFT)
+    p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
+    p.add_argument("--gpu-num", "--ulysses-degree", dest="ulysses_degree", type=int, default=1,
+                   help="Ulysses sequence-parallel degree")
+    p.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
+    p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
+    p.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
+    p.add_argument("--calibrate-feature-cache", type=Path, default=None, metavar="JSON",
+                   help="compute every step and write AdaTaylorCache params (audio-row ratios) to JSON")
+    p.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
+    p.add_argument("--standin-video-vae", action="store_true",
+                   help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful)")
+    p.add_argument("--config", choices=["tiny", "official"], default="tiny",
+                   help="random-weight sizes without --checkpoint")
+    p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--output", type=Path, default=Path("outputs/minimax_h3/t2va.mp4"))
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    check_attention_impl(args.attn_impl)
+    if args.enable_feature_cache and args.calibrate_feature_cache:
+        raise SystemExit("--enable-feature-cache and --calibrate-feature-cache exclude each other")
+    metrics_path = args.output.with_suffix(".json")
+    if args.calibrate_feature_cache and args.calibrate_feature_cache.resolve() == metrics_path.resolve():
+        raise SystemExit(f"--calibrate-feature-cache {metrics_path} would be overwritten by the metrics JSON")
+    # Refuse a bad request before any weight is loaded (the pipeline checks again with the DiT's patch size).
+    plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
+    FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
+    parallel = ParallelConfig(ulysses_degree=args.ulysses_degree, tp_degree=args.tp_degree)
+    mesh = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        mesh = init_distributed(parallel)
+    elif parallel.world_size > 1:
+        raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun --nproc-per-node=N")
+    device = torch.device(args.device) if args.device else (
+        mesh.device if mesh is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    rank = mesh.rank if mesh is not None else 0
+
+    pipe = build_minimax_h3_pipeline(
+        config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh, seed=args.seed,
+        attn_impl=args.attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=not args.no_progress,
+    )
+    feature_cache = None
+    if args.enable_feature_cache:
+        feature_cache = "ada_taylor"
+    elif args.calibrate_feature_cache:
+        feature_cache = "calibrator"
+    try:
+        result = pipe(
+            args.prompt, duration=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio,
+            steps=args.steps, seed=args.seed, flow_shift=args.flow_shift, audio_flow_shift=args.audio_flow_shift,
+            feature_cache=feature_cache,
+        )
+        if rank == 0:
+            if args.calibrate_feature_cache:
+                result.feature_cache.save(args.calibrate_feature_cache, sigma_shift=args.flow_shift, notes={
+                    "audio_sigma_shift": args.audio_flow_shift, "calibrated_on": "audio rows (tag 2)",
+                    "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}"})
+            report(args, result, mesh)
+    finally:
+        pipe.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def report(args: argparse.Namespace, result, mesh) -> None:
+    write_mp4(args.output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
+    metrics = result.metrics()
+    metrics["launch"] = {
+        "world_size": mesh.world_size if mesh is not None else 1,
+        "ulysses_degree": args.ulysses_degree,
+        "tp_degree": args.tp_degree,
+        "attn_impl": args.attn_impl,
+        "dtype": args.dtype or ("bfloat16" if str(result.request["device"]).startswith("cuda") else "float32"),
+        "config": args.config if args.checkpoint is None else "checkpoint",
+    }
+    metrics_path = args.output.with_suffix(".json")
+    metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+
+    t, s = result.timings, result.shape
+    weights = result.weights.get("summary", "")
+    random_note = " -- random weights: output is not meaningful" if args.checkpoint is None else ""
+    print(f"weights: {weights}{random_note}")
+    for part in ("tokenizer", "video_vae", "audio_vae"):
+        print(f"  {part}: {result.weights.get(part)}")
+    print(f"video: {s.width}x{s.height}, {s.frame_count} frames @ {result.fps} fps ({s.duration_s:.3f} s); "
+          f"audio: {result.audio.shape[0]} ch x {result.audio.shape[1]} samples @ {result.sample_rate} Hz")
+    print(f"DiT calls computed/skipped: {result.dit_calls_computed}/{result.dit_calls_skipped}")
+    print(f"pipeline {t.pipeline_s:.2f} s | text {t.text_encode_s:.2f} s | DiT {t.dit_total_s:.2f} s "
+          f"({t.dit_total_s / max(1, len(t.dit_step_s)):.3f} s/call) | VAE {t.vae_decode_s:.2f} s")
+    print(f"peak memory: {result.peak_memory_bytes / 2**30:.2f} GiB ({result.peak_memory_kind})")
+    print(f"wrote {args.output} and {metrics_path}")
+
+
+if __name__ == "__main__":
+    main()

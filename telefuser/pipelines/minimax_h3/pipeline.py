@@ -1,0 +1,280 @@
+"""MiniMax H3 text -> video + audio: encode the prompt, denoise both latents with one DiT, decode.
+
+The DiT is injected (see `loading.build_minimax_h3_pipeline` for the real one). Its contract::
+
+    dit(video [B, 24, T, h, w] fp32, audio [B, 32, 2*Ta] fp32, text [B, L, text_dim], t_video [B], t_audio [B],
+        *, block_hook=None) -> (v_video, v_audio)   # fp32 velocities, same shapes as the inputs
+
+with ``t = timestep_scale * (1 - sigma)`` (0 = pure noise; the reference model takes ``1 - sigma`` in [0, 1],
+so ``timestep_scale`` must match what the DiT divides by). ``block_hook`` is the feature cache, or None.
+
+Noise follows the reference recipe so runs are comparable with it: one CPU generator seeded with `seed` draws the
+video latent ``[1, 24, T, h, w]``, a second one with the same seed draws the audio rows ``[2 * Ta, 32]``; both are
+drawn on the CPU, so every rank of a parallel run starts from identical noise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
+
+from .scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_NUM_STEPS, DEFAULT_VIDEO_FLOW_SHIFT, FlowSchedule
+from .shapes import (
+    AUDIO_LATENT_CHANNELS,
+    AUDIO_SAMPLE_RATE,
+    FPS,
+    OFFICIAL_SHORT_EDGE,
+    VIDEO_LATENT_CHANNELS,
+    MiniMaxH3Shape,
+    plan_shape,
+)
+from .telemetry import Stopwatch, peak_memory, reset_peak_memory, synchronize
+from .vae import decode_audio
+
+DEFAULT_TIMESTEP_SCALE = 1000.0
+
+
+@dataclass
+class MiniMaxH3Timings:
+    pipeline_s: float = 0.0
+    text_encode_s: float = 0.0
+    dit_total_s: float = 0.0
+    dit_step_s: list[float] = field(default_factory=list)
+    video_decode_s: float = 0.0
+    audio_decode_s: float = 0.0
+
+    @property
+    def vae_decode_s(self) -> float:
+        return self.video_decode_s + self.audio_decode_s
+
+    def as_dict(self) -> dict:
+        return {
+            "pipeline_s": self.pipeline_s,
+            "text_encode_s": self.text_encode_s,
+            "dit_total_s": self.dit_total_s,
+            "dit_step_s": list(self.dit_step_s),
+            "vae_decode_s": self.vae_decode_s,
+            "video_decode_s": self.video_decode_s,
+            "audio_decode_s": self.audio_decode_s,
+        }
+
+
+@dataclass
+class MiniMaxH3Result:
+    frames: torch.Tensor  # uint8 [F, H, W, 3], CPU
+    audio: torch.Tensor  # float32 [2, samples] in [-1, 1], CPU
+    shape: MiniMaxH3Shape
+    timings: MiniMaxH3Timings
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    dit_calls_computed: int
+    dit_calls_skipped: int
+    weights: dict[str, str]
+    request: dict
+    video_latents: torch.Tensor  # fp32 [1, 24, T, h, w], CPU: for parity checks against a reference run
+    audio_latents: torch.Tensor  # fp32 [1, 32, 2 * Ta], CPU
+    fps: int = FPS
+    sample_rate: int = AUDIO_SAMPLE_RATE
+    feature_cache: object | None = None  # the hook that ran (e.g. a calibrator to save), not part of metrics()
+
+    def metrics(self) -> dict:
+        """Everything worth recording about the run, JSON-serializable."""
+        return {
+            "request": dict(self.request),
+            "shape": self.shape.as_dict(),
+            "fps": self.fps,
+            "sample_rate": self.sample_rate,
+            "frames": int(self.frames.shape[0]),
+            "audio_samples": int(self.audio.shape[-1]),
+            "timings": self.timings.as_dict(),
+            "peak_memory": {
+                "bytes": self.peak_memory_bytes,
+                "gib": self.peak_memory_bytes / 2**30,
+                "kind": self.peak_memory_kind,
+            },
+            "dit_calls": {"computed": self.dit_calls_computed, "skipped": self.dit_calls_skipped},
+            "weights": dict(self.weights),
+        }
+
+
+class MiniMaxH3Pipeline:
+    """One T2VA request per call. Holds its components; `close()` releases the DiT's parallel state."""
+
+    def __init__(
+        self,
+        dit,
+        prompt_encoder,
+        video_decoder,
+        audio_decoder,
+        *,
+        device: str | torch.device = "cpu",
+        patch_size: tuple[int, int, int] = (1, 2, 2),
+        timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
+        weights: dict[str, str] | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.dit = dit
+        self.prompt_encoder = prompt_encoder
+        self.video_decoder = video_decoder
+        self.audio_decoder = audio_decoder
+        self.device = torch.device(device)
+        self.patch_size = tuple(int(p) for p in patch_size)
+        self.timestep_scale = float(timestep_scale)
+        self.show_progress = show_progress
+        self.weights = dict(weights) if weights else {
+            "dit": "injected (caller did not say)",
+            "text_encoder": "injected (caller did not say)",
+            "tokenizer": getattr(getattr(prompt_encoder, "tokenizer", None), "description", "unknown"),
+            "video_vae": getattr(video_decoder, "description", "unknown"),
+            "audio_vae": getattr(audio_decoder, "description", "unknown"),
+        }
+
+    def close(self) -> None:
+        close = getattr(self.dit, "close", None)
+        if callable(close):
+            close()
+
+    def plan(self, *, duration: float, resolution=OFFICIAL_SHORT_EDGE, aspect_ratio: str = "16:9") -> MiniMaxH3Shape:
+        return plan_shape(
+            duration_s=duration, resolution=resolution, aspect_ratio=aspect_ratio, patch_size=self.patch_size
+        )
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str,
+        *,
+        duration: float = 5.0,
+        resolution: int | str | tuple[int, int] = OFFICIAL_SHORT_EDGE,
+        aspect_ratio: str = "16:9",
+        steps: int = DEFAULT_NUM_STEPS,
+        seed: int = 0,
+        flow_shift: float = DEFAULT_VIDEO_FLOW_SHIFT,
+        audio_flow_shift: float = DEFAULT_AUDIO_FLOW_SHIFT,
+        feature_cache=None,
+    ) -> MiniMaxH3Result:
+        """Generate one clip. `feature_cache`: None / "none", "ada_taylor" (bundled H3 parameters), or a hook
+        object with ``set_step`` (an `AdaTaylorCache` with other parameters, an `AdaTaylorCacheCalibrator`)."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+            raise ValueError(f"steps must be an integer >= 2 (N sigma points give N-1 DiT calls), got {steps!r}")
+        shape = self.plan(duration=duration, resolution=resolution, aspect_ratio=aspect_ratio)
+        schedule = FlowSchedule.build(steps, flow_shift, audio_flow_shift)
+        cache = self._feature_cache(feature_cache, schedule.num_dit_calls)
+        device, timings = self.device, MiniMaxH3Timings()
+
+        reset_peak_memory(device)
+        synchronize(device)
+        started = time.perf_counter()
+        with Stopwatch(device) as sw:
+            text = self.prompt_encoder(prompt, device)
+        timings.text_encode_s = sw.seconds
+
+        video, audio = initial_noise(shape, seed, device)
+        for step in tqdm(
+            range(schedule.num_dit_calls), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank()
+        ):
+            with Stopwatch(device) as sw:
+                video, audio = self._denoise_step(schedule, step, video, audio, text, cache)
+            timings.dit_step_s.append(sw.seconds)
+        timings.dit_total_s = sum(timings.dit_step_s)
+
+        with Stopwatch(device) as sw:
+            pixels = self.video_decoder(video)
+        timings.video_decode_s = sw.seconds
+        with Stopwatch(device) as sw:
+            waveform = decode_audio(self.audio_decoder, audio)
+        timings.audio_decode_s = sw.seconds
+        frames = to_uint8_frames(pixels)[0]
+        waveform = waveform[0].float().clamp(-1.0, 1.0).cpu()
+        timings.pipeline_s = time.perf_counter() - started
+        peak_bytes, peak_kind = peak_memory(device)
+
+        stats = cache.stats() if cache is not None else {"computed": schedule.num_dit_calls, "skipped": 0}
+        return MiniMaxH3Result(
+            frames=frames,
+            audio=waveform,
+            shape=shape,
+            timings=timings,
+            peak_memory_bytes=peak_bytes,
+            peak_memory_kind=peak_kind,
+            dit_calls_computed=int(stats["computed"]),
+            dit_calls_skipped=int(stats["skipped"]),
+            weights=dict(self.weights),
+            request={
+                "prompt": prompt,
+                "duration_s": duration,
+                "resolution": resolution if not isinstance(resolution, tuple) else list(resolution),
+                "aspect_ratio": aspect_ratio,
+                "steps": steps,
+                "dit_calls": schedule.num_dit_calls,
+                "seed": seed,
+                "flow_shift": flow_shift,
+                "audio_flow_shift": audio_flow_shift,
+                "feature_cache": type(cache).__name__ if cache is not None else "none",
+                "device": str(device),
+                "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+            },
+            video_latents=video.float().cpu(),
+            audio_latents=audio.float().cpu(),
+            feature_cache=cache,
+        )
+
+    def _denoise_step(self, schedule: FlowSchedule, step: int, video, audio, text, cache):
+        if cache is not None:
+            cache.set_step(step)
+        t_video, t_audio = schedule.model_times(step)
+        batch = video.shape[0]
+        tv = torch.full((batch,), t_video * self.timestep_scale, dtype=torch.float32, device=self.device)
+        ta = torch.full((batch,), t_audio * self.timestep_scale, dtype=torch.float32, device=self.device)
+        v_video, v_audio = self.dit(video, audio, text, tv, ta, block_hook=cache)
+        if v_video.shape != video.shape or v_audio.shape != audio.shape:
+            raise RuntimeError(
+                f"DiT returned velocities {tuple(v_video.shape)} / {tuple(v_audio.shape)} for latents "
+                f"{tuple(video.shape)} / {tuple(audio.shape)}"
+            )
+        return schedule.step(step, video, audio, v_video, v_audio)
+
+    def _feature_cache(self, feature_cache, num_dit_calls: int):
+        if feature_cache is None or feature_cache == "none":
+            return None
+        if feature_cache == "ada_taylor":
+            return AdaTaylorCache(AdaTaylorParams.load(params_path("minimax_h3")), num_dit_calls)
+        if feature_cache == "calibrator":
+            return AdaTaylorCacheCalibrator(num_dit_calls)
+        if isinstance(feature_cache, str) or not callable(getattr(feature_cache, "set_step", None)):
+            raise ValueError(f"feature_cache must be None, 'ada_taylor', 'calibrator' or a hook, got {feature_cache!r}")
+        return feature_cache
+
+    def _progress_on_this_rank(self) -> bool:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return self.show_progress and rank == 0
+
+
+def initial_noise(shape: MiniMaxH3Shape, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Video [1, 24, T, h, w] and audio [1, 32, 2 * Ta] fp32 noise, drawn on the CPU (identical on every rank)."""
+    video = torch.randn(shape.video_latent_shape, generator=torch.Generator("cpu").manual_seed(seed))
+    # The reference draws audio as token rows [2 * Ta, 32]; transposing keeps the same numbers per token.
+    rows = torch.randn(shape.audio_tokens, AUDIO_LATENT_CHANNELS, generator=torch.Generator("cpu").manual_seed(seed))
+    audio = rows.t().unsqueeze(0).contiguous()
+    assert video.shape[1] == VIDEO_LATENT_CHANNELS
+    return video.to(device), audio.to(device)
+
+
+def to_uint8_frames(pixels: torch.Tensor) -> torch.Tensor:
+    """[B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3] on the CPU."""
+    scaled = ((pixels.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+    return scaled.permute(0, 2, 3, 4, 1).contiguous().cpu()
+
+
+def frames_to_numpy(result: MiniMaxH3Result) -> tuple[np.ndarray, np.ndarray]:
+    """(frames uint8 [F, H, W, 3], audio float32 [2, S]) as numpy, ready for `telefuser.media.write_mp4`."""
+    return result.frames.numpy(), result.audio.numpy()

@@ -1,0 +1,45 @@
+"""Wall-clock timing that is honest on CUDA (synchronize first) and peak-memory readings."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """``with Stopwatch(device) as sw: ...`` then ``sw.seconds``; waits for queued device work at both ends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        synchronize(self.device)
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._start
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what was measured): CUDA max_memory_allocated since the reset on GPU, else the process peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is KiB on Linux and bytes on macOS; and it is the peak of the whole process, not of this call.
+    return int(rss if sys.platform == "darwin" else rss * 1024), "process_peak_rss"
