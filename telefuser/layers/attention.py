@@ -45,7 +45,7 @@ class UlyssesSelfAttention(nn.Module):
                 k_handle = comm.scatter_heads(k, tag="k")
                 q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
         with record_function("ulysses.attention"):
-            o = q if self.attn_impl == "identity" else attention(q, k, v, impl=self.attn_impl)
+            o = attention(q, k, v, impl=self.attn_impl)
         if comm is not None:
             with record_function("ulysses.gather"):
                 o = comm.gather_heads(o).wait()

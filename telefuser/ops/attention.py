@@ -12,11 +12,11 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage")
+ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "identity")
 
 
 def available_attention_impls() -> list[str]:
-    found = ["sdpa"]
+    found = ["sdpa", "identity"]  # identity: returns Q; for profiling the communication around attention only
     if importlib.util.find_spec("flash_attn") is not None and importlib.util.find_spec("flash_attn.cute") is not None:
         found.append("flash_attn_4")
     if importlib.util.find_spec("sageattention") is not None:
@@ -35,6 +35,8 @@ def check_attention_impl(impl: str) -> str:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = False) -> torch.Tensor:
     """Softmax attention on [B, S, H, D] tensors; returns [B, S_q, H, D] (contiguous)."""
+    if impl == "identity":
+        return q.contiguous()
     if impl == "sdpa":
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
         return out.transpose(1, 2).contiguous()

@@ -1,5 +1,9 @@
 """Profile one V-first attention layer (attention replaced by identity) and measure the V-copy / Q-K prep overlap.
 
+The MiniMax H3 preset runs the model's own attention module (`telefuser.models.minimax_h3.attention.JointAttention`,
+fused QKV, per-head RMSNorm, partial NeoX RoPE over 96 of 128 dims); the LingBot preset runs the generic V-first
+layer until the LingBot-World v2 model lands.
+
     torchrun --standalone --nproc-per-node=2 tools/validation/profile_ulysses_overlap.py --output /tmp/overlap
 
 Runs unchanged with processes sharing one GPU (CUDA IPC) or one GPU per rank. Rank 0 exports a Chrome trace
@@ -27,9 +31,22 @@ from telefuser.profiling.overlap import v_copy_overlap
 
 # Per-rank shapes: MiniMax H3's TP2+U2 layer (28 heads per TP rank, 9472 rows per Ulysses rank, hidden 5376).
 PRESETS = {
-    "minimax_h3_tp2_u2": dict(local_seq=9472, heads=28, head_dim=128, dim=5376, rotary_dim=96),
-    "lingbot_u4": dict(local_seq=1560, heads=40, head_dim=128, dim=5120, rotary_dim=128),
+    "minimax_h3_tp2_u2": dict(layer="minimax_h3", local_seq=9472, heads=28, head_dim=128, dim=5376, rotary_dim=96),
+    "lingbot_u4": dict(layer="generic", local_seq=1560, heads=40, head_dim=128, dim=5120, rotary_dim=128),
 }
+
+
+def build_layer(cfg: dict, heads: int, comm: UlyssesCommunicator, cos: torch.Tensor, sin: torch.Tensor):
+    """(module, call) for the preset's attention layer, on CUDA in bf16, attention replaced by identity."""
+    if cfg["layer"] == "minimax_h3":
+        from telefuser.models.minimax_h3.attention import AttentionContext, JointAttention
+
+        module = JointAttention(cfg["dim"], heads, cfg["head_dim"], qk_norm_eps=1e-5).cuda().to(torch.bfloat16)
+        ctx = AttentionContext(rope=(cos, sin), communicator=comm, attn_impl="identity")
+        return module, lambda x: module(x, ctx)
+    module = UlyssesSelfAttention(cfg["dim"], heads, cfg["head_dim"], attn_impl="identity").cuda().to(torch.bfloat16)
+    module.communicator = comm
+    return module, lambda x: module(x, cos, sin)
 
 
 def main() -> int:
@@ -47,19 +64,19 @@ def main() -> int:
     rank = dist.get_rank()
     heads = cfg["heads"] - cfg["heads"] % world
     torch.manual_seed(0)
-    layer = UlyssesSelfAttention(cfg["dim"], heads, cfg["head_dim"], attn_impl="identity").cuda().to(torch.bfloat16)
-    layer.communicator = comm = UlyssesCommunicator(transport=args.transport)
+    comm = UlyssesCommunicator(transport=args.transport)
     x = torch.randn(1, cfg["local_seq"], cfg["dim"], device="cuda", dtype=torch.bfloat16)
     pos = torch.arange(rank * cfg["local_seq"], (rank + 1) * cfg["local_seq"])
     cos, sin = (t.cuda() for t in rope_frequencies(pos, cfg["rotary_dim"]))
+    _, layer = build_layer(cfg, heads, comm, cos, sin)
     with torch.inference_mode():
         for _ in range(3):
-            layer(x, cos, sin)
+            layer(x)
         torch.cuda.synchronize()
         dist.barrier()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.iters):
-                layer(x, cos, sin)
+                layer(x)
             torch.cuda.synchronize()
     backend = comm.backend_name
     comm.close()
@@ -69,7 +86,7 @@ def main() -> int:
         prof.export_chrome_trace(str(trace))
         report = v_copy_overlap(trace)
         per_call = {k: v / args.iters for k, v in vars(report).items()}
-        summary = {"preset": args.preset, "world": world, "transport": backend, "one_gpu_per_rank": one_gpu_per_rank,
+        summary = {"preset": args.preset, "layer": cfg["layer"], "world": world, "transport": backend, "one_gpu_per_rank": one_gpu_per_rank,
                    "device": torch.cuda.get_device_name(), "iters": args.iters, "per_layer_call_us": per_call}
         (args.output / "overlap.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"{args.preset}, world {world}, {backend}: per layer call: V copy {per_call['v_copy_us']:.1f} us, "
