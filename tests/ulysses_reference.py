@@ -26,3 +26,23 @@ def expected_gather(inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
     w = len(inputs)
     s = inputs[0].shape[1] // w
     return torch.cat([y[:, rank * s : (rank + 1) * s] for y in inputs], dim=2)
+
+
+def recording_communicator(group):
+    """A UlyssesCommunicator that records the order of its submissions, to check the V-first schedule."""
+    from telefuser.distributed.ulysses import UlyssesCommunicator
+
+    class RecordingCommunicator(UlyssesCommunicator):
+        def __init__(self, group):
+            super().__init__(group)
+            self.calls: list[tuple[str, str | None, bool]] = []
+
+        def scatter_heads(self, x, *, tag=None, barrier=True):
+            self.calls.append(("scatter", tag, barrier))
+            return super().scatter_heads(x, tag=tag, barrier=barrier)
+
+        def gather_heads(self, y):
+            self.calls.append(("gather", None, True))
+            return super().gather_heads(y)
+
+    return RecordingCommunicator(group)

@@ -1,8 +1,9 @@
-"""A DiT self-attention layer with the V-first Ulysses schedule.
+"""The V-first Ulysses schedule, and a DiT self-attention layer built on it.
 
 fused QKV projection -> submit the strided V view (barrier=False) -> Q/K RMSNorm + RoPE, overlapping V's transfer ->
 submit Q (barrier=False) -> submit K (completes the group) -> attention on H/W heads over the whole sequence ->
-gather_heads -> output projection. Without a communicator the same module runs dense.
+gather_heads -> output projection. Without a communicator the same code runs dense. Each phase is a profiler range
+(telefuser.profiling.overlap reads them).
 """
 
 from __future__ import annotations
@@ -11,10 +12,44 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
+from typing import Callable
+
 from ..distributed.ulysses import UlyssesCommunicator
 from ..ops.attention import attention
 from ..ops.rotary import apply_rotary
 from ..profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
+
+
+Tensor = torch.Tensor
+
+
+def v_first_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    comm: UlyssesCommunicator | None,
+    prepare_qk: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+) -> Tensor:
+    """Attention output [B, S_local, H, D] for this rank's rows; q, k, v are [B, S_local, H, D] (views allowed).
+
+    V leaves first, `prepare_qk` (norm + RoPE) runs while it moves, then Q and K follow and K completes the group."""
+    if comm is not None:
+        with record_function(PHASE_SCATTER_V):
+            v_handle = comm.scatter_heads(v, tag="v", barrier=False)
+    with record_function(PHASE_QK_PREP):
+        q, k = prepare_qk(q, k)
+    if comm is not None:
+        with record_function("ulysses.scatter.qk"):
+            q_handle = comm.scatter_heads(q, tag="q", barrier=False)
+            k_handle = comm.scatter_heads(k, tag="k")
+            q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
+    with record_function("ulysses.attention"):
+        o = attend(q, k, v)
+    if comm is not None:
+        with record_function("ulysses.gather"):
+            o = comm.gather_heads(o).wait()
+    return o
 
 
 class UlyssesSelfAttention(nn.Module):
@@ -32,21 +67,9 @@ class UlyssesSelfAttention(nn.Module):
         """x: [B, S_local, dim]; cos/sin: rotary tables for this rank's rows [S_local, rotary_dim]."""
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)  # strided views
-        comm = self.communicator
-        if comm is not None:
-            with record_function(PHASE_SCATTER_V):
-                v_handle = comm.scatter_heads(v, tag="v", barrier=False)
-        with record_function(PHASE_QK_PREP):
-            q = apply_rotary(self.q_norm(q), cos, sin)
-            k = apply_rotary(self.k_norm(k), cos, sin)
-        if comm is not None:
-            with record_function("ulysses.scatter.qk"):
-                q_handle = comm.scatter_heads(q, tag="q", barrier=False)
-                k_handle = comm.scatter_heads(k, tag="k")
-                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
-        with record_function("ulysses.attention"):
-            o = attention(q, k, v, impl=self.attn_impl)
-        if comm is not None:
-            with record_function("ulysses.gather"):
-                o = comm.gather_heads(o).wait()
+        o = v_first_attention(
+            q, k, v, self.communicator,
+            prepare_qk=lambda q, k: (apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)),
+            attend=lambda q, k, v: attention(q, k, v, impl=self.attn_impl),
+        )
         return self.out(o.flatten(2))

@@ -5,25 +5,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from telefuser.distributed.ulysses import UlyssesCommunicator
+from tests.ulysses_reference import recording_communicator
 from telefuser.layers.attention import UlyssesSelfAttention
 from telefuser.ops.rotary import rope_frequencies
-
-
-class RecordingCommunicator(UlyssesCommunicator):
-    """Records the order of submissions, to check the V-first schedule."""
-
-    def __init__(self, group):
-        super().__init__(group)
-        self.calls: list[tuple[str, str | None, bool]] = []
-
-    def scatter_heads(self, x, *, tag=None, barrier=True):
-        self.calls.append(("scatter", tag, barrier))
-        return super().scatter_heads(x, tag=tag, barrier=barrier)
-
-    def gather_heads(self, y):
-        self.calls.append(("gather", None, True))
-        return super().gather_heads(y)
 
 
 def _layer_parity(ctx, seq_len):
@@ -35,7 +19,7 @@ def _layer_parity(ctx, seq_len):
     rows = slice(r * seq_len // w, (r + 1) * seq_len // w)
     with torch.no_grad():
         dense = layer(x, cos, sin)
-        layer.communicator = comm = RecordingCommunicator(ctx.group)
+        layer.communicator = comm = recording_communicator(ctx.group)
         local = layer(x[:, rows], cos[rows], sin[rows])
     comm.close()
     parts = [torch.empty_like(local) for _ in range(w)]

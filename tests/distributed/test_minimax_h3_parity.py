@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
-from telefuser.distributed.ulysses import UlyssesCommunicator
+from tests.ulysses_reference import recording_communicator
 from telefuser.models.minimax_h3 import (
     MiniMaxH3Config,
     build_random_minimax_h3_dit,
@@ -27,22 +27,6 @@ from telefuser.models.minimax_h3 import (
 )
 
 MAX_RELATIVE_ERROR = 2e-6
-
-
-class RecordingCommunicator(UlyssesCommunicator):
-    """Records the order of submissions, to check the V-first schedule."""
-
-    def __init__(self, group):
-        super().__init__(group)
-        self.calls: list[tuple[str, str | None, bool]] = []
-
-    def scatter_heads(self, x, *, tag=None, barrier=True):
-        self.calls.append(("scatter", tag, barrier))
-        return super().scatter_heads(x, tag=tag, barrier=barrier)
-
-    def gather_heads(self, y):
-        self.calls.append(("gather", None, True))
-        return super().gather_heads(y)
 
 
 def _inputs(config: MiniMaxH3Config):
@@ -68,14 +52,14 @@ def _parity(ctx, ulysses, tp, checkpoint_dir):
     with torch.no_grad():
         dense = dense_model(*inputs)
     if checkpoint_dir is None:
-        model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=RecordingCommunicator)
+        model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
     else:
         if ctx.rank == 0:
             _write_checkpoint(dense_model, checkpoint_dir)
         dist.barrier()
         model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32, mesh=mesh)
         model.close()
-        model.enable_parallel(mesh, communicator_factory=RecordingCommunicator)
+        model.enable_parallel(mesh, communicator_factory=recording_communicator)
     with torch.no_grad():
         parallel = model(*inputs)
     calls = list(model.communicator.calls) if model.communicator is not None else []

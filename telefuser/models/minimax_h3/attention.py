@@ -14,12 +14,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import attention
 from ...ops.rotary import apply_rotary
-from ...profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
+from ...layers.attention import v_first_attention
 
 
 @dataclass
@@ -53,22 +52,15 @@ class JointAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv_proj(x).view(b, s, 3, -1, self.head_dim).unbind(2)  # strided views
-        comm = ctx.communicator
-        if comm is not None:
-            with record_function(PHASE_SCATTER_V):
-                v_handle = comm.scatter_heads(v, tag="v", barrier=False)
-        with record_function(PHASE_QK_PREP):
-            q, k = self.q_norm(q), self.k_norm(k)
-            if ctx.rope is not None:
-                q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
-        if comm is not None:
-            with record_function("ulysses.scatter.qk"):
-                q_handle = comm.scatter_heads(q, tag="q", barrier=False)
-                k_handle = comm.scatter_heads(k, tag="k")
-                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
-        with record_function("ulysses.attention"):
-            o = attend_documents(q, k, v, ctx.documents, ctx.attn_impl)
-        if comm is not None:
-            with record_function("ulysses.gather"):
-                o = comm.gather_heads(o).wait()
+        o = v_first_attention(
+            q, k, v, ctx.communicator,
+            prepare_qk=lambda q, k: self._norm_rope(q, k, ctx.rope),
+            attend=lambda q, k, v: attend_documents(q, k, v, ctx.documents, ctx.attn_impl),
+        )
         return self.out_proj(o.flatten(2))
+
+    def _norm_rope(self, q, k, rope):
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        return q, k
