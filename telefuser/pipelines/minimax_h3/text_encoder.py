@@ -145,7 +145,8 @@ class MiniMaxH3TextEncoder(nn.Module):
 def _reset_rotary(encoder: MiniMaxH3TextEncoder, device: str | torch.device) -> None:
     """Rebuild the rotary tables on `device`: they are computed buffers, never stored in a checkpoint."""
     rotary = encoder.model.rotary_emb
-    encoder.model.rotary_emb = rotary.__class__(encoder.config, device=torch.device(device))
+    with torch.device(device):  # transformers 5 dropped the `device` argument; the default device works in 4.x and 5.x
+        encoder.model.rotary_emb = rotary.__class__(encoder.config)
 
 
 def _read_language_tensors(
