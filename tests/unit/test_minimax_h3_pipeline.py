@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -290,11 +289,7 @@ def test_feature_cache_skips_dit_block_runs_and_is_reported():
     assert result.metrics()["request"]["feature_cache"] == "AdaTaylorCache"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("telefuser.models.minimax_h3") is None,
-    reason="the MiniMax H3 DiT package is not there yet"
-)
-def test_example_cli_runs_the_tiny_config(tmp_path):
+def test_example_cli_runs_the_tiny_config_with_the_real_dit(tmp_path):
     out = tmp_path / "t2va.mp4"
     cmd = [
         sys.executable, str(REPO / "examples/minimax_h3/run_t2va.py"), "--config", "tiny", "--device", "cpu",
@@ -303,5 +298,6 @@ def test_example_cli_runs_the_tiny_config(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "random weights" in done.stdout
-    assert probe_media(out).video_frames == 5
+    info = probe_media(out)
+    assert info.video_frames == 5 and info.has_audio and info.sample_rate == 32_000 and info.channels == 2
     assert json.loads(out.with_suffix(".json").read_text())["dit_calls"]["computed"] == 2
