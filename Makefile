@@ -10,7 +10,7 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo test test-unit test-gpu build-sm90 clean
+.PHONY: help install demo test test-unit test-gpu build-sm90 browser clean
 
 help:
 	@echo "make demo        run the main job on CPU (installs into $(VENV))"
@@ -38,11 +38,18 @@ demo: $(STAMP)
 
 # CI compiles tf-kernel with the machine's nvcc against the CPU torch, so a build break fails CI; its CPU tests
 # check registration and argument validation. pytest exits 5 when nothing was collected: a broken suite, not a pass.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The streaming service's web page is tested in headless Chromium: Debian's package, no browser download.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser test"; \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+	  || echo "warning: could not install chromium; the browser test will skip with that reason"; }
 
 # On a CUDA host (the lent H200: PYTHON=python3): build tf-kernel for that interpreter, then its GPU tests and ours.
 test-gpu: build-sm90
