@@ -1,0 +1,118 @@
+"""Causal self-attention over the rolling KV window, with the V-first Ulysses schedule, and cached cross-attention.
+
+Self-attention, per block (rank-local rows in, rank-local rows out)::
+
+    V = v(x)            -> scatter V (tag "v", barrier=False)   # leaves first; the Q/K work below overlaps it
+    Q = RMSNorm(q(x))   -> scatter Q (tag "q", barrier=False)   # the norm spans all heads, so it runs before
+    K = RMSNorm(k(x))   -> scatter K (tag "k", completes the group)
+    wait; drop padding rows; 3-axis RoPE on [B, S_chunk, H_local, D] with the chunk's frame offset
+    keys/values = session window (sink + newest committed rows + this chunk), commit if asked
+    attention (full within the chunk, causal across chunks by construction) -> pad -> gather -> o(.)
+
+Without a communicator the same code runs dense. Linear layers run in their weight dtype; the caller keeps the
+residual stream in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import record_function
+
+from ...distributed.ulysses import UlyssesCommunicator
+from ...ops.attention import attention
+from ...profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
+from .kv_cache import LingBotSession, WindowPlan
+from .norms import RMSNorm
+from .rope import apply_rope
+
+
+@dataclass
+class ChunkContext:
+    """What every block of one forward_chunk shares."""
+
+    session: LingBotSession
+    plan: WindowPlan
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin for the chunk's rows (all ranks' rows, in order)
+    chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it
+    commit: bool
+    communicator: UlyssesCommunicator | None = None
+    attn_impl: str = "sdpa"
+
+
+def run_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer(x.to(layer.weight.dtype))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps=eps)  # over the full dim (all heads), as released
+        self.norm_k = RMSNorm(dim, eps=eps)
+
+    def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext) -> torch.Tensor:
+        """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype)."""
+        b, s, _ = x.shape
+        heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
+        comm = ctx.communicator
+        with record_function(PHASE_SCATTER_V):
+            v = heads(run_linear(self.v, x))
+            v_handle = comm.scatter_heads(v, tag="v", barrier=False) if comm is not None else None
+        with record_function(PHASE_QK_PREP):
+            q = heads(self.norm_q(run_linear(self.q, x)))
+            q_handle = comm.scatter_heads(q, tag="q", barrier=False) if comm is not None else None
+            k = heads(self.norm_k(run_linear(self.k, x)))
+        if comm is not None:
+            with record_function("ulysses.scatter.qk"):
+                k_handle = comm.scatter_heads(k, tag="k")
+                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
+        padded_rows, n = q.shape[1], ctx.chunk_rows
+        q, k, v = q[:, :n], k[:, :n], v[:, :n]  # padding rows neither ask nor answer
+        cos, sin = ctx.rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
+        with record_function("ulysses.attention"):
+            o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
+        if padded_rows > n:
+            o = F.pad(o, (0, 0, 0, 0, 0, padded_rows - n))
+        if comm is not None:
+            with record_function("ulysses.gather"):
+                o = comm.gather_heads(o.contiguous()).wait()
+        return run_linear(self.o, o.flatten(2))
+
+
+class CachedCrossAttention(nn.Module):
+    """Attention from the chunk's rows to the prompt; the prompt's K/V are computed once per session."""
+
+    def __init__(self, dim: int, num_heads: int, eps: float):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps=eps)
+        self.norm_k = RMSNorm(dim, eps=eps)
+
+    def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context ``[B, L, dim]`` (embedded prompt) -> K, V ``[B, L, H, D]``; all heads (queries are rank-local
+        rows with every head, so no exchange is needed)."""
+        b, length, _ = context.shape
+        k = self.norm_k(run_linear(self.k, context)).view(b, length, self.num_heads, self.head_dim)
+        v = run_linear(self.v, context).view(b, length, self.num_heads, self.head_dim)
+        return k, v
+
+    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], attn_impl: str) -> torch.Tensor:
+        b, s, _ = x.shape
+        k, v = kv
+        q = self.norm_q(run_linear(self.q, x)).view(b, s, self.num_heads, self.head_dim)
+        o = attention(q.to(k.dtype), k, v, impl=attn_impl)
+        return run_linear(self.o, o.flatten(2))

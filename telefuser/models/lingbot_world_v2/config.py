@@ -1,0 +1,139 @@
+"""`LingBotWorldV2Config`: the causal DiT's architecture, with the field names of the official ``config.json``.
+
+The field names are those of the official `WanModelFast` constructor (``in_dim, dim, ffn_dim, freq_dim, text_dim,
+out_dim, num_heads, num_layers, local_attn_size, sink_size, qk_norm, cross_attn_norm, eps`` ...). The defaults are
+the 14B LingBot-World v2 causal-fast values, and `local_attn_size` / `sink_size` default to the streaming window the
+v2 pipeline uses (18 latent frames of KV, the first 6 pinned). `tiny()` is a CPU-sized variant for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Keys that fix weight shapes: a config.json without them cannot describe the checkpoint next to it.
+REQUIRED_KEYS = ("in_dim", "dim", "ffn_dim", "num_heads", "num_layers")
+# Keys only the diffusers-format transformer config carries (robbyant/...-diffusers, FastVideo exports).
+DIFFUSERS_KEYS = ("in_channels", "num_attention_heads", "attention_head_dim", "out_channels")
+
+CAMERA_CHANNELS = 6  # Plucker-style rays: origin (3) + direction (3) per pixel
+VAE_STRIDE_PIXELS = 64  # one latent pixel covers an 8x8 pixel block: 64 values per ray channel
+MODULATION_PARAMS = 6  # shift, scale, gate for self-attention and for the FFN
+
+
+class LingBotConfigError(ValueError):
+    """A config that cannot describe a LingBot-World v2 causal DiT."""
+
+
+@dataclass(frozen=True)
+class LingBotWorldV2Config:
+    model_type: str = "i2v"
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_len: int = 512  # text rows the model attends to: prompts are zero-padded to this length, as released
+    in_dim: int = 36  # 16 noisy-latent + 4 first-frame mask + 16 image-latent channels
+    dim: int = 5120
+    ffn_dim: int = 13824
+    freq_dim: int = 256
+    text_dim: int = 4096
+    out_dim: int = 16
+    num_heads: int = 40
+    num_layers: int = 40
+    local_attn_size: int = 18  # KV window in latent frames, sink included (-1: unbounded, not streamable)
+    sink_size: int = 6  # first latent frames kept in the window forever
+    qk_norm: bool = True
+    cross_attn_norm: bool = True
+    eps: float = 1e-6
+    control_type: str = "cam"
+    rope_theta: float = 10000.0  # not in config.json: Wan's rope_params base
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
+        positive = ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim", "num_heads",
+                    "num_layers")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise LingBotConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if len(self.patch_size) != 3 or min(self.patch_size) <= 0:
+            raise LingBotConfigError(f"patch_size must be three positive integers, got {self.patch_size}")
+        if self.dim % self.num_heads:
+            raise LingBotConfigError(f"dim {self.dim} does not split into {self.num_heads} heads")
+        if self.head_dim % 2 or self.head_dim < 6:
+            raise LingBotConfigError(f"head_dim {self.head_dim} must be even and >= 6 for the 3-axis rotary")
+        if self.freq_dim % 2:
+            raise LingBotConfigError(f"freq_dim must be even (cos | sin), got {self.freq_dim}")
+        if not self.qk_norm:
+            raise LingBotConfigError("qk_norm=False is not supported: every released LingBot checkpoint has Q/K norms")
+        if self.control_type != "cam":
+            raise LingBotConfigError(
+                f"control_type {self.control_type!r} is not supported: LingBot-World v2 is the 6-channel camera model"
+            )
+        if self.local_attn_size != -1 and self.local_attn_size < 1:
+            raise LingBotConfigError(f"local_attn_size must be -1 or positive, got {self.local_attn_size}")
+        if self.sink_size < 0 or (self.local_attn_size != -1 and self.sink_size >= self.local_attn_size):
+            raise LingBotConfigError(
+                f"sink_size {self.sink_size} must be >= 0 and smaller than local_attn_size {self.local_attn_size}"
+            )
+
+    # -- derived sizes ------------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def patch_volume(self) -> int:
+        return math.prod(self.patch_size)
+
+    @property
+    def camera_feature_dim(self) -> int:
+        """Per-token camera features: 6 ray channels x 64 pixels of a VAE block x the patch (1536 for 1x2x2)."""
+        return CAMERA_CHANNELS * VAE_STRIDE_PIXELS * self.patch_volume
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, payload: dict, *, source: str = "config") -> "LingBotWorldV2Config":
+        diffusers = [key for key in DIFFUSERS_KEYS if key in payload]
+        if diffusers:
+            raise LingBotConfigError(
+                f"{source} is a diffusers-format transformer config ({', '.join(diffusers)}); only the original "
+                "LingBot layout (in_dim, dim, num_heads, ...) is supported"
+            )
+        missing = [key for key in REQUIRED_KEYS if key not in payload]
+        if missing:
+            raise LingBotConfigError(f"{source} is missing required LingBot keys: {', '.join(missing)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in payload if k not in known and not k.startswith("_"))
+        if unknown:
+            log.info("%s: ignoring keys this DiT does not use: %s", source, ", ".join(unknown))
+        return cls(**{k: v for k, v in payload.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "LingBotWorldV2Config":
+        path = Path(path)
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise LingBotConfigError(f"no LingBot config at {path}") from None
+        if not isinstance(payload, dict):
+            raise LingBotConfigError(f"{path} does not hold a JSON object")
+        return cls.from_dict(payload, source=str(path))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["patch_size"] = list(self.patch_size)
+        return out
+
+    def with_window(self, local_attn_size: int, sink_size: int) -> "LingBotWorldV2Config":
+        return replace(self, local_attn_size=local_attn_size, sink_size=sink_size)
+
+    @classmethod
+    def tiny(cls, **overrides) -> "LingBotWorldV2Config":
+        """CPU-sized, same structure: 4 heads x 16 channels, 2 layers, a 4-frame window with 1 sink frame (so the
+        window rolls within three chunks of 1-2 latent frames)."""
+        base = dict(text_len=8, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2,
+                    local_attn_size=4, sink_size=1)
+        return cls(**{**base, **overrides})

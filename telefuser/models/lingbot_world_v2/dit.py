@@ -1,0 +1,227 @@
+"""LingBot-World v2: a Wan 2.x I2V DiT made chunk-causal, with camera conditioning and a rolling KV cache.
+
+One session generates one stream. Each chunk of latent frames is denoised with a few `forward_chunk(...,
+update_cache=False)` calls (they read the cache, never change it), then one `forward_chunk(..., update_cache=True)`
+on the clean latent at t=0 commits the chunk's K/V and advances the frame cursor. Queries are the chunk's tokens;
+keys are the window (sink + newest committed frames) plus the chunk itself, so attention is full within a chunk and
+causal across chunks.
+
+Ulysses (`enable_parallel`): the chunk's token rows are split over the group (zero-padded to a multiple of its
+size); each rank embeds and runs its rows; self-attention exchanges heads for rows with one model-owned
+communicator (V, then Q, then K, then gather); the KV cache holds this rank's heads over all rows; the output rows
+are all-gathered, so every rank returns the full prediction. Every rank must call with identical inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ...distributed.mesh import ParallelMesh
+from ...distributed.ulysses import UlyssesCommunicator
+from ...ops.attention import check_attention_impl
+from .attention import ChunkContext, run_linear
+from .blocks import LingBotBlock, LingBotHead
+from .config import MODULATION_PARAMS, LingBotWorldV2Config
+from .embeddings import patchify, rank_rows, sinusoidal_embedding, take_rows, unpatchify
+from .kv_cache import LingBotSession, SessionError
+from .rope import chunk_rope
+
+MAX_TIMESTEP = 1000.0
+
+
+def keeps_fp32(name: str) -> bool:
+    """Parameters the released model computes in fp32 (its autocast(float32) regions): the time embedding and
+    projection, every modulation table, and the output head."""
+    return name.startswith(("time_embedding.", "time_projection.", "head.")) or name.endswith("modulation")
+
+
+class LingBotWorldV2DiT(nn.Module):
+    def __init__(self, config: LingBotWorldV2Config, *, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.config = config
+        dim = config.dim
+        self.patch_embedding = nn.Conv3d(config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.patch_embedding_wancamctrl = nn.Linear(config.camera_feature_dim, dim)
+        self.c2ws_hidden_states_layer1 = nn.Linear(dim, dim)
+        self.c2ws_hidden_states_layer2 = nn.Linear(dim, dim)
+        self.text_embedding = nn.Sequential(nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"),
+                                            nn.Linear(dim, dim))
+        self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, MODULATION_PARAMS * dim))
+        self.blocks = nn.ModuleList(LingBotBlock(config) for _ in range(config.num_layers))
+        self.head = LingBotHead(config)
+
+        self.attn_impl = check_attention_impl(attn_impl)
+        self.weights_source = "constructed (default init)"
+        self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
+        self.ulysses_group: dist.ProcessGroup | None = None
+
+    # -- parallelism ----------------------------------------------------------------------------------------------
+    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "LingBotWorldV2DiT":
+        """Ulysses over `mesh.ulysses_group` with one communicator for all blocks. Sessions made before this call
+        hold the wrong heads and are refused; make new ones."""
+        parallel = mesh.config
+        if parallel.tp_degree != 1:
+            raise ValueError(f"LingBot-World v2 supports Ulysses only; tp_degree {parallel.tp_degree} was asked for")
+        parallel.check_heads(self.config.num_heads)
+        self.close()
+        if parallel.ulysses_degree > 1:
+            self.ulysses_group = mesh.ulysses_group
+            self.communicator = communicator_factory(mesh.ulysses_group)
+        return self
+
+    def close(self) -> None:
+        """Release the communicator (local, no collective); the model then runs dense."""
+        if self.communicator is not None:
+            self.communicator.close()
+        self.communicator, self.ulysses_group = None, None
+
+    disable_parallel = close
+
+    def _ulysses_coordinates(self) -> tuple[int, int]:
+        if self.communicator is None:
+            return 0, 1
+        return self.communicator.rank, self.communicator.world_size
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.blocks[0].self_attn.q.weight.dtype
+
+    # -- sessions -------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def new_session(
+        self,
+        batch: int,
+        text_states: torch.Tensor,
+        *,
+        tokens_per_frame: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> LingBotSession:
+        """Allocate a session: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
+        and the prompt's cross-attention K/V (computed here, once).
+
+        text_states ``[B, L, text_dim]`` with L <= text_len: encoder states, padding rows zero. They are zero-padded
+        to text_len (512) and all text_len rows are attended, as in the release."""
+        cfg = self.config
+        if text_states.dim() != 3 or text_states.shape[0] != batch or text_states.shape[2] != cfg.text_dim:
+            raise ValueError(f"text_states must be [B={batch}, L, {cfg.text_dim}], got {tuple(text_states.shape)}")
+        if text_states.shape[1] > cfg.text_len:
+            raise ValueError(f"text_states has {text_states.shape[1]} rows, more than text_len {cfg.text_len}")
+        device = torch.device(device) if device is not None else self.patch_embedding.weight.device
+        dtype = dtype or self.compute_dtype
+        _, world = self._ulysses_coordinates()
+        text = F.pad(text_states.to(device), (0, 0, 0, cfg.text_len - text_states.shape[1]))
+        context = run_linear(self.text_embedding[2], self.text_embedding[1](run_linear(self.text_embedding[0], text)))
+        cross_kv = []
+        for block in self.blocks:
+            k, v = block.cross_attn.text_kv(context)
+            cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
+        return LingBotSession(
+            batch=batch, num_layers=cfg.num_layers, tokens_per_frame=tokens_per_frame,
+            local_attn_size=cfg.local_attn_size, sink_size=cfg.sink_size, local_heads=cfg.num_heads // world,
+            head_dim=cfg.head_dim, ulysses_degree=world, cross_kv=cross_kv, device=device, dtype=dtype,
+        )
+
+    # -- one chunk ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_chunk(
+        self,
+        session: LingBotSession,
+        latents: torch.Tensor,
+        t: torch.Tensor,
+        camera: torch.Tensor | None,
+        *,
+        update_cache: bool,
+    ) -> torch.Tensor:
+        """Flow prediction ``[B, out_dim, F, h, w]`` (fp32) for one chunk.
+
+        latents ``[B, in_dim, F, h, w]``: channels [noisy latent (16) | first-frame mask (4) | image latent (16)].
+        t ``[B]``: scheduler timesteps in [0, 1000] (0 for the clean-KV commit); range-checked on the CPU only, so
+        a device tensor costs no host sync.
+        camera: per-token features ``[B, F*(h/2)*(w/2), 6*64*4]`` (see camera.chunk_camera_features), or the latent
+        grid form ``[B, 6*64, F, h, w]``, or None (no camera injection).
+        update_cache: False reads the window and leaves the session bit-identical; True also commits this chunk's
+        K/V and advances the frame cursor by F."""
+        cfg = self.config
+        session.check_open()
+        frames, grid_h, grid_w = self._check_chunk(session, latents, t, camera)
+        rank, world = self._ulysses_coordinates()
+        if session.ulysses_degree != world:
+            raise SessionError(
+                f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
+                "make a new session after enable_parallel"
+            )
+        plan = session.plan(frames)
+        n = plan.new_rows
+        rows, padded = rank_rows(n, rank, world)
+
+        tokens = take_rows(patchify(latents, cfg.patch_size), rows, padded)
+        x = F.linear(tokens.to(self.patch_embedding.weight.dtype), self.patch_embedding.weight.flatten(1),
+                     self.patch_embedding.bias).float()
+        t_emb = run_linear(self.time_embedding[2], F.silu(run_linear(self.time_embedding[0],
+                                                                     sinusoidal_embedding(cfg.freq_dim, t)))).float()
+        t_mod = run_linear(self.time_projection[1], F.silu(t_emb)).float().unflatten(1, (MODULATION_PARAMS, cfg.dim))
+        cam = self._embed_camera(take_rows(self._camera_tokens(camera), rows, padded)) if camera is not None else None
+
+        ctx = ChunkContext(
+            session=session, plan=plan, commit=update_cache, chunk_rows=n,
+            rope=chunk_rope(session.frame_offset, frames, grid_h, grid_w, cfg.head_dim, theta=cfg.rope_theta,
+                            device=latents.device),
+            communicator=self.communicator, attn_impl=self.attn_impl,
+        )
+        for layer, block in enumerate(self.blocks):
+            x = block(x, t_mod, cam, layer, ctx)
+        out = self.head(x, t_emb)
+        if world > 1:
+            out = _all_gather_rows(out, self.ulysses_group, world)
+        if update_cache:
+            session.advance(plan, frames)
+        return unpatchify(out[:, :n], (frames, grid_h, grid_w), cfg.patch_size).contiguous()
+
+    def _camera_tokens(self, camera: torch.Tensor) -> torch.Tensor:
+        return patchify(camera, self.config.patch_size) if camera.dim() == 5 else camera
+
+    def _embed_camera(self, features: torch.Tensor) -> torch.Tensor:
+        """Embed once per chunk; each block derives its own scale/shift from this."""
+        emb = run_linear(self.patch_embedding_wancamctrl, features)
+        hidden = run_linear(self.c2ws_hidden_states_layer2, F.silu(run_linear(self.c2ws_hidden_states_layer1, emb)))
+        return emb + hidden
+
+    def _check_chunk(self, session, latents, t, camera) -> tuple[int, int, int]:
+        cfg = self.config
+        pt, ph, pw = cfg.patch_size
+        problems = []
+        if latents.dim() != 5 or latents.shape[1] != cfg.in_dim or latents.shape[0] != session.batch:
+            problems.append(f"latents must be [B={session.batch}, {cfg.in_dim}, F, h, w], got {tuple(latents.shape)}")
+            raise ValueError("LingBotWorldV2DiT.forward_chunk: " + "; ".join(problems))
+        b, _, f, h, w = latents.shape
+        if f % pt or h % ph or w % pw:
+            problems.append(f"latent grid {(f, h, w)} does not split into {cfg.patch_size} patches")
+        frames, grid_h, grid_w = f // pt, h // ph, w // pw
+        if grid_h * grid_w != session.tokens_per_frame:
+            problems.append(f"{grid_h}x{grid_w} = {grid_h * grid_w} tokens per frame, the session was made for "
+                            f"{session.tokens_per_frame}")
+        if t.shape != (b,):
+            problems.append(f"t must be [B={b}], got {tuple(t.shape)}")
+        elif t.device.type == "cpu" and not bool(((t >= 0) & (t <= MAX_TIMESTEP)).all()):  # no device sync
+            problems.append(f"t must lie in [0, {MAX_TIMESTEP:g}], got {t.tolist()}")
+        if camera is not None:
+            tokens = frames * grid_h * grid_w
+            token_form = (b, tokens, cfg.camera_feature_dim)
+            grid_form = (b, cfg.camera_feature_dim // cfg.patch_volume, f, h, w)
+            if tuple(camera.shape) not in (token_form, grid_form):
+                problems.append(f"camera must be {list(token_form)} (tokens) or {list(grid_form)} (latent grid), "
+                                f"got {list(camera.shape)}")
+        if problems:
+            raise ValueError("LingBotWorldV2DiT.forward_chunk: " + "; ".join(problems))
+        return frames, grid_h, grid_w
+
+
+def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup, world: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)

@@ -1,0 +1,62 @@
+"""Wan's 3-axis rotary embedding with the frame axis offset by the chunk's first frame.
+
+Wan splits a head's D/2 rotation pairs as ``[c - 2*(c//3), c//3, c//3]`` (c = D/2) over (frame, height, width); for
+D = 128 that is 22 + 21 + 21 pairs. Each axis has its own frequency ladder ``theta^(-2i / axis_dim)`` over its own
+channel count (`rope_params(1024, axis_dim)` in Wan). Pairs are adjacent channels ``(x[2i], x[2i+1])``, i.e. the
+complex-number convention of `torch.view_as_complex`, not NeoX halves.
+
+Keys are cached after rotation, so a chunk at frame offset N must rotate its frame axis by positions N..N+F-1: the
+cached keys of earlier chunks keep the positions they were written with. Positions are computed directly (float64
+angles), so there is no 1024-frame table limit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_axis_pairs(head_dim: int) -> tuple[int, int, int]:
+    """Rotation pairs per axis (frame, height, width)."""
+    c = head_dim // 2
+    return c - 2 * (c // 3), c // 3, c // 3
+
+
+def _axis_angles(positions: torch.Tensor, pairs: int, theta: float) -> torch.Tensor:
+    inv_freq = theta ** (-torch.arange(0, 2 * pairs, 2, dtype=torch.float64, device=positions.device) / (2 * pairs))
+    return positions.to(torch.float64)[:, None] * inv_freq[None, :]
+
+
+def chunk_rope(
+    frame_offset: int,
+    frames: int,
+    height: int,
+    width: int,
+    head_dim: int,
+    *,
+    theta: float = 10000.0,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[frames*height*width, head_dim/2]`` (float32) for tokens in raster (f, h, w) order."""
+    f_pairs, h_pairs, w_pairs = rope_axis_pairs(head_dim)
+    arange = lambda n, start=0: torch.arange(start, start + n, dtype=torch.float64, device=device)  # noqa: E731
+    f = _axis_angles(arange(frames, frame_offset), f_pairs, theta)
+    h = _axis_angles(arange(height), h_pairs, theta)
+    w = _axis_angles(arange(width), w_pairs, theta)
+    angles = torch.cat(
+        [
+            f[:, None, None, :].expand(frames, height, width, -1),
+            h[None, :, None, :].expand(frames, height, width, -1),
+            w[None, None, :, :].expand(frames, height, width, -1),
+        ],
+        dim=-1,
+    ).reshape(frames * height * width, -1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent channel pairs of x ``[B, S, H, D]`` by per-row angles ``[S, D/2]``; computed in fp32."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    real, imag = xf[..., 0], xf[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+    return out.flatten(-2).to(x.dtype)
