@@ -1,0 +1,162 @@
+"""Parsing `POST /v1/stream/sessions`: a JSON body or multipart form -> prompt, image array, config.
+
+Every failure is a `RequestError` with the HTTP status and a message meant for the user:
+400 for bodies that cannot be read at all (bad JSON, bad multipart, bad base64, bytes that are not an image),
+413 for oversized bodies, 415 for other content types, 422 for readable requests with wrong or missing fields.
+Multipart is parsed here with the standard library because python-multipart is not a dependency.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .envelope import CODECS
+from .protocol import check_config
+
+FIELDS = ("prompt", "image", "config", "codec")
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
+MAX_IMAGE_SIDE = 8192
+MAX_PROMPT_CHARS = 10_000
+_DATA_URL = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,")
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+@dataclass
+class CreateRequest:
+    prompt: str
+    image: np.ndarray  # uint8 HxWx3
+    config: dict[str, Any]
+    codec: str | None
+
+
+def parse_create_request(content_type: str, body: bytes) -> CreateRequest:
+    mime = content_type.split(";", 1)[0].strip().lower()
+    if mime == "multipart/form-data":
+        fields = _fields_from_multipart(content_type, body)
+    elif mime in ("application/json", ""):
+        fields = _fields_from_json(body)
+    else:
+        raise RequestError(415, f"unsupported content type {mime!r}; send application/json or multipart/form-data")
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(FIELDS)}")
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RequestError(422, "'prompt' is required: a non-empty string")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise RequestError(422, f"'prompt' is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    image = fields.get("image")
+    if image is None:
+        raise RequestError(422, "'image' is required: a base64 PNG/JPEG string (JSON) or an image file (multipart)")
+    if isinstance(image, str):
+        image = _b64decode(image)
+    elif not isinstance(image, bytes):
+        raise RequestError(422, f"'image' must be a base64 string, got {type(image).__name__}")
+    codec = fields.get("codec")
+    if codec is not None and codec not in CODECS:
+        raise RequestError(422, f"'codec' must be one of {', '.join(CODECS)}, got {codec!r}")
+    try:
+        config = check_config(fields.get("config") or {})
+    except ValueError as exc:
+        raise RequestError(422, f"invalid config: {exc}") from None
+    return CreateRequest(prompt=prompt, image=decode_image(image), config=config, codec=codec)
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise RequestError(400, "'image' is empty")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format not in IMAGE_FORMATS:
+                raise RequestError(400, f"image format {img.format} is not accepted; send {', '.join(IMAGE_FORMATS)}")
+            if max(img.size) > MAX_IMAGE_SIDE:
+                raise RequestError(400, f"image is {img.size[0]}x{img.size[1]}; the largest side allowed is {MAX_IMAGE_SIDE}")
+            return np.asarray(img.convert("RGB")).copy()
+    except RequestError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise RequestError(400, f"'image' could not be decoded as {'/'.join(IMAGE_FORMATS)}: {exc}") from None
+
+
+def _b64decode(text: str) -> bytes:
+    text = _DATA_URL.sub("", text.strip(), count=1)
+    try:
+        return base64.b64decode(re.sub(r"\s+", "", text), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RequestError(400, f"'image' is not valid base64: {exc}") from None
+
+
+def _fields_from_json(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise RequestError(400, "empty request body; send a JSON object {\"prompt\": ..., \"image\": ..., \"config\": {...}}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, f"the JSON body must be an object, got {type(data).__name__}")
+    return data
+
+
+def _fields_from_multipart(content_type: str, body: bytes) -> dict[str, Any]:
+    """Form fields: prompt (text), image (file), config (JSON text), codec (text)."""
+    parts = parse_multipart(content_type, body)
+    fields: dict[str, Any] = {}
+    for name, (value, filename) in parts.items():
+        if name == "image":
+            fields[name] = value
+            continue
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(400, f"form field {name!r} is not UTF-8 text") from None
+        if name == "config":
+            try:
+                fields[name] = json.loads(text) if text.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise RequestError(400, f"form field 'config' is not valid JSON: {exc}") from None
+        else:
+            fields[name] = text
+    return fields
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, str | None]]:
+    """RFC 7578 form data -> {name: (bytes, filename)}; the last part wins on duplicate names."""
+    match = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not match:
+        raise RequestError(400, "multipart/form-data without a boundary")
+    delimiter = b"--" + match.group(1).encode("latin-1")
+    chunks = body.split(delimiter)
+    if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
+        raise RequestError(400, "malformed multipart body: missing the closing boundary")
+    out: dict[str, tuple[bytes, str | None]] = {}
+    for raw in chunks[1:-1]:
+        if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):
+            raise RequestError(400, "malformed multipart body: parts must be CRLF-delimited")
+        head, sep, content = raw[2:-2].partition(b"\r\n\r\n")
+        if not sep:
+            raise RequestError(400, "malformed multipart body: a part has no header/body separator")
+        disposition = next(
+            (line for line in head.decode("latin-1").split("\r\n") if line.lower().startswith("content-disposition:")), ""
+        )
+        name = re.search(r'\bname="([^"]*)"', disposition)
+        if not name:
+            raise RequestError(400, "malformed multipart body: a part has no Content-Disposition name")
+        filename = re.search(r'\bfilename="([^"]*)"', disposition)
+        out[name.group(1)] = (content, filename.group(1) if filename else None)
+    return out

@@ -1,0 +1,115 @@
+"""The contract between the streaming service and a model: sessions that produce chunks of frames.
+
+The service only ever talks to these two protocols, so the HTTP/WebSocket layer is tested against a fake and the
+real LingBot-World v2 pipeline plugs in through a thin adapter. Everything here is a constant or a pure function.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+# Keyboard controls, as the browser names them (KeyboardEvent.key for arrows, upper-case letters otherwise).
+# W/S and the up/down arrows move, A/D strafe, J/L and the left/right arrows turn (yaw), I/K tilt (pitch): the same
+# table as the LingBot-World v2 camera controls (telefuser.models.lingbot_world_v2.camera).
+KEY_BINDINGS: dict[str, str] = {
+    "W": "forward",
+    "S": "backward",
+    "A": "strafe_left",
+    "D": "strafe_right",
+    "ArrowUp": "forward",
+    "ArrowDown": "backward",
+    "ArrowLeft": "yaw_left",
+    "ArrowRight": "yaw_right",
+    "J": "yaw_left",
+    "L": "yaw_right",
+    "I": "pitch_up",
+    "K": "pitch_down",
+}
+ALLOWED_KEYS: tuple[str, ...] = tuple(KEY_BINDINGS)
+
+# The request config a session may carry; anything else is rejected so that typos never pass silently.
+CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps", "frame_policy")
+FRAME_POLICIES: tuple[str, ...] = ("strict", "truncate")
+_RESOLUTION = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
+
+
+@dataclass
+class Chunk:
+    """One chunk of generated video: frames uint8 [F, H, W, 3] and how long it took."""
+
+    index: int
+    frames: np.ndarray
+    measurement: dict[str, Any] = field(default_factory=dict)  # {"index","frames","compute_seconds","phases":{...}}
+
+
+@runtime_checkable
+class StreamSession(Protocol):
+    """One user's world: a KV-cache slot, with the prompt and image encoded once at creation."""
+
+    total_chunks: int | None  # None = open-ended
+
+    def next_chunk(self, keys: list[str]) -> Chunk:
+        """Compute the next chunk (blocking); `keys` are the controls held when it started."""
+
+    def close(self) -> None:
+        """Free the KV slot; called exactly once, never while next_chunk runs."""
+
+
+@runtime_checkable
+class SessionFactory(Protocol):
+    metadata: dict[str, Any]  # model, weights, resolutions, fps, max_sessions, defaults (a full config)
+
+    def validate(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> None:
+        """Raise ValueError with a user-facing message when the request cannot run."""
+
+    def create(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> StreamSession: ...
+
+
+def parse_resolution(value: Any) -> tuple[int, int]:
+    """'832x480' -> (832, 480); ValueError with the accepted form otherwise."""
+    match = _RESOLUTION.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"resolution must be a string 'WIDTHxHEIGHT' such as '832x480', got {value!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_config(config: Any) -> dict[str, Any]:
+    """Model-independent checks of a request config: known keys and sane types. Returns a copy."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a JSON object, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(CONFIG_KEYS)}")
+    out = dict(config)
+    if "seed" in out and (not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or out["seed"] < 0):
+        raise ValueError(f"seed must be a non-negative integer, got {out['seed']!r}")
+    if "resolution" in out:
+        parse_resolution(out["resolution"])
+    if "num_frames" in out and out["num_frames"] is not None:
+        n = out["num_frames"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"num_frames must be a positive integer (or null for an open-ended stream), got {n!r}")
+    if "fps" in out:
+        fps = out["fps"]
+        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 120:
+            raise ValueError(f"fps must be a number in (0, 120], got {fps!r}")
+    if "frame_policy" in out and out["frame_policy"] not in FRAME_POLICIES:
+        raise ValueError(f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {out['frame_policy']!r}")
+    return out
+
+
+def normalize_keys(keys: Any) -> list[str]:
+    """Validate a control message's keys; letters are case-insensitive. Returns them sorted and de-duplicated."""
+    if not isinstance(keys, list):
+        raise ValueError(f"'keys' must be a list of key names, got {type(keys).__name__}")
+    out = set()
+    for key in keys:
+        name = key.upper() if isinstance(key, str) and len(key) == 1 else key
+        if name not in KEY_BINDINGS:
+            raise ValueError(f"unknown key {key!r}; allowed keys: {', '.join(ALLOWED_KEYS)}")
+        out.add(name)
+    return sorted(out, key=ALLOWED_KEYS.index)

@@ -1,0 +1,58 @@
+"""The Server-Sent Events consumer of a session, for tools such as an AIPerf plugin.
+
+One `event: chunk` per chunk whose data is a JSON object with `chunk`, `frames`, `first_frame`, `checksum` and the
+model's `measurement`; then `event: done` with `published_frames`. Comments (`: keep-alive`) keep proxies from timing
+out. With `frames=1` each chunk event also carries the encoded frames in base64; with `status=1` the status events
+(runtime_ready, control_state) are included as `event: status`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .registry import SessionRegistry
+from .session import KEEPALIVE, ChunkItem, DoneItem, Notice, SessionRuntime
+
+
+def sse_event(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def sse_stream(
+    runtime: SessionRuntime, registry: SessionRegistry, *, frames: bool, status: bool, keepalive_s: float
+) -> AsyncIterator[str]:
+    finished = False
+    registry.consumers += 1
+    try:
+        yield f": telefuser stream session={runtime.id}\n\n"
+        if status:
+            yield sse_event("status", runtime.ready_payload())
+        async with contextlib.aclosing(runtime.events(keepalive_s)) as events:
+            async for event in events:
+                if event is KEEPALIVE:
+                    yield ": keep-alive\n\n"
+                elif isinstance(event, ChunkItem):
+                    images = event.images or []
+                    data = {"type": "chunk", **runtime.mark_sent(event, sum(map(len, images)))}
+                    if frames:
+                        data["codec"] = event.codec
+                        data["images"] = [base64.b64encode(b).decode("ascii") for b in images]
+                    yield sse_event("chunk", data, event.index)
+                elif isinstance(event, DoneItem):
+                    finished = True
+                    yield sse_event("done", {**runtime.done_payload(event), "type": "done"})
+                elif isinstance(event, Notice):
+                    stage = event.payload.get("stage")
+                    if stage in ("error", "closed"):
+                        yield sse_event(stage, {**event.payload, "type": stage})
+                    elif status:
+                        yield sse_event("status", event.payload)
+    finally:
+        # May run inside a cancelled scope (client gone): no awaits here, hand the teardown to a task.
+        registry.consumers -= 1
+        registry.spawn(runtime.finish_after_ack() if finished else runtime.aclose("disconnect"))

@@ -1,0 +1,159 @@
+"""`telefuser serve-stream`: run the streaming service (rank 0) and, under torchrun, the follower ranks.
+
+    telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
+    torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
+
+The real model is built by a `build_factory(args)` hook: pass one to `add_serve_stream_parser`, or replace
+`build_factory` below. Model options (--config, --checkpoint, --device, ...) are parsed here and handed to it as-is.
+Ctrl-C (SIGINT) or SIGTERM shuts down cleanly: streams end with a `closed` event, sessions close, followers stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .envelope import CODECS
+from .protocol import SessionFactory
+
+log = logging.getLogger("telefuser.serving")
+FactoryBuilder = Callable[[argparse.Namespace], SessionFactory]
+
+
+def build_factory(args: argparse.Namespace) -> SessionFactory:
+    """The real-model hook; the LingBot-World v2 adapter replaces this. `--fake` never reaches it."""
+    raise NotImplementedError(
+        "serve-stream has no real model factory wired in yet; run with --fake, or pass build_factory= to "
+        "add_serve_stream_parser()"
+    )
+
+
+def build_fake_factory(args: argparse.Namespace) -> SessionFactory:
+    from .fake import FakeSessionFactory
+
+    defaults: dict[str, Any] = {}
+    for key, value in (("resolution", args.resolution), ("num_frames", args.num_frames), ("fps", args.fps)):
+        if value is not None:
+            defaults[key] = value
+    return FakeSessionFactory(delay_s=args.fake_delay, defaults=defaults, max_sessions=args.max_sessions or 4)
+
+
+def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = None) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve-stream",
+        help="serve a streaming world model over HTTP/WebSocket/SSE with a web client at /",
+        description="Streaming service: rank 0 serves HTTP, other torchrun ranks follow its model calls.",
+    )
+    g = p.add_argument_group("service")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8088)
+    g.add_argument("--max-sessions", type=int, default=None,
+                   help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1")
+    g.add_argument("--buffer-chunks", type=int, default=4, help="per-session delivery queue, in chunks")
+    g.add_argument("--delivery-mode", choices=("lossless", "realtime"), default="lossless",
+                   help="lossless: a slow client slows generation (backpressure); realtime: drop the oldest chunk")
+    g.add_argument("--codec", choices=CODECS, default="jpeg", help="default frame codec of the WebSocket envelope")
+    g.add_argument("--jpeg-quality", type=int, default=85)
+    g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
+    g.add_argument("--idle-timeout", type=float, default=120.0, help="close sessions nobody attaches to within this")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
+    g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
+    m = p.add_argument_group("model (handed to the model factory)")
+    m.add_argument("--config", choices=("tiny", "official"), default="official")
+    m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
+    m.add_argument("--device", default=None)
+    m.add_argument("--dtype", default=None)
+    m.add_argument("--attn-impl", default=None)
+    m.add_argument("--resolution", default=None, help="default resolution WxH")
+    m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
+    m.add_argument("--fps", type=float, default=None, help="default target FPS")
+    p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
+    return p
+
+
+def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = None) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    factory = build_fake_factory(args) if args.fake else (builder or build_factory)(args)
+    following = None
+    if world > 1:
+        import torch.distributed as dist
+
+        from .followers import FollowingFactory, follow
+
+        if not dist.is_initialized():  # the model factory may have done it already (init_distributed)
+            dist.init_process_group("gloo")
+        group = dist.new_group(backend="gloo")  # CPU control plane beside whatever the model uses
+        if rank != 0:
+            # A terminal Ctrl-C reaches every rank; followers leave when rank 0 (which shuts down in order and then
+            # broadcasts stop) tells them to, not in the middle of a collective.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            calls = follow(factory, group)
+            log.info("rank %d: follower stopped after %d model calls", rank, calls)
+            return 0
+        factory = following = FollowingFactory(factory, group)
+    return _serve(args, factory, following)
+
+
+def _serve(args: argparse.Namespace, factory: SessionFactory, following) -> int:
+    import uvicorn
+
+    from .local_server import make_server
+    from .stream_app import create_stream_app
+
+    max_sessions = args.max_sessions or int(factory.metadata.get("max_sessions") or 1)
+    app = create_stream_app(
+        factory, max_sessions=max_sessions, delivery_mode=args.delivery_mode, buffer_chunks=args.buffer_chunks,
+        codec=args.codec, jpeg_quality=args.jpeg_quality, ack_timeout_s=args.ack_timeout,
+        idle_timeout_s=args.idle_timeout,
+    )  # fmt: skip
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on"
+    )
+    server = make_server(config)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        # We bind the socket ourselves so that --port 0 works and the log names the real port.
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        log.info("serving on http://%s:%d (model: %s)", host, sock.getsockname()[1], factory.metadata.get("model"))
+        # uvicorn re-raises the captured signal after its graceful shutdown; make SIGTERM an exception, as SIGINT
+        # is, so that the followers still get their stop below.
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        try:
+            server.run(sockets=[sock])
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            sock.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if following is not None:
+            following.shutdown()  # also when binding failed: the followers must not wait forever
+    log.info("serve-stream exited cleanly")
+    return 0
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m telefuser.serving.stream_cli")
+    add_serve_stream_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
