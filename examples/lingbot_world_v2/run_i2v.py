@@ -1,0 +1,169 @@
+"""LingBot-World v2: one image-to-video world session, chunk by chunk, steered by a control trace; timed.
+
+    python examples/lingbot_world_v2/run_i2v.py --config tiny --device cpu          # CPU plumbing run
+    torchrun --standalone --nproc-per-node=2 examples/lingbot_world_v2/run_i2v.py --config tiny --ulysses-degree 2
+    torchrun --standalone --nproc-per-node=4 examples/lingbot_world_v2/run_i2v.py --checkpoint /models/lingbot-v2 \
+        --ulysses-degree 4 --attn-impl flash_attn_4 --output outputs/lingbot_world_v2/u4.mp4
+
+Writes the MP4 (H.264, video only) and ``<output>.json``: the request, the per-chunk measurements
+(``index, frames, compute_seconds, phases``), the summary (steady compute FPS over chunks > 0, chunk mean / p50 /
+p90 / max), session setup times and where every weight came from. Without --checkpoint every weight is random:
+the frames are noise-like pictures, which is what a plumbing/timing run needs and nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from telefuser.distributed.mesh import ParallelConfig, init_distributed
+from telefuser.media import write_mp4
+from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
+from telefuser.pipelines.lingbot_world_v2 import (
+    FRAME_POLICIES,
+    ControlTrace,
+    build_lingbot_pipeline,
+    format_summary,
+    load_control_trace,
+    plan_session,
+)
+from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
+from telefuser.pipelines.lingbot_world_v2.loading import DIT_KINDS
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_IMAGE = HERE / "assets" / "reference.png"
+DEFAULT_CONTROLS = HERE / "assets" / "controls.json"
+DEFAULT_PROMPT = "A quiet country road runs toward the horizon past a red barn and a white cottage under a clear sky."
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TINY_RESOLUTION, OFFICIAL_RESOLUTION = "128x96", "832x480"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="reference image (first frame)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--controls", default=str(DEFAULT_CONTROLS),
+                   help="control trace (JSON list or JSON lines of {chunk, keys}); 'none' for no keys")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--resolution", default=None,
+                   help=f"WIDTHxHEIGHT, multiples of 16 (default {OFFICIAL_RESOLUTION}; {TINY_RESOLUTION} for "
+                        f"--config tiny without --checkpoint)")
+    p.add_argument("--num-frames", type=int, default=77,
+                   help="1 + 4k frames; 77 = 5 chunks (13 + 4 x 16); truncate drops an incomplete last chunk")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--frame-policy", choices=FRAME_POLICIES, default="truncate")
+    p.add_argument("--ulysses-degree", "--gpu-num", dest="ulysses_degree", type=int, default=1,
+                   help="Ulysses degree (launch with torchrun --nproc-per-node=N); the VAE decode is height-sharded "
+                        "over the same ranks")
+    p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
+                        "(transformers/ or the folder itself)")
+    p.add_argument("--config", choices=["tiny", "official"], default="tiny",
+                   help="random-weight sizes without --checkpoint")
+    p.add_argument("--dit", choices=DIT_KINDS, default="lingbot",
+                   help="lingbot: the LingBot causal DiT with camera features; toy: a shape-compatible stand-in "
+                        "(not the model, no camera)")
+    p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="DiT and text encoder dtype (the VAE is float32); default bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--output", type=Path, default=Path("outputs/lingbot_world_v2/i2v.mp4"))
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    check_attention_impl(args.attn_impl)
+    if args.resolution is None:
+        args.resolution = TINY_RESOLUTION if args.config == "tiny" and args.checkpoint is None else OFFICIAL_RESOLUTION
+    # Refuse a bad request before any process group or weight exists.
+    plan = plan_session(resolution=args.resolution, num_frames=args.num_frames, fps=args.fps,
+                        frame_policy=args.frame_policy)
+    trace = ControlTrace() if args.controls.lower() == "none" else load_control_trace(args.controls)
+    image = load_reference_image(args.image)
+    if not args.prompt.strip():
+        raise SystemExit("--prompt must not be empty")
+
+    mesh = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        mesh = init_distributed(ParallelConfig(ulysses_degree=args.ulysses_degree))
+    elif args.ulysses_degree > 1:
+        raise SystemExit(f"--ulysses-degree {args.ulysses_degree}: launch with torchrun --nproc-per-node="
+                         f"{args.ulysses_degree}")
+    device = torch.device(args.device) if args.device else (
+        mesh.device if mesh is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    rank = mesh.rank if mesh is not None else 0
+
+    pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, dit=args.dit, device=device,
+                                  dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl)
+    try:
+        with pipe.start(image, args.prompt, seed=args.seed, resolution=args.resolution, num_frames=args.num_frames,
+                        fps=args.fps, frame_policy=args.frame_policy) as session:
+            frames = []
+            bar = tqdm(range(session.total_chunks), desc="chunks", unit="chunk",
+                       disable=args.no_progress or rank != 0)
+            for i in bar:
+                chunk = session.next_chunk(trace.keys_for(i))
+                frames.append(chunk.frames)
+                bar.set_postfix(frames=chunk.measurement["frames"], s=f"{chunk.measurement['compute_seconds']:.2f}",
+                                keys="".join(chunk.keys) or "-")
+            if rank == 0:
+                report(args, pipe, session, frames, plan, mesh, device, dtype)
+    finally:
+        pipe.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
+    import numpy as np
+
+    video = np.concatenate(frames, axis=0)
+    write_mp4(args.output, video, args.fps)
+    summary = session.summary()
+    metrics = {
+        "request": {**session.request, "image": str(args.image), "controls": args.controls},
+        "plan": plan.as_dict(),
+        "weights": pipe.weights,
+        "launch": {
+            "world_size": mesh.world_size if mesh is not None else 1,
+            "ulysses_degree": args.ulysses_degree,
+            "attn_impl": args.attn_impl,
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "config": args.config if args.checkpoint is None else "checkpoint",
+            "dit": args.dit,
+        },
+        "schedule": pipe.schedule.as_dict(),
+        "setup_seconds": session.setup_seconds,
+        "keys_per_chunk": session.keys_history,
+        "chunks": session.measurements,
+        "summary": summary,
+        "output": {"path": str(args.output), "frames": int(video.shape[0]), "width": int(video.shape[2]),
+                   "height": int(video.shape[1]), "fps": args.fps},
+    }
+    metrics_path = args.output.with_suffix(".json")
+    metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    random_note = " -- random weights: output is not meaningful" if args.checkpoint is None else ""
+    print(f"weights: {pipe.weights.get('summary')}{random_note}")
+    for part in ("dit", "text_encoder", "tokenizer", "vae"):
+        print(f"  {part}: {pipe.weights.get(part)}")
+    truncated = f" (of {plan.requested_frames} asked)" if plan.requested_frames != plan.num_frames else ""
+    print(f"video: {plan.width}x{plan.height}, {video.shape[0]} frames{truncated} @ {args.fps} fps, "
+          f"{session.total_chunks} chunks {list(plan.frames_per_chunk)}")
+    setup = session.setup_seconds
+    print("setup: " + ", ".join(f"{k} {v:.3f}" for k, v in setup.items()))
+    print(format_summary(summary))
+    print(f"wrote {args.output} and {metrics_path}")
+
+
+if __name__ == "__main__":
+    main()

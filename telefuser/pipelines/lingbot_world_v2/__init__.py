@@ -1,0 +1,55 @@
+"""LingBot-World v2 session pipeline: chunked autoregressive image-to-video, steered by keyboard controls.
+
+The causal DiT and its camera geometry live in `telefuser.models.lingbot_world_v2` and are imported lazily by
+`loading`; everything here imports (and is tested) without them. See README.md for facts, sources and assumptions.
+"""
+
+from .camera_control import (
+    CameraFactory,
+    CameraGeometry,
+    CameraTrack,
+    LingBotCameraTrack,
+    NoCamera,
+    default_intrinsics,
+    lingbot_camera,
+    no_camera,
+)
+from .controls import CONTROL_KEYS, ControlTrace, load_control_trace, normalize_keys, parse_control_trace
+from .loading import build_lingbot_pipeline, resolve_checkpoint
+from .metrics import format_summary, seconds_summary, summarize
+from .request import FRAME_POLICIES, SessionPlan, parse_resolution, plan_session
+from .scheduler import DenoisingSchedule, flow_to_x0, flow_unipc_tables, renoise
+from .session import DIT_IN_DIM, Chunk, LingBotSession, WorldSessionPipeline
+
+__all__ = [
+    "CONTROL_KEYS",
+    "DIT_IN_DIM",
+    "FRAME_POLICIES",
+    "CameraFactory",
+    "CameraGeometry",
+    "CameraTrack",
+    "Chunk",
+    "ControlTrace",
+    "DenoisingSchedule",
+    "LingBotCameraTrack",
+    "LingBotSession",
+    "NoCamera",
+    "SessionPlan",
+    "WorldSessionPipeline",
+    "build_lingbot_pipeline",
+    "default_intrinsics",
+    "flow_to_x0",
+    "flow_unipc_tables",
+    "format_summary",
+    "lingbot_camera",
+    "load_control_trace",
+    "no_camera",
+    "normalize_keys",
+    "parse_control_trace",
+    "parse_resolution",
+    "plan_session",
+    "renoise",
+    "resolve_checkpoint",
+    "seconds_summary",
+    "summarize",
+]

@@ -1,0 +1,129 @@
+"""Assemble a `WorldSessionPipeline` from the official checkpoint layout or from random weights.
+
+Checkpoint layout (``--checkpoint DIR``; the Wan2.2-I2V-A14B assets beside the LingBot DiT)::
+
+    DIR/Wan2.1_VAE.pth                       Wan 2.1 VAE         -> diffusers AutoencoderKLWan (key map: diffusers)
+    DIR/models_t5_umt5-xxl-enc-bf16.pth      umT5-XXL encoder    -> transformers UMT5EncoderModel (key map: ours)
+    DIR/google/umt5-xxl/                     tokenizer files     -> AutoTokenizer (local files only)
+    DIR/transformers/  (or DIR itself)       LingBot DiT shards  -> telefuser.models.lingbot_world_v2
+
+Every file is checked before any weight is read, so a wrong folder fails at once with the list of what is missing.
+The LingBot DiT package is imported inside the functions: this package imports (and its tests run) without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .camera_control import CameraFactory, lingbot_camera, no_camera
+from .session import WorldSessionPipeline
+from .text_encoder import (
+    OFFICIAL_UMT5,
+    TEXT_LEN,
+    TOKENIZER_SUBDIR,
+    PromptEncoder,
+    build_umt5_encoder,
+    load_official_umt5,
+    load_tokenizer,
+    tiny_umt5_config,
+)
+from .toy_dit import ToyCausalDiT, ToyDiTConfig
+from .vae import WanVideoVAE
+
+RANDOM = "random (no checkpoint)"
+VAE_FILE = "Wan2.1_VAE.pth"
+T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
+DIT_SUBDIR = "transformers"
+DIT_KINDS = ("lingbot", "toy")
+TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
+    root = Path(checkpoint)
+    paths = {"vae": root / VAE_FILE, "text_encoder": root / T5_FILE, "tokenizer": root / TOKENIZER_SUBDIR,
+             "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root}
+    missing = [str(p) for key, p in paths.items() if key != "dit" and not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{root} is not a LingBot-World v2 checkpoint folder; missing: {', '.join(missing)}")
+    return paths
+
+
+def build_lingbot_pipeline(
+    *,
+    config: str = "tiny",
+    checkpoint: str | Path | None = None,
+    dit: str = "lingbot",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    mesh=None,
+    seed: int = 0,
+    attn_impl: str = "sdpa",
+    camera_factory: CameraFactory | None = None,
+    condition_encoding: str = "upfront",
+) -> WorldSessionPipeline:
+    """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`; `dit` "toy" is the stand-in.
+
+    `dtype` is the DiT's and text encoder's; the VAE always runs in float32 (as the reference does).
+    `camera_factory` defaults to the model package's camera features for the LingBot DiT, none for the toy.
+    """
+    device = torch.device(device)
+    if dit not in DIT_KINDS:
+        raise ValueError(f"dit must be one of {DIT_KINDS}, got {dit!r}")
+    if config not in ("tiny", "official"):
+        raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
+    paths = resolve_checkpoint(checkpoint) if checkpoint is not None else None  # fail before reading weights
+    size = "official" if paths is not None else config
+    model, text_dim, text_len = _build_dit(dit, size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed,
+                                           attn_impl=attn_impl)
+    if paths is not None:
+        vae = WanVideoVAE.from_official(paths["vae"], device=device)
+        tokenizer = load_tokenizer(paths["tokenizer"])
+        encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
+        weights = {"summary": str(checkpoint), "dit": getattr(model, "weights_source", str(paths["dit"])),
+                   "text_encoder": str(paths["text_encoder"]), "tokenizer": tokenizer.description,
+                   "vae": vae.description}
+    else:
+        vae = WanVideoVAE.random(size, seed=seed, device=device)
+        tokenizer = load_tokenizer(None)
+        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(text_dim)
+        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype)
+        weights = {"summary": f"{RANDOM}, {size} sizes", "dit": getattr(model, "weights_source", RANDOM),
+                   "text_encoder": RANDOM, "tokenizer": tokenizer.description, "vae": vae.description}
+    if int(encoder.config.d_model) != text_dim:
+        raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
+    if camera_factory is None:
+        camera_factory = lingbot_camera() if dit == "lingbot" else no_camera
+    vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
+    return WorldSessionPipeline(
+        model, PromptEncoder(tokenizer, encoder, text_len=text_len), vae, device=device, dit_dtype=dtype,
+        camera_factory=camera_factory, vae_group=vae_group,
+        condition_encoding=condition_encoding, weights=weights,
+    )
+
+
+def _build_dit(kind, size, paths, *, device, dtype, mesh, seed, attn_impl):
+    """(dit, text_dim, text_len). The real DiT comes from the model package (imported here, lazily)."""
+    if kind == "toy":
+        official = size == "official"
+        config = ToyDiTConfig(text_dim=OFFICIAL_UMT5["d_model"] if official else 32,
+                              text_len=TEXT_LEN if official else 64)
+        model = ToyCausalDiT(config, seed=seed).to(device)
+        if mesh is not None and getattr(mesh, "world_size", 1) > 1:
+            model.enable_parallel(mesh)
+        return model, config.text_dim, config.text_len
+    # WIRE: the model helper's API (telefuser/models/lingbot_world_v2); adjust these calls if its names differ.
+    from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit, load_lingbot_dit
+    from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
+
+    if paths is not None:
+        model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl)
+    else:
+        # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
+        dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
+        model = build_random_lingbot_dit(dit_config, seed, device, dtype, attn_impl=attn_impl)
+        if mesh is not None and getattr(mesh, "world_size", 1) > 1:
+            model.enable_parallel(mesh)
+    config = model.config
+    return model, int(config.text_dim), int(getattr(config, "text_len", TEXT_LEN))

@@ -1,0 +1,218 @@
+"""The prompt -> umT5-XXL encoder states ``[1, text_len, 4096]`` (transformers' ``UMT5EncoderModel``), once per session.
+
+What the reference does (Wan's ``T5EncoderModel``): clean the prompt (ftfy, HTML-unescape twice, collapse
+whitespace), tokenize with ``google/umt5-xxl`` (``add_special_tokens=True``: an EOS is appended; padded/truncated to
+512), run the encoder with the padding masked, keep the rows of the real tokens; the DiT then zero-pads the context
+to ``text_len = 512`` rows before its text embedding. We run the encoder on the real tokens only (masking the pads
+makes them invisible, so this is the same computation) and return the zero-padded ``[1, text_len, dim]`` context,
+which is what the DiT consumes; a DiT that pads again to ``text_len`` changes nothing.
+
+Tokenizer: ``<checkpoint>/google/umt5-xxl`` loaded with ``AutoTokenizer`` from local files (needs ``tokenizer.json``,
+or the ``sentencepiece`` package for ``spiece.model`` alone). Without tokenizer files a deterministic byte-level
+fallback stands in; its ids mean nothing to real umT5 weights, and its description says so.
+
+Official weights: ``models_t5_umt5-xxl-enc-bf16.pth`` uses Wan's own module names; `official_t5_to_hf` maps them::
+
+    token_embedding.weight                      -> shared.weight (tied to encoder.embed_tokens.weight)
+    blocks.{i}.norm1.weight                     -> encoder.block.{i}.layer.0.layer_norm.weight
+    blocks.{i}.attn.{q,k,v,o}.weight            -> encoder.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight
+    blocks.{i}.pos_embedding.embedding.weight   -> encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias
+                                                   .weight
+    blocks.{i}.norm2.weight                     -> encoder.block.{i}.layer.1.layer_norm.weight
+    blocks.{i}.ffn.gate.0.weight                -> encoder.block.{i}.layer.1.DenseReluDense.wi_0.weight (GELU-tanh)
+    blocks.{i}.ffn.fc1.weight                   -> encoder.block.{i}.layer.1.DenseReluDense.wi_1.weight (linear)
+    blocks.{i}.ffn.fc2.weight                   -> encoder.block.{i}.layer.1.DenseReluDense.wo.weight
+    norm.weight                                 -> encoder.final_layer_norm.weight
+
+Any other key, or a missing one, is refused with the list. The semantics match: no attention scaling, per-layer
+relative position buckets (32 buckets, max distance 128, bidirectional), RMS norms with eps 1e-6, gated GELU-tanh
+(``gelu_new``) feed-forward (checked against an independent implementation of Wan's formulas in the tests).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import torch
+
+TEXT_LEN = 512
+TOKENIZER_SUBDIR = "google/umt5-xxl"
+# umT5-XXL encoder (Wan's `umt5_xxl`: dim 4096, ffn 10240, 64 heads, 24 layers, vocab 256384, 32 buckets).
+OFFICIAL_UMT5 = dict(
+    vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+    relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
+    layer_norm_epsilon=1e-6, dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+)
+
+
+def tiny_umt5_config(d_model: int = 32) -> dict:
+    if d_model % 4:
+        raise ValueError(f"tiny text width must be a multiple of 4, got {d_model}")
+    return dict(OFFICIAL_UMT5, vocab_size=384, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2,
+                num_heads=4)
+
+
+def clean_prompt(text: str) -> str:
+    """Wan's 'whitespace' cleaning: ftfy (when installed), HTML-unescape twice, strip, collapse whitespace."""
+    try:
+        import ftfy
+
+        text = ftfy.fix_text(text)
+    except ImportError:  # ftfy only repairs mojibake; clean UTF-8 prompts are unchanged by it
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class ByteFallbackTokenizer:
+    """UTF-8 bytes shifted past pad (0), EOS (1) and unk (2), then EOS: stable everywhere, needs no files."""
+
+    RESERVED = 3
+    EOS = 1
+
+    def __init__(self) -> None:
+        self.vocab_size = 256 + self.RESERVED
+        self.description = "byte-level fallback tokenizer (no tokenizer files given; not the umT5 vocabulary)"
+
+    def encode(self, text: str, max_length: int) -> list[int]:
+        return [b + self.RESERVED for b in text.encode("utf-8")][: max_length - 1] + [self.EOS]
+
+
+class UMT5Tokenizer:
+    """The checkpoint's ``google/umt5-xxl`` tokenizer, local files only."""
+
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (ImportError, ValueError, OSError) as exc:
+            raise ValueError(
+                f"cannot load the umT5 tokenizer from {path}: {exc}. It needs tokenizer.json (or the "
+                f"'sentencepiece' package to read spiece.model)"
+            ) from None
+        self.vocab_size = len(self._tokenizer)
+        self.description = f"umT5 tokenizer from {path}"
+
+    def encode(self, text: str, max_length: int) -> list[int]:
+        out = self._tokenizer(text, add_special_tokens=True, truncation=True, max_length=max_length)
+        return list(out["input_ids"])
+
+
+def load_tokenizer(path: str | Path | None):
+    """The tokenizer in `path` (the ``google/umt5-xxl`` folder), or the byte fallback when `path` is None."""
+    if path is None:
+        return ByteFallbackTokenizer()
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    return UMT5Tokenizer(path)
+
+
+def build_umt5_encoder(config: dict, *, seed: int = 0, device="cpu", dtype=torch.float32):
+    """A `UMT5EncoderModel` with deterministic random weights, allocated directly on `device`."""
+    from accelerate import init_empty_weights
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with init_empty_weights():
+        model = UMT5EncoderModel(UMT5Config(**config))
+    model.to(dtype=dtype).to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                param.fill_(1.0)
+            else:  # T5-like scales: embeddings ~1, projections ~1/sqrt(fan_in)
+                std = 1.0 if "shared" in name or "embed" in name else param.shape[-1] ** -0.5
+                param.copy_(torch.randn(param.shape, generator=generator, device=device, dtype=torch.float32) * std)
+    model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def official_t5_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Wan's umT5 encoder state dict -> `UMT5EncoderModel` names (see the module docstring); strict."""
+    per_block = {
+        "norm1.weight": "layer.0.layer_norm.weight",
+        "attn.q.weight": "layer.0.SelfAttention.q.weight",
+        "attn.k.weight": "layer.0.SelfAttention.k.weight",
+        "attn.v.weight": "layer.0.SelfAttention.v.weight",
+        "attn.o.weight": "layer.0.SelfAttention.o.weight",
+        "pos_embedding.embedding.weight": "layer.0.SelfAttention.relative_attention_bias.weight",
+        "norm2.weight": "layer.1.layer_norm.weight",
+        "ffn.gate.0.weight": "layer.1.DenseReluDense.wi_0.weight",
+        "ffn.fc1.weight": "layer.1.DenseReluDense.wi_1.weight",
+        "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
+    }
+    mapping = {"token_embedding.weight": "shared.weight", "norm.weight": "encoder.final_layer_norm.weight"}
+    for i in range(num_layers):
+        for src, dst in per_block.items():
+            mapping[f"blocks.{i}.{src}"] = f"encoder.block.{i}.{dst}"
+    unexpected = sorted(set(state) - set(mapping))
+    missing = sorted(set(mapping) - set(state))
+    if unexpected or missing:
+        raise ValueError(
+            f"umT5 checkpoint does not match a {num_layers}-layer umT5 encoder in Wan's layout: "
+            f"{len(missing)} missing {missing[:5]}, {len(unexpected)} unmapped {unexpected[:5]}"
+        )
+    out = {mapping[k]: v for k, v in state.items()}
+    out["encoder.embed_tokens.weight"] = out["shared.weight"]
+    return out
+
+
+def load_official_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, config: dict | None = None):
+    """``models_t5_umt5-xxl-enc-bf16.pth`` -> `UMT5EncoderModel` on `device`."""
+    from accelerate import init_empty_weights
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"umT5 encoder checkpoint not found: {path}")
+    config = dict(config or OFFICIAL_UMT5)
+    try:  # memory-map the 11 GB file where the format allows it (zip format, torch >= 1.6)
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    mapped = official_t5_to_hf(state, int(config["num_layers"]))
+    with init_empty_weights():
+        model = UMT5EncoderModel(UMT5Config(**config))
+    expected = model.state_dict()
+    mis_shaped = [(k, tuple(v.shape), tuple(expected[k].shape)) for k, v in mapped.items()
+                  if tuple(v.shape) != tuple(expected[k].shape)]
+    if mis_shaped:
+        raise ValueError(f"{path}: tensors of the wrong shape for umT5-XXL: {mis_shaped[:3]}")
+    mapped = {k: v.to(device=device, dtype=dtype) for k, v in mapped.items()}
+    model.load_state_dict(mapped, strict=True, assign=True)
+    model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+class PromptEncoder:
+    """Tokenizer + umT5 encoder: prompt -> ``[1, text_len, d_model]`` (real rows, then zeros)."""
+
+    def __init__(self, tokenizer, encoder, *, text_len: int = TEXT_LEN) -> None:
+        vocab = int(encoder.config.vocab_size)
+        if tokenizer.vocab_size > vocab:
+            raise ValueError(f"tokenizer vocabulary ({tokenizer.vocab_size}) exceeds the encoder's ({vocab})")
+        if text_len < 1:
+            raise ValueError(f"text_len must be positive, got {text_len}")
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.text_len = int(text_len)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.encoder.config.d_model)
+
+    @torch.no_grad()
+    def __call__(self, prompt: str, device: torch.device | str) -> torch.Tensor:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        ids = self.tokenizer.encode(clean_prompt(prompt), self.text_len)
+        encoder_device = next(self.encoder.parameters()).device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=encoder_device)
+        states = self.encoder(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
+        context = states.new_zeros(1, self.text_len, states.shape[-1])
+        context[:, : states.shape[1]] = states
+        return context.to(device)

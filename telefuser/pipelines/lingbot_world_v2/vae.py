@@ -1,0 +1,207 @@
+"""Wan 2.1 VAE through diffusers' ``AutoencoderKLWan``: encode the reference image once, decode chunks as a stream.
+
+Normalisation (Wan's ``Wan2_1_VAE``; the same 16 means/stds are ``AutoencoderKLWan``'s config defaults):
+``z = (mu - mean) / std`` after encoding (``mu`` = the posterior mean, no sampling) and ``z * std + mean`` before
+decoding, written as the reference writes it (``(mu - mean) * (1/std)``, ``z / (1/std) + mean``).
+
+Streaming decode: diffusers' ``_decode`` runs the decoder one latent frame at a time, carrying a per-conv cache of
+the last input frames (``feat_cache``); it resets that cache on every call. ``StreamDecoder`` drives the same
+decoder with a cache it owns, so chunk after chunk continues exactly where the previous chunk stopped: the frames
+equal a one-shot decode of all latents (tested), the first latent frame gives 1 frame and every later one 4.
+
+Streaming encode: ``StreamEncoder`` encodes the condition clip (the image, then black frames) chunk by chunk the
+same way (diffusers' ``_encode`` groups: 1 frame, then 4 per latent), so a session need not know its length up
+front; the latents equal a one-shot encode (tested). TeleFuser's realtime VAE stage encodes condition chunks so.
+
+Official weights: ``Wan2.1_VAE.pth`` (Wan's own module names) is mapped with diffusers'
+``convert_wan_vae_to_diffusers`` and loaded strictly; missing, unexpected or mis-shaped tensors are an error that
+lists them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Wan 2.1 VAE architecture (diffusers' AutoencoderKLWan defaults, written out so a change there cannot move us).
+OFFICIAL_VAE_CONFIG = dict(
+    base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+    temperal_downsample=[False, True, True],
+)
+# Same structure (and so the same frame arithmetic and receptive field), narrow channels: for CPU tests and demos.
+TINY_VAE_CONFIG = dict(OFFICIAL_VAE_CONFIG, base_dim=8)
+LATENT_CHANNELS = 16
+
+
+class WanVideoVAE:
+    """The VAE plus its latent normalisation; fp32 by default (the reference runs the VAE in fp32)."""
+
+    def __init__(self, model, *, description: str) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.description = description
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        config = model.config
+        if int(config.z_dim) != LATENT_CHANNELS:
+            raise ValueError(f"expected a {LATENT_CHANNELS}-channel Wan VAE, got z_dim={config.z_dim}")
+        self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1, 1)
+        self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=torch.float32, device=self.device).view(
+            1, -1, 1, 1, 1)
+
+    @classmethod
+    def random(cls, size: str = "tiny", *, seed: int = 0, device="cpu", dtype=torch.float32) -> WanVideoVAE:
+        from diffusers import AutoencoderKLWan
+
+        configs = {"tiny": TINY_VAE_CONFIG, "official": OFFICIAL_VAE_CONFIG}
+        if size not in configs:
+            raise ValueError(f"VAE size must be one of {list(configs)}, got {size!r}")
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)  # diffusers initialises from the global generator; restore it afterwards
+        try:
+            model = AutoencoderKLWan(**configs[size])
+        finally:
+            torch.random.set_rng_state(generator_state)
+        return cls(_place(model, device, dtype), description=f"random (no checkpoint), {size} Wan 2.1 VAE")
+
+    @classmethod
+    def from_official(cls, path: str | Path, *, device="cpu", dtype=torch.float32) -> WanVideoVAE:
+        """Load ``Wan2.1_VAE.pth`` (Wan's state dict) into ``AutoencoderKLWan``."""
+        from diffusers import AutoencoderKLWan
+        from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Wan VAE checkpoint not found: {path}")
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            state = state["state_dict"]
+        if not isinstance(state, dict) or "decoder.middle.0.residual.0.gamma" not in state:
+            raise ValueError(f"{path} is not a Wan 2.1 VAE state dict (no decoder.middle.0.residual.0.gamma)")
+        converted = convert_wan_vae_to_diffusers(state)
+        model = AutoencoderKLWan(**OFFICIAL_VAE_CONFIG)
+        _load_strict(model, converted, path)
+        return cls(_place(model, device, dtype), description=f"{path} (Wan 2.1 VAE)")
+
+    @property
+    def conv_count(self) -> int:
+        return int(self.model._cached_conv_counts["decoder"])
+
+    @torch.no_grad()
+    def encode_condition(self, image: torch.Tensor, latent_frames: int) -> torch.Tensor:
+        """``[3, H, W]`` in [-1, 1] -> normalised latents ``[1, 16, latent_frames, H/8, W/8]`` (float32).
+
+        The clip is the image followed by ``4 * (latent_frames - 1)`` black (zero) frames, as the reference encodes it.
+        """
+        if latent_frames < 1:
+            raise ValueError(f"latent_frames must be >= 1, got {latent_frames}")
+        channels, height, width = image.shape
+        video = torch.zeros(1, channels, 1 + 4 * (latent_frames - 1), height, width, dtype=self.dtype,
+                            device=self.device)
+        video[:, :, 0] = image.to(device=self.device, dtype=self.dtype)
+        mu = self.model.encode(video).latent_dist.mode().float()
+        return (mu - self.mean) * self.inv_std
+
+    def denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents.float() / self.inv_std + self.mean
+
+    def stream_encoder(self, image: torch.Tensor) -> StreamEncoder:
+        """A condition stream for `image` (``[3, H, W]`` in [-1, 1]): ``next(n)`` gives the next n latent frames."""
+        return StreamEncoder(self, image)
+
+    def stream_decoder(self, sharding=None) -> StreamDecoder:
+        """A fresh decoding stream (one per session). `sharding`: a `HeightShardedDecoder` for multi-rank decode."""
+        return StreamDecoder(self, sharding)
+
+
+class StreamEncoder:
+    """Encodes the image-then-black-frames clip in latent-frame chunks with a causal cache it owns."""
+
+    def __init__(self, vae: WanVideoVAE, image: torch.Tensor) -> None:
+        self.vae = vae
+        self._image = image.to(device=vae.device, dtype=vae.dtype)
+        self._cache: list | None = [None] * int(vae.model._cached_conv_counts["encoder"])
+        self._first = True
+
+    @torch.no_grad()
+    def next(self, latent_frames: int) -> torch.Tensor:
+        """The next `latent_frames` normalised latents ``[1, 16, latent_frames, H/8, W/8]`` (float32)."""
+        if self._cache is None:
+            raise RuntimeError("this encode stream is closed")
+        if latent_frames < 1:
+            raise ValueError(f"latent_frames must be >= 1, got {latent_frames}")
+        vae, (channels, height, width) = self.vae, self._image.shape
+        groups = []
+        for _ in range(latent_frames):
+            if self._first:  # the causal first latent frame is the image alone
+                group = self._image.view(1, channels, 1, height, width)
+                self._first = False
+            else:
+                group = torch.zeros(1, channels, 4, height, width, device=vae.device, dtype=vae.dtype)
+            groups.append(vae.model.encoder(group, feat_cache=self._cache, feat_idx=[0]))
+        moments = vae.model.quant_conv(torch.cat(groups, dim=2))
+        mu = moments[:, : moments.shape[1] // 2].float()  # the posterior mean (mode), as `latent_dist.mode()`
+        return (mu - vae.mean) * vae.inv_std
+
+    def close(self) -> None:
+        self._cache = None
+        self._image = None
+
+
+class StreamDecoder:
+    """Decodes a session's chunks in order with a causal cache it owns; `close()` drops the cache."""
+
+    def __init__(self, vae: WanVideoVAE, sharding=None) -> None:
+        self.vae = vae
+        self.sharding = sharding
+        self._cache: list | None = [None] * vae.conv_count
+        self._first = True
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised ``[1, 16, F, h, w]`` -> pixels ``[1, 3, T, H, W]`` in [-1, 1] (this rank's rows when sharded).
+
+        T is ``1 + 4 (F - 1)`` for the first call of the stream and ``4 F`` afterwards.
+        """
+        if self._cache is None:
+            raise RuntimeError("this decode stream is closed")
+        vae = self.vae
+        z = vae.denormalize(latents).to(device=vae.device, dtype=vae.dtype)
+        x = vae.model.post_quant_conv(z)  # 1x1x1: per frame and per pixel, so chunk-wise and band-wise is exact
+        decoder = vae.model.decoder
+        if self.sharding is not None:
+            x = self.sharding.local_rows(x)
+            decoder = self.sharding.decoder
+        frames = []
+        for i in range(x.shape[2]):
+            frames.append(decoder(x[:, :, i:i + 1], feat_cache=self._cache, feat_idx=[0], first_chunk=self._first))
+            self._first = False
+        return torch.cat(frames, dim=2).clamp_(-1.0, 1.0)
+
+    def close(self) -> None:
+        self._cache = None
+
+
+def to_uint8_frames(pixels: torch.Tensor) -> torch.Tensor:
+    """``[1, 3, T, H, W]`` in [-1, 1] -> uint8 ``[T, H, W, 3]`` on the same device (rounded, not truncated)."""
+    return ((pixels[0].float() + 1.0) * 127.5).round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 3, 0).contiguous()
+
+
+def _place(model, device, dtype):
+    model = model.to(device=device)
+    # diffusers warns on any dtype argument to .to(); only pass one when it changes something
+    return model if dtype == torch.float32 else model.to(dtype=dtype)
+
+
+def _load_strict(model, state: dict, source: Path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mis_shaped = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or mis_shaped:
+        raise ValueError(
+            f"{source}: cannot map onto AutoencoderKLWan (Wan 2.1): {len(missing)} missing "
+            f"{missing[:5]}, {len(unexpected)} unexpected {unexpected[:5]}, {len(mis_shaped)} mis-shaped "
+            f"{[(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in mis_shaped[:3]]}"
+        )
+    model.load_state_dict(state, strict=True)
