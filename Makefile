@@ -10,10 +10,11 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo test test-unit test-gpu build-sm90 browser clean
+.PHONY: help install demo demo-attention test test-unit test-gpu build-sm90 browser clean
 
 help:
-	@echo "make demo        run the main job on CPU (installs into $(VENV))"
+	@echo "make demo        the main job on CPU: a LingBot-World v2 session -> MP4 + metrics (installs into $(VENV))"
+	@echo "make demo-attention  one DiT attention layer under Ulysses against dense (2 and 4 CPU ranks)"
 	@echo "make test        run the test suite on CPU (installs into $(VENV))"
 	@echo "make build-sm90  build and install tf-kernel for SM90 (PYTHON=/path/to/python with CUDA torch)"
 	@echo "make test-gpu    GPU tests on a CUDA host (PYTHON=python3 uses that interpreter's torch)"
@@ -29,7 +30,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The main job: one LingBot-World v2 session (77 frames in 5 chunks, tiny random-weight model, CPU), on one rank and
+# under Ulysses2 on two gloo ranks. Each writes an MP4 and a metrics JSON.
 demo: $(STAMP)
+	@echo "== LingBot-World v2: one 77-frame session, tiny random model, 1 CPU rank"
+	$(PY) examples/lingbot_world_v2/run_i2v.py --config tiny --device cpu --output $(DEMO_OUT)/lingbot_world_v2.mp4
+	@echo "== the same session under Ulysses2 on 2 CPU ranks (gloo)"
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 examples/lingbot_world_v2/run_i2v.py --config tiny \
+	  --device cpu --ulysses-degree 2 --output $(DEMO_OUT)/lingbot_world_v2_u2.mp4
+
+# The first demo: one DiT attention layer under Ulysses (2 and 4 gloo ranks) against dense execution.
+demo-attention: $(STAMP)
 	@for n in 2 4; do \
 	  echo "== Ulysses$$n: one DiT attention layer on $$n CPU ranks (gloo) against dense"; \
 	  $(VENV)/bin/torchrun --standalone --nproc-per-node=$$n examples/ulysses_attention/run_attention.py \

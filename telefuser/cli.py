@@ -38,7 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
     p.set_defaults(func=_info)
+    from .serving.stream_cli import add_serve_stream_parser
+
+    add_serve_stream_parser(sub, build_factory=_build_lingbot_factory)
     return parser
+
+
+def _build_lingbot_factory(args: argparse.Namespace):
+    from .serving.lingbot_factory import build_lingbot_factory  # imports the model stack only when serving it
+
+    return build_lingbot_factory(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,103 @@
+"""The streaming service's model: LingBot-World v2 sessions behind the `SessionFactory` protocol.
+
+One `WorldSessionPipeline` per worker (per torchrun group) holds the DiT, text encoder and VAE; every session gets its
+own KV cache from it. One GPU group computes one chunk at a time, so chunk computations of different sessions are
+serialised by one execution lock (the service only guarantees one call at a time *per session*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class LingBotSession:
+    """One world: `next_chunk(keys)` computes the next chunk with the keys held since the previous one."""
+
+    def __init__(self, session, lock: threading.Lock):
+        self._session = session
+        self._lock = lock
+        self.total_chunks = session.total_chunks
+        self.total_frames = session.plan.num_frames
+
+    def next_chunk(self, keys: list[str]):
+        with self._lock:
+            return self._session.next_chunk(keys)
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.close()
+
+
+class LingBotSessionFactory:
+    def __init__(self, pipeline, *, defaults: dict[str, Any], max_sessions: int, weights: str):
+        self._pipeline = pipeline
+        self._lock = threading.Lock()
+        self.defaults = defaults
+        self.metadata = {
+            "model": "LingBot-World v2",
+            "weights": weights,
+            "resolutions": [defaults["resolution"]],
+            "fps": defaults["fps"],
+            "max_sessions": max_sessions,
+            "defaults": dict(defaults),
+        }
+
+    def _request(self, config: dict) -> dict:
+        request = {**self.defaults, **(config or {})}
+        if request.get("num_frames") is None:
+            raise ValueError("num_frames is required: open-ended sessions are not supported")
+        return request
+
+    def validate(self, image: np.ndarray, prompt: str, config: dict) -> None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        request = self._request(config)
+        self._pipeline.plan(
+            resolution=request["resolution"], num_frames=request["num_frames"], fps=request["fps"],
+            frame_policy=request["frame_policy"],
+        )
+
+    def create(self, image: np.ndarray, prompt: str, config: dict) -> LingBotSession:
+        request = self._request(config)
+        with self._lock:
+            session = self._pipeline.start(
+                image, prompt, seed=int(request["seed"]), resolution=request["resolution"],
+                num_frames=int(request["num_frames"]), fps=request["fps"], frame_policy=request["frame_policy"],
+            )
+        return LingBotSession(session, self._lock)
+
+    def close(self) -> None:
+        self._pipeline.close()
+
+
+def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
+    """`telefuser serve-stream` without --fake: the LingBot pipeline on this rank (Ulysses over the torchrun world)."""
+    from ..distributed.mesh import ParallelConfig, init_distributed
+    from ..pipelines.lingbot_world_v2 import build_lingbot_pipeline
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mesh = init_distributed(ParallelConfig(ulysses_degree=world)) if world > 1 else None
+    dtype = DTYPES[args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    pipeline = build_lingbot_pipeline(
+        config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh,
+        attn_impl=args.attn_impl or "sdpa",
+    )
+    tiny = args.checkpoint is None and args.config == "tiny"
+    defaults = {
+        "seed": 42,
+        "resolution": args.resolution or ("128x96" if tiny else "832x480"),
+        "num_frames": args.num_frames or 77,
+        "fps": args.fps or 16,
+        "frame_policy": "truncate",
+    }
+    weights = str(args.checkpoint) if args.checkpoint else "random (no checkpoint)"
+    return LingBotSessionFactory(pipeline, defaults=defaults, max_sessions=args.max_sessions or 1, weights=weights)

@@ -1,0 +1,65 @@
+"""The streaming service in front of the real (tiny, random-weight) LingBot-World v2 pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import zlib
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from telefuser.serving.envelope import unpack
+from telefuser.serving.lingbot_factory import build_lingbot_factory
+from telefuser.serving.local_server import serve_in_thread
+from telefuser.serving.stream_app import create_stream_app
+
+
+def _args(**overrides) -> argparse.Namespace:
+    args = dict(config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl=None, resolution="64x48",
+                num_frames=29, fps=16, max_sessions=1)
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+def _png() -> str:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_lingbot_session_streams_every_frame_over_the_websocket():
+    from websockets.sync.client import connect
+
+    factory = build_lingbot_factory(_args())
+    assert factory.metadata["weights"] == "random (no checkpoint)"
+    app = create_stream_app(factory, max_sessions=1, codec="raw", ack_timeout_s=5.0)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, trust_env=False) as http:
+        bad = http.post("/v1/stream/sessions", json={"prompt": "x", "image": _png(), "config": {"num_frames": 30}})
+        assert bad.status_code == 422 and "4" in bad.json()["detail"]  # 1 + 4k frames
+        s = http.post("/v1/stream/sessions", json={"prompt": "a road past a barn", "image": _png()}).json()
+        assert s["total_chunks"] == 2
+        headers, events = [], []
+        with connect(base.replace("http", "ws") + s["ws_path"], max_size=None, proxy=None) as ws:
+            ws.send(json.dumps({"type": "control", "keys": ["W"]}))
+            while True:
+                msg = ws.recv(timeout=120)
+                if isinstance(msg, bytes):
+                    header, frames = unpack(msg)
+                    headers.append(header)
+                    assert [zlib.crc32(f) for f in frames] == header["crc32"]
+                    continue
+                event = json.loads(msg)
+                events.append(event)
+                if event["stage"] == "done":
+                    ws.send(json.dumps({"type": "delivery_ack", "published_frames": event["published_frames"]}))
+                if event["stage"] in ("delivery_ack", "closed") or event.get("fatal"):
+                    break
+    assert [h["chunk"] for h in headers] == [0, 1] and [h["frames"] for h in headers] == [13, 16]
+    done = next(e for e in events if e["stage"] == "done")
+    assert done["published_frames"] == 29 and events[-1]["match"] is True
+    measurement = next(e for e in events if e["stage"] == "chunk_sent")["measurement"]
+    assert measurement["compute_seconds"] > 0 and set(measurement["phases"]) >= {"dit_s", "decode_s"}
