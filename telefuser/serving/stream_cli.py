@@ -92,9 +92,11 @@ def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = 
             dist.init_process_group("gloo")
         group = dist.new_group(backend="gloo")  # CPU control plane beside whatever the model uses
         if rank != 0:
-            # A terminal Ctrl-C reaches every rank; followers leave when rank 0 (which shuts down in order and then
-            # broadcasts stop) tells them to, not in the middle of a collective.
+            # A terminal Ctrl-C reaches every rank, and torchrun's agent then sends SIGTERM to all workers; followers
+            # leave when rank 0 (which shuts down in order and then broadcasts stop) tells them to, not in the middle
+            # of a collective. If rank 0 dies instead, the broadcast fails and the follower exits with that error.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             calls = follow(factory, group)
             log.info("rank %d: follower stopped after %d model calls", rank, calls)
             return 0
