@@ -1,1 +1,1 @@
-"""Profiling helpers: reading torch.profiler traces."""
+"""Profiling helpers: synchronized wall-clock timing and peak memory (`timing`), torch.profiler traces (`overlap`)."""

@@ -16,20 +16,31 @@ device and dtype; the host never holds more than one tensor.
 
 from __future__ import annotations
 
-import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from ...distributed.mesh import ParallelMesh
+from ..checkpoint_io import (
+    RANDOM_WEIGHTS,
+    check_keys,
+    few,
+    fill_random,
+    finish_loading,
+    list_shards,
+    load_shards,
+    locate_keys,
+    random_tensor,
+    standard_normal,
+)
 from .config import CAMERA_CHANNELS, VAE_STRIDE_PIXELS, LingBotConfigError, LingBotWorldV2Config
 from .dit import LingBotWorldV2DiT, keeps_fp32
 
 log = logging.getLogger(__name__)
 
-RANDOM_WEIGHTS = "random (no checkpoint)"
 INDEX_NAMES = ("diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 WEIGHT_DIR_NAMES = ("transformers", "transformer")
 CAMERA_KEY = "patch_embedding_wancamctrl.weight"
@@ -68,33 +79,12 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     return weights, config
 
 
-def list_shards(directory: Path) -> list[Path]:
-    index = next((directory / n for n in INDEX_NAMES if (directory / n).is_file()), None)
-    if index is not None:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index} has no weight_map")
-        shards = sorted({directory / name for name in weight_map.values()})
-    else:
-        shards = sorted(directory.glob("*.safetensors"))
-    absent = [s.name for s in shards if not s.is_file()]
-    if absent:
-        raise CheckpointError(f"{directory}: the index lists shards that are not there: {', '.join(absent[:5])}")
-    return shards
-
-
-def _few(names, n: int = 5) -> str:
-    names = sorted(names)
-    more = f" (+{len(names) - n} more)" if len(names) > n else ""
-    return ", ".join(names[:n]) + more
-
-
 # -- checks ---------------------------------------------------------------------------------------------------------
 def check_layout(keys: set[str], source: Path) -> None:
     diffusers = sorted(k for k in keys if any(marker in k for marker in _DIFFUSERS_MARKERS))
     if diffusers:
         raise CheckpointError(
-            f"{source} is a diffusers-format transformer ({_few(diffusers, 3)}); only the original LingBot layout "
+            f"{source} is a diffusers-format transformer ({few(diffusers, 3)}); only the original LingBot layout "
             "(patch_embedding, blocks.N.self_attn.q, ..., patch_embedding_wancamctrl) is supported"
         )
 
@@ -111,17 +101,6 @@ def check_camera_channels(shape: tuple[int, ...], config: LingBotWorldV2Config) 
             f"{CAMERA_KEY} reads {channels} control channels{kind}; LingBot-World v2 needs the "
             f"{CAMERA_CHANNELS}-channel camera checkpoint (shape[1] == {CAMERA_CHANNELS * per_channel})"
         )
-
-
-def check_keys(expected: set[str], found: set[str], source: Path) -> None:
-    missing, unexpected = expected - found, found - expected
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing: {_few(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected: {_few(unexpected)}")
-        raise CheckpointError(f"{source} does not match the LingBot DiT config: " + "; ".join(parts))
 
 
 # -- loading --------------------------------------------------------------------------------------------------------
@@ -143,52 +122,26 @@ def load_lingbot_dit(
         config = LingBotWorldV2Config.from_json(config_path).with_window(local_attn_size, sink_size)
     except LingBotConfigError as exc:
         raise CheckpointError(str(exc)) from exc
-    shards = list_shards(weights_dir)
+    shards = list_shards(weights_dir, index_names=INDEX_NAMES, pattern="*.safetensors", error=CheckpointError)
     device = torch.device(device)
 
-    found: dict[str, Path] = {}
-    camera_shape = None
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                found[key] = shard
-                if key == CAMERA_KEY:
-                    camera_shape = tuple(f.get_slice(key).get_shape())
+    found = locate_keys(shards)
     check_layout(set(found), weights_dir)
-    if camera_shape is not None:
-        check_camera_channels(camera_shape, config)
+    if CAMERA_KEY in found:
+        with safe_open(str(found[CAMERA_KEY]), framework="pt") as f:
+            check_camera_channels(tuple(f.get_slice(CAMERA_KEY).get_shape()), config)
 
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
     expected = model.state_dict(keep_vars=True)
-    check_keys(set(expected), set(found), weights_dir)
-
-    for shard in shards:
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                tensor = f.get_tensor(key)
-                if tuple(tensor.shape) != tuple(expected[key].shape):
-                    raise CheckpointError(
-                        f"{shard.name}: {key} has shape {tuple(tensor.shape)}, the config expects "
-                        f"{tuple(expected[key].shape)}"
-                    )
-                model.load_state_dict({key: tensor.to(device=device, dtype=target_dtype(key, dtype))},
-                                      strict=False, assign=True)
-                del tensor
-    _finish(model, f"checkpoint {weights_dir}")
+    check_keys(set(expected), set(found), weights_dir, model_label="LingBot DiT", error=CheckpointError)
+    load_shards(model, shards, expected, device=device, dtype_for=partial(target_dtype, dtype=dtype),
+                error=CheckpointError)
+    finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
     if mesh is not None:
         model.enable_parallel(mesh)
     return model
-
-
-def _finish(model: LingBotWorldV2DiT, source: str) -> None:
-    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if still_meta:
-        raise CheckpointError(f"{source}: tensors left unloaded: {_few(still_meta)}")
-    model.requires_grad_(False)
-    model.eval()
-    model.weights_source = source
 
 
 # -- random weights -------------------------------------------------------------------------------------------------
@@ -210,21 +163,15 @@ def build_random_lingbot_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
-    generator = torch.Generator(device if init_on_device else "cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
-        value = _random_tensor(name, param, generator).to(device, target_dtype(name, dtype))
-        model.load_state_dict({name: value}, strict=False, assign=True)
-    _finish(model, RANDOM_WEIGHTS)
+    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype),
+                init_on_device=init_on_device, draw=_random_tensor)
+    finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("LingBot-World v2 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)
     return model
 
 
 def _random_tensor(name: str, param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    noise = torch.randn(param.shape, generator=generator, dtype=torch.float32, device=generator.device)
+    """Modulation tables ~ N(0, 1/dim) as in the release's init; everything else as `random_tensor`."""
     if name.endswith("modulation"):
-        return noise / param.shape[-1] ** 0.5
-    if name.endswith(".bias"):
-        return 0.1 * noise
-    if param.dim() == 1:  # norm scales
-        return 1.0 + 0.1 * noise
-    return noise / param[0].numel() ** 0.5  # fan-in (Conv3d: in_dim * patch volume)
+        return standard_normal(param, generator) / param.shape[-1] ** 0.5
+    return random_tensor(name, param, generator)

@@ -8,11 +8,11 @@ v2 pipeline uses (18 latent frames of KV, the first 6 pinned). `tiny()` is a CPU
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
+
+from ..config_io import ReleasedConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,12 @@ class LingBotConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class LingBotWorldV2Config:
+class LingBotWorldV2Config(ReleasedConfig):
+    required_keys = REQUIRED_KEYS
+    config_error = LingBotConfigError
+    model_label = "LingBot"
+    logger = log
+
     model_type: str = "i2v"
     patch_size: tuple[int, int, int] = (1, 2, 2)
     text_len: int = 512  # text rows the model attends to: prompts are zero-padded to this length, as released
@@ -96,36 +101,14 @@ class LingBotWorldV2Config:
     # -- construction -------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, payload: dict, *, source: str = "config") -> "LingBotWorldV2Config":
+        """Refuses the diffusers-format transformer config, then reads as `ReleasedConfig.from_dict`."""
         diffusers = [key for key in DIFFUSERS_KEYS if key in payload]
         if diffusers:
             raise LingBotConfigError(
                 f"{source} is a diffusers-format transformer config ({', '.join(diffusers)}); only the original "
                 "LingBot layout (in_dim, dim, num_heads, ...) is supported"
             )
-        missing = [key for key in REQUIRED_KEYS if key not in payload]
-        if missing:
-            raise LingBotConfigError(f"{source} is missing required LingBot keys: {', '.join(missing)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in payload if k not in known and not k.startswith("_"))
-        if unknown:
-            log.info("%s: ignoring keys this DiT does not use: %s", source, ", ".join(unknown))
-        return cls(**{k: v for k, v in payload.items() if k in known})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "LingBotWorldV2Config":
-        path = Path(path)
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise LingBotConfigError(f"no LingBot config at {path}") from None
-        if not isinstance(payload, dict):
-            raise LingBotConfigError(f"{path} does not hold a JSON object")
-        return cls.from_dict(payload, source=str(path))
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["patch_size"] = list(self.patch_size)
-        return out
+        return super().from_dict(payload, source=source)
 
     def with_window(self, local_attn_size: int, sink_size: int) -> "LingBotWorldV2Config":
         return replace(self, local_attn_size=local_attn_size, sink_size=sink_size)

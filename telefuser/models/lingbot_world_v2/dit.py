@@ -22,6 +22,7 @@ from torch import nn
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import check_attention_impl
+from ..ulysses_owner import UlyssesOwner
 from .attention import ChunkContext, run_linear
 from .blocks import LingBotBlock, LingBotHead
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
@@ -38,7 +39,7 @@ def keeps_fp32(name: str) -> bool:
     return name.startswith(("time_embedding.", "time_projection.", "head.")) or name.endswith("modulation")
 
 
-class LingBotWorldV2DiT(nn.Module):
+class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     def __init__(self, config: LingBotWorldV2Config, *, attn_impl: str = "sdpa"):
         super().__init__()
         self.config = config
@@ -67,24 +68,8 @@ class LingBotWorldV2DiT(nn.Module):
         if parallel.tp_degree != 1:
             raise ValueError(f"LingBot-World v2 supports Ulysses only; tp_degree {parallel.tp_degree} was asked for")
         parallel.check_heads(self.config.num_heads)
-        self.close()
-        if parallel.ulysses_degree > 1:
-            self.ulysses_group = mesh.ulysses_group
-            self.communicator = communicator_factory(mesh.ulysses_group)
+        self.open_ulysses(mesh, communicator_factory)
         return self
-
-    def close(self) -> None:
-        """Release the communicator (local, no collective); the model then runs dense."""
-        if self.communicator is not None:
-            self.communicator.close()
-        self.communicator, self.ulysses_group = None, None
-
-    disable_parallel = close
-
-    def _ulysses_coordinates(self) -> tuple[int, int]:
-        if self.communicator is None:
-            return 0, 1
-        return self.communicator.rank, self.communicator.world_size
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -12,21 +12,28 @@ assigned. The host never holds more than one full tensor, and never a full-preci
 
 from __future__ import annotations
 
-import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from ...distributed.mesh import ParallelMesh
+from ..checkpoint_io import (
+    RANDOM_WEIGHTS,
+    check_keys,
+    fill_random,
+    finish_loading,
+    list_shards,
+    load_shards,
+    locate_keys,
+)
 from .config import MiniMaxH3Config
 from .dit import FP32_BUFFER_NAMES, FP32_PARAMETER_NAMES, MiniMaxH3DiT
 from .tp import apply_tensor_parallel, shard_tensor
 
 log = logging.getLogger(__name__)
 
-RANDOM_WEIGHTS = "random (no checkpoint)"
 INDEX_NAME = "model.safetensors.index.json"
 # Recomputable from the config, so a checkpoint may omit it (the release ships it).
 OPTIONAL_KEYS = frozenset(FP32_BUFFER_NAMES)
@@ -68,37 +75,11 @@ def find_transformer_dir(path: str | Path) -> Path:
     raise CheckpointError(f"no MiniMax H3 transformer at {path}: expected config.json there or in transformer/{hint}")
 
 
-def list_shards(directory: Path) -> list[Path]:
-    index = directory / INDEX_NAME
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        shards = sorted({directory / name for name in weight_map.values()})
-    else:
-        shards = sorted(directory.glob("model*.safetensors"))
+def find_shards(directory: Path) -> list[Path]:
+    shards = list_shards(directory, index_names=(INDEX_NAME,), pattern="model*.safetensors", error=CheckpointError)
     if not shards:
         raise CheckpointError(f"no safetensors shards in {directory} (expected {INDEX_NAME} or model-*.safetensors)")
-    absent = [s.name for s in shards if not s.is_file()]
-    if absent:
-        raise CheckpointError(f"{directory}: the index lists shards that are not there: {', '.join(absent[:5])}")
     return shards
-
-
-def _few(names, n: int = 5) -> str:
-    names = sorted(names)
-    more = f" (+{len(names) - n} more)" if len(names) > n else ""
-    return ", ".join(names[:n]) + more
-
-
-def check_keys(expected: set[str], found: set[str], source: Path) -> None:
-    missing = expected - found - OPTIONAL_KEYS
-    unexpected = found - expected
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing: {_few(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected: {_few(unexpected)}")
-        raise CheckpointError(f"{source} does not match the MiniMax H3 DiT config: " + "; ".join(parts))
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
@@ -114,7 +95,7 @@ def load_minimax_h3_dit(
     With a mesh, TP slicing happens while loading and the model comes back with `enable_parallel(mesh)` applied."""
     directory = find_transformer_dir(path)
     config = MiniMaxH3Config.from_json(directory / "config.json")
-    shards = list_shards(directory)
+    shards = find_shards(directory)
     device = torch.device(device)
     tp_rank, tp_size = (mesh.tp_rank, mesh.config.tp_degree) if mesh is not None else (0, 1)
 
@@ -125,31 +106,22 @@ def load_minimax_h3_dit(
         model.tensor_parallel = apply_tensor_parallel(model, mesh.tp_group, tp_rank, tp_size)
     expected = model.state_dict(keep_vars=True)
 
-    found: dict[str, Path] = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            found.update({key: shard for key in f.keys()})
-    check_keys(set(expected), set(found), directory)
+    found = locate_keys(shards)
+    check_keys(set(expected), set(found), directory, model_label="MiniMax H3 DiT", error=CheckpointError,
+               optional=OPTIONAL_KEYS)
 
     heads, head_dim = config.num_attention_heads, config.attention_head_dim
-    for shard in shards:
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                tensor = f.get_tensor(key)
-                if is_grouped_qkv(key):
-                    tensor = grouped_qkv_to_fused(tensor, heads, head_dim)
-                tensor = shard_tensor(key, tensor, tp_rank, tp_size)
-                if tuple(tensor.shape) != tuple(expected[key].shape):
-                    raise CheckpointError(
-                        f"{shard.name}: {key} has shape {tuple(tensor.shape)}, the config expects "
-                        f"{tuple(expected[key].shape)}"
-                    )
-                tensor = tensor.to(device=device, dtype=target_dtype(key, dtype))
-                model.load_state_dict({key: tensor}, strict=False, assign=True)
-                del tensor
+
+    def to_model_layout(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        if is_grouped_qkv(key):
+            tensor = grouped_qkv_to_fused(tensor, heads, head_dim)
+        return shard_tensor(key, tensor, tp_rank, tp_size)
+
+    load_shards(model, shards, expected, device=device, dtype_for=partial(target_dtype, dtype=dtype),
+                error=CheckpointError, prepare=to_model_layout)
     if "rope.inv_freq" not in found:
         model.rope.inv_freq = _rope_inv_freq(config, device)
-    _finish(model, f"checkpoint {directory}")
+    finish_loading(model, f"checkpoint {directory}", error=CheckpointError)
     log.info("MiniMax H3 DiT loaded from %s (%d shards, %s, tp=%d)", directory, len(shards), dtype, tp_size)
     if mesh is not None:
         model.enable_parallel(mesh)
@@ -159,15 +131,6 @@ def load_minimax_h3_dit(
 def _rope_inv_freq(config: MiniMaxH3Config, device: torch.device) -> torch.Tensor:
     n = config.rope_inv_freq_len
     return (config.rope_theta ** (-torch.arange(n, dtype=torch.float32) / n)).to(device)
-
-
-def _finish(model: MiniMaxH3DiT, source: str) -> None:
-    still_meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if still_meta:
-        raise CheckpointError(f"{source}: tensors left unloaded: {_few(still_meta)}")
-    model.requires_grad_(False)
-    model.eval()
-    model.weights_source = source
 
 
 # -- random weights -------------------------------------------------------------------------------------------------
@@ -191,20 +154,9 @@ def build_random_minimax_h3_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = MiniMaxH3DiT(config, attn_impl=attn_impl)
-    generator = torch.Generator(device if init_on_device else "cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
-        model.load_state_dict({name: _random_tensor(name, param, generator).to(device, target_dtype(name, dtype))},
-                              strict=False, assign=True)
+    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype),
+                init_on_device=init_on_device)
     model.rope.inv_freq = _rope_inv_freq(config, device)
-    _finish(model, RANDOM_WEIGHTS)
+    finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("MiniMax H3 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)
     return model
-
-
-def _random_tensor(name: str, param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    noise = torch.randn(param.shape, generator=generator, dtype=torch.float32, device=generator.device)
-    if name.endswith(".bias"):
-        return 0.1 * noise
-    if param.dim() == 1:  # RMSNorm scales
-        return 1.0 + 0.1 * noise
-    return noise / param.shape[1] ** 0.5

@@ -6,11 +6,11 @@ The defaults are the released FL2VA/Ref2VA values. `from_json` reads a released 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
+
+from ..config_io import ReleasedConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,12 @@ class MiniMaxH3ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class MiniMaxH3Config:
+class MiniMaxH3Config(ReleasedConfig):
+    required_keys = REQUIRED_KEYS
+    config_error = MiniMaxH3ConfigError
+    model_label = "MiniMax H3"
+    logger = log
+
     hidden_size: int = 5376
     num_layers: int = 50
     token_refiner_num_layers: int = 2
@@ -109,34 +114,7 @@ class MiniMaxH3Config:
     def video_patch_dim(self) -> int:
         return self.latents_dim * math.prod(self.patch_size)
 
-    # -- construction -------------------------------------------------------------------------------------------
-    @classmethod
-    def from_dict(cls, payload: dict, *, source: str = "config") -> "MiniMaxH3Config":
-        missing = [key for key in REQUIRED_KEYS if key not in payload]
-        if missing:
-            raise MiniMaxH3ConfigError(f"{source} is missing required MiniMax H3 keys: {', '.join(missing)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in payload if k not in known and not k.startswith("_"))
-        if unknown:
-            log.info("%s: ignoring keys this DiT does not use: %s", source, ", ".join(unknown))
-        return cls(**{k: v for k, v in payload.items() if k in known})
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "MiniMaxH3Config":
-        path = Path(path)
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise MiniMaxH3ConfigError(f"no MiniMax H3 config at {path}") from None
-        if not isinstance(payload, dict):
-            raise MiniMaxH3ConfigError(f"{path} does not hold a JSON object")
-        return cls.from_dict(payload, source=str(path))
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["patch_size"] = list(self.patch_size)
-        return out
-
+    # -- construction (from_dict / from_json / to_dict: ReleasedConfig) ------------------------------------------
     @classmethod
     def tiny(cls, **overrides) -> "MiniMaxH3Config":
         """A CPU-sized config with the released structure: 8 heads x 16 channels (12 rotated), inner 128 != hidden."""

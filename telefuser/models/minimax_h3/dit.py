@@ -22,6 +22,7 @@ from torch import nn
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import check_attention_impl
+from ..ulysses_owner import UlyssesOwner
 from .attention import AttentionContext
 from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner
 from .config import MiniMaxH3Config
@@ -46,7 +47,7 @@ STEREO = 2
 BlockHook = Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]
 
 
-class MiniMaxH3DiT(nn.Module):
+class MiniMaxH3DiT(UlyssesOwner, nn.Module):
     def __init__(
         self, config: MiniMaxH3Config, *, attn_impl: str = "sdpa", sequence_alignment: int = PACKED_SEQUENCE_ALIGNMENT
     ):
@@ -81,7 +82,8 @@ class MiniMaxH3DiT(nn.Module):
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "MiniMaxH3DiT":
         """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over
-        `mesh.ulysses_group` with one communicator for all blocks."""
+        `mesh.ulysses_group` with one communicator for all blocks. `close()` releases the communicator only: TP
+        slicing is one-way for a model instance."""
         parallel = mesh.config
         parallel.check_heads(self.config.num_attention_heads)
         if self.tensor_parallel is None and parallel.tp_degree > 1:
@@ -90,25 +92,8 @@ class MiniMaxH3DiT(nn.Module):
             raise ValueError(
                 f"the model is already split for tp_degree {self.tensor_parallel.size}, not {parallel.tp_degree}"
             )
-        self.close()
-        if parallel.ulysses_degree > 1:
-            self.ulysses_group = mesh.ulysses_group
-            self.communicator = communicator_factory(mesh.ulysses_group)
+        self.open_ulysses(mesh, communicator_factory)
         return self
-
-    def close(self) -> None:
-        """Release the Ulysses communicator (local, no collective); the model then runs without sequence split.
-        TP slicing stays: it is one-way for a model instance."""
-        if self.communicator is not None:
-            self.communicator.close()
-        self.communicator, self.ulysses_group = None, None
-
-    disable_parallel = close
-
-    def _ulysses_coordinates(self) -> tuple[int, int]:
-        if self.communicator is None:
-            return 0, 1
-        return self.communicator.rank, self.communicator.world_size
 
     # -- forward --------------------------------------------------------------------------------------------------
     def forward(

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from telefuser.profiling.timing import PhaseClock
+
 from .camera_control import CameraFactory, CameraGeometry, no_camera
 from .controls import normalize_keys
 from .image import image_to_canvas, load_reference_image
@@ -56,7 +58,6 @@ from .request import (
     plan_session,
 )
 from .scheduler import DenoisingSchedule, flow_to_x0, renoise
-from .timing import PhaseClock
 from .vae import LATENT_CHANNELS, to_uint8_frames
 
 MASK_CHANNELS = 4

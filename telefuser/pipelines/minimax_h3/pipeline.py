@@ -24,6 +24,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
+from telefuser.profiling.timing import Stopwatch, peak_memory, reset_peak_memory, synchronize
 
 from .scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_NUM_STEPS, DEFAULT_VIDEO_FLOW_SHIFT, FlowSchedule
 from .shapes import (
@@ -35,7 +36,6 @@ from .shapes import (
     MiniMaxH3Shape,
     plan_shape,
 )
-from .telemetry import Stopwatch, peak_memory, reset_peak_memory, synchronize
 from .vae import decode_audio
 
 DEFAULT_TIMESTEP_SCALE = 1000.0

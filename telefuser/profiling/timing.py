@@ -1,4 +1,8 @@
-"""Wall-clock timing that is honest on CUDA (synchronize first) and peak-memory readings."""
+"""Wall-clock timing that is honest on CUDA, and peak-memory readings.
+
+Every boundary waits for the device first (`synchronize`), so queued kernels are charged to the phase that launched
+them, not to whichever phase happens to block next. `Stopwatch` times one block; `PhaseClock` adds up named laps.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,28 @@ class Stopwatch:
     def __exit__(self, *exc) -> None:
         synchronize(self.device)
         self.seconds = time.perf_counter() - self._start
+
+
+class PhaseClock:
+    """``clock = PhaseClock(device)`` starts it; ``clock.lap("dit_s")`` records the time since the previous mark."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.phases: dict[str, float] = {}
+        synchronize(device)
+        self._start = self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        synchronize(self.device)
+        now = time.perf_counter()
+        seconds = now - self._mark
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+        self._mark = now
+        return seconds
+
+    @property
+    def total(self) -> float:
+        return self._mark - self._start
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -1,0 +1,42 @@
+"""`UlyssesOwner`: a model that owns one `UlyssesCommunicator`, shared by all its blocks.
+
+The model's ``__init__`` sets ``communicator`` and ``ulysses_group`` to None; its ``enable_parallel`` does its own
+checks and then calls `open_ulysses(mesh, communicator_factory)`. `close()` (alias `disable_parallel`) releases the
+communicator; `_ulysses_coordinates()` is (rank, world size) in the group, (0, 1) when the model runs dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from ..distributed.mesh import ParallelMesh
+from ..distributed.ulysses import UlyssesCommunicator
+
+
+class UlyssesOwner:
+    communicator: UlyssesCommunicator | None
+    ulysses_group: dist.ProcessGroup | None
+
+    def open_ulysses(
+        self, mesh: ParallelMesh, communicator_factory: Callable[[dist.ProcessGroup], UlyssesCommunicator]
+    ) -> None:
+        """Close the current communicator, then open one over `mesh.ulysses_group` when its degree is above 1."""
+        self.close()
+        if mesh.config.ulysses_degree > 1:
+            self.ulysses_group = mesh.ulysses_group
+            self.communicator = communicator_factory(mesh.ulysses_group)
+
+    def close(self) -> None:
+        """Release the Ulysses communicator (local, no collective); the model then runs without sequence split."""
+        if self.communicator is not None:
+            self.communicator.close()
+        self.communicator, self.ulysses_group = None, None
+
+    disable_parallel = close
+
+    def _ulysses_coordinates(self) -> tuple[int, int]:
+        if self.communicator is None:
+            return 0, 1
+        return self.communicator.rank, self.communicator.world_size
