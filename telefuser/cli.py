@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
     p.set_defaults(func=_info)
     from .serving.stream_cli import add_serve_stream_parser
+    from .serving.video_cli import add_serve_parser
 
+    add_serve_parser(sub)
     add_serve_stream_parser(sub, build_factory=_build_lingbot_factory)
     return parser
 

@@ -1,0 +1,164 @@
+"""The video service's real model: MiniMax H3 text -> video + audio behind the `VideoRunner` interface.
+
+Progress and cancellation need no change to the pipeline: the runner wraps the pipeline's DiT (`pipe.dit`, which the
+denoising loop calls once per step) in `_HookedDiT`, which asks `hooks.cancelled()` before each call and reports
+`hooks.progress(calls, total)` after it. A cancelled job therefore stops between two denoising steps.
+
+Under torchrun every rank builds the same runner on its share of the mesh (`init_distributed(ParallelConfig(...))`);
+rank 0 serves and broadcasts each job (video_followers.py); followers run with `output=None` and write nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .video_runner import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class _HookedDiT:
+    """Stands in for `pipe.dit`: the same call, with the current job's hooks around it."""
+
+    def __init__(self, dit):
+        self._dit = dit
+        self.hooks: RunHooks | None = None
+        self.calls = 0
+        self.total = 0
+
+    def __call__(self, *args, **kwargs):
+        hooks = self.hooks
+        if hooks is not None and hooks.cancelled():
+            raise JobCancelled(self.calls)
+        out = self._dit(*args, **kwargs)
+        self.calls += 1
+        if hooks is not None:
+            hooks.progress(self.calls, self.total)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # close(), config, ... of the wrapped DiT
+        return getattr(self._dit, name)
+
+
+class MiniMaxRunner:
+    def __init__(self, pipeline, *, model: str = "MiniMax-H3", defaults: dict[str, Any],
+                 info: dict[str, Any] | None = None, feature_cache: str | None = None):  # fmt: skip
+        from telefuser.pipelines.minimax_h3.shapes import AUDIO_SAMPLE_RATE, FPS, VAE_SPATIAL
+
+        self._pipe = pipeline
+        self._dit = _HookedDiT(pipeline.dit)
+        pipeline.dit = self._dit
+        self._lock = threading.Lock()  # one job at a time: the hooks and call counter are per job
+        self.model = model
+        self.feature_cache = feature_cache
+        self.defaults = dict(defaults)
+        self.metadata = {
+            "model": model,
+            "runner": "MiniMax H3 text-to-video+audio",
+            "weights": pipeline.weights.get("summary", ""),
+            **(info or {}),
+            "feature_cache": feature_cache or "none",
+            "fps": FPS,
+            "sample_rate": AUDIO_SAMPLE_RATE,
+            "audio_channels": 2,
+            "size_multiple": VAE_SPATIAL * max(pipeline.patch_size[1:]),
+            "frame_grid": "17n+5 frames at 24 fps (requested seconds are snapped up)",
+            "steps": "num_inference_steps = N sigma points -> N-1 DiT calls",
+            "guidance": False,
+            "defaults": dict(self.defaults),
+        }
+
+    def plan(self, spec: VideoSpec) -> VideoPlan:
+        from telefuser.pipelines.minimax_h3 import FlowSchedule
+        from telefuser.pipelines.minimax_h3.shapes import FPS
+
+        shape = self._pipe.plan(duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
+        schedule = FlowSchedule.build(spec.steps)  # the pipeline's default flow shifts
+        return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, schedule.num_dit_calls)
+
+    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+        plan = self.plan(spec)
+        with self._lock:
+            self._dit.hooks, self._dit.calls, self._dit.total = hooks, 0, plan.dit_calls
+            try:
+                result = self._pipe(
+                    spec.prompt, duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio,
+                    steps=spec.steps, seed=spec.seed, feature_cache=self.feature_cache,
+                )  # fmt: skip
+                calls = self._dit.calls
+            finally:
+                self._dit.hooks = None
+        mux_s = 0.0
+        if output is not None:
+            from telefuser.media import write_mp4
+
+            t = time.perf_counter()
+            write_mp4(output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
+            mux_s = time.perf_counter() - t
+        metrics = result.metrics()
+        return RunOutcome(
+            inference_time_s=result.timings.pipeline_s, peak_memory_bytes=int(result.peak_memory_bytes),
+            peak_memory_kind=result.peak_memory_kind, frames=int(result.frames.shape[0]), fps=int(result.fps),
+            width=result.shape.width, height=result.shape.height, duration_s=result.shape.duration_s,
+            audio_channels=int(result.audio.shape[0]), audio_samples=int(result.audio.shape[-1]),
+            sample_rate=int(result.sample_rate), dit_calls=calls, dit_calls_skipped=int(result.dit_calls_skipped),
+            mux_s=mux_s, timings=result.timings.as_dict(), metrics=metrics,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._pipe.close()
+
+
+def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
+    """`telefuser serve` without --fake: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
+    from telefuser.distributed.mesh import ParallelConfig, init_distributed
+    from telefuser.ops.attention import check_attention_impl
+    from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
+
+    attn_impl = check_attention_impl(args.attn_impl or "sdpa")
+    parallel = ParallelConfig(ulysses_degree=args.ulysses_degree, tp_degree=args.tp_degree)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and parallel.world_size > 1:
+        raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun --nproc-per-node=N")
+    mesh = init_distributed(parallel) if world > 1 else None
+    if args.device:
+        device = torch.device(args.device)
+    elif mesh is not None:
+        device = mesh.device
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    try:
+        pipe = build_minimax_h3_pipeline(
+            config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
+            attn_impl=attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=False,
+        )  # fmt: skip
+    except NotImplementedError as exc:  # the official video VAE refusal, raised before any weight is read
+        raise SystemExit(f"{exc}\n(serve: pass --standin-video-vae to run with the shape-only video decoder)") from exc
+    tiny = args.checkpoint is None and args.config == "tiny"
+    defaults = {
+        "size": args.size_default or ("64x32" if tiny else "1344x768"),
+        "seconds": args.seconds_default or (0.5 if tiny else 5.0),
+        "steps": args.steps_default or 50,
+        "seed": 0,
+    }
+    info = {
+        "config": "checkpoint" if args.checkpoint else args.config,
+        "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+        "standin_video_vae": bool(args.standin_video_vae),
+        "device": str(device),
+        "dtype": dtype_name,
+        "attn_impl": attn_impl,
+        "world_size": world,
+        "ulysses_degree": parallel.ulysses_degree,
+        "tp_degree": parallel.tp_degree,
+    }
+    return MiniMaxRunner(pipe, model=args.served_model_name, defaults=defaults, info=info,
+                         feature_cache="ada_taylor" if args.enable_feature_cache else None)  # fmt: skip

@@ -1,0 +1,163 @@
+"""`telefuser serve`: the batch text-to-video(+audio) service, and under torchrun its follower ranks.
+
+    telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
+    telefuser serve --config tiny --device cpu                   # MiniMax H3, tiny random weights, on the CPU
+    torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 --standin-video-vae \
+        --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
+
+The model is built by a `build_runner(args)` hook (default: `minimax_runner.build_minimax_runner`). SIGINT/SIGTERM
+shut down in order: the HTTP server stops, the queued and the running job are cancelled, the followers stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .stream_cli import _raise_system_exit
+from .video_runner import VideoRunner
+
+log = logging.getLogger("telefuser.serving")
+RunnerBuilder = Callable[[argparse.Namespace], VideoRunner]
+
+
+def build_runner(args: argparse.Namespace) -> VideoRunner:
+    from .minimax_runner import build_minimax_runner  # imports the model stack only when serving it
+
+    return build_minimax_runner(args)
+
+
+def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
+    from .video_fake import FakeVideoRunner
+
+    defaults = {k: v for k, v in (("size", args.size_default), ("seconds", args.seconds_default),
+                                  ("steps", args.steps_default)) if v is not None}  # fmt: skip
+    return FakeVideoRunner(model=args.served_model_name, step_delay_s=args.fake_step_delay, defaults=defaults)
+
+
+def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve batch text-to-video+audio (MiniMax H3) over an OpenAI-style /v1/videos API",
+        description="Batch video service: POST /v1/videos, poll GET /v1/videos/{id}, fetch .../content. Rank 0 "
+        "serves; other torchrun ranks follow its jobs.",
+    )
+    g = p.add_argument_group("service")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000, help="0 picks a free port (the log names it)")
+    g.add_argument("--output-dir", type=Path, default=Path("outputs/videos"),
+                   help="MP4s and job records; finished jobs here are served again after a restart")
+    g.add_argument("--max-queue", type=int, default=16, help="jobs waiting beyond the running one; more get 429")
+    g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
+    g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
+    g.add_argument("--served-model-name", default="MiniMax-H3",
+                   help="the name /v1/models lists and a request's 'model' must match (case-insensitive)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds to wait at shutdown for the running job to stop at its next step")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    g.add_argument("--fake", action="store_true", help="serve a fake model: test pattern + tone, no weights")
+    g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
+    m = p.add_argument_group("model")
+    m.add_argument("--config", choices=("tiny", "official"), default="tiny",
+                   help="random-weight sizes without --checkpoint (tiny runs on a CPU)")
+    m.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
+    m.add_argument("--standin-video-vae", action="store_true",
+                   help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful); "
+                   "the pipeline refuses a checkpoint without it")
+    m.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
+    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    m.add_argument("--attn-impl", default="sdpa")
+    m.add_argument("--ulysses-degree", type=int, default=1, help="Ulysses sequence-parallel degree")
+    m.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree")
+    m.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
+    m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
+    m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")
+    m.add_argument("--seconds-default", type=float, default=None,
+                   help="seconds when a request omits it (tiny 0.5, else 5)")
+    p.set_defaults(func=lambda args: run_serve(args, build_runner))
+    return p
+
+
+def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    runner = build_fake_runner(args) if args.fake else (builder or build_runner)(args)
+    following = None
+    if world > 1:
+        import torch.distributed as dist
+
+        from .video_followers import FollowingRunner, follow_runner
+
+        if not dist.is_initialized():  # the model builder has normally done it (init_distributed)
+            dist.init_process_group("gloo")
+        group = dist.new_group(backend="gloo")  # CPU control plane beside the model's own groups
+        if rank != 0:
+            # As in serve-stream: followers leave when rank 0 broadcasts stop, not in the middle of a collective.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            calls = follow_runner(runner, group)
+            log.info("rank %d: follower stopped after %d model calls", rank, calls)
+            runner.close()
+            return 0
+        runner = following = FollowingRunner(runner, group)
+    try:
+        return _serve(args, runner)
+    finally:
+        if following is not None:
+            following.shutdown()  # also when binding failed: the followers must not wait forever
+        runner.close()
+
+
+def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
+    import uvicorn
+
+    from .local_server import make_server
+    from .video_app import create_video_app
+
+    app = create_video_app(
+        runner, output_dir=args.output_dir, max_queue=args.max_queue, max_seconds=args.max_seconds,
+        max_steps=args.max_steps, shutdown_timeout_s=args.shutdown_timeout,
+    )  # fmt: skip
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on"
+    )
+    server = make_server(config)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        # We bind the socket ourselves so that --port 0 works and the log names the real port.
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        sock.listen(config.backlog)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        log.info("serving on http://%s:%d (model: %s, output: %s)", host, sock.getsockname()[1], runner.model,
+                 args.output_dir)  # fmt: skip
+        signal.signal(signal.SIGTERM, _raise_system_exit)  # uvicorn re-raises signals; make SIGTERM like SIGINT
+        try:
+            server.run(sockets=[sock])
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            sock.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log.info("serve exited cleanly")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m telefuser.serving.video_cli")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Multi-rank video serving: rank 0 serves and runs the queue, the follower replays every job with the same spec.
+
+On 2 gloo ranks: the follower runs exactly rank 0's jobs (same arguments, same order), a cancelled job stops at the
+same step on both ranks (the cancel decision is broadcast), bad requests never reach the follower and only rank 0
+writes files. Then `telefuser serve` under torchrun with the real tiny MiniMax H3 model (Ulysses 2).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+
+def _wait(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def _serve_and_follow(ctx):
+    import tempfile
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from telefuser.serving.video_app import create_video_app
+    from telefuser.serving.video_fake import FakeVideoRunner
+    from telefuser.serving.video_followers import FollowingRunner, follow_runner
+
+    fake = FakeVideoRunner(step_delay_s=0.02)
+    group = dist.new_group(backend="gloo")  # as `telefuser serve` does: a CPU control group
+    if ctx.rank != 0:
+        followed = follow_runner(fake, group)
+        return fake.calls, fake.steps_run, followed, None
+    leader = FollowingRunner(fake, group, heartbeat_s=0.2)
+    try:
+        with tempfile.TemporaryDirectory() as out, TestClient(create_video_app(leader, output_dir=out)) as client:
+            bad = client.post("/v1/videos", json={"prompt": "p", "size": "100x64"})
+            assert bad.status_code == 422
+            one = client.post("/v1/videos", json={"prompt": "one", "size": "64x32", "seconds": 0.2, "steps": 4,
+                                                  "seed": 3}).json()["id"]  # fmt: skip
+            _wait(lambda: client.get(f"/v1/videos/{one}").json()["status"] == "completed")
+            time.sleep(0.8)  # idle: heartbeat pings keep the follower's blocking broadcast alive
+            two = client.post("/v1/videos", json={"prompt": "two", "steps": 300}).json()["id"]
+            _wait(lambda: client.get(f"/v1/videos/{two}").json()["progress"] > 0)
+            assert client.delete(f"/v1/videos/{two}").json()["status"] == "cancelled"
+            _wait(lambda: client.get("/v1/service/health").json()["running"] is None)
+            stopped = client.get(f"/v1/videos/{two}").json()["cancelled_at_step"]
+            files = sorted(p.name for p in Path(out).iterdir())
+        assert files == sorted([f"{one}.json", f"{one}.mp4", f"{two}.json"]), files
+        assert leader.pings >= 2, leader.pings
+    finally:
+        leader.shutdown()
+    return fake.calls, fake.steps_run, None, stopped
+
+
+def test_follower_replays_rank0_jobs_and_cancels_at_the_same_step(ranks2):
+    (calls0, steps0, _, stopped), (calls1, steps1, followed, _) = ranks2.run(_serve_and_follow)
+    assert [c["prompt"] for c in calls0] == ["one", "two"]
+    assert calls0 == calls1  # identical VideoSpec arguments, same order
+    assert calls0[0] == {"prompt": "one", "resolution": "64x32", "aspect_ratio": "16:9", "seconds": 0.2, "steps": 4,
+                         "seed": 3}  # fmt: skip
+    assert steps0 == steps1 and steps0[0] == 3 and 0 < steps0[1] < 299 and steps0[1] == stopped
+    assert followed == 6  # create, next_chunk, close per job; the refused request never reached the follower
+
+
+def test_serve_under_torchrun_with_the_tiny_model():
+    """`torchrun --nproc-per-node 2 ... serve --config tiny --ulysses-degree 2`: a job completes with audio, then a
+    terminal Ctrl-C (SIGINT to the process group) stops rank 0 and, through it, the follower."""
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import httpx
+
+    from telefuser.media import probe_media
+
+    repo = Path(__file__).resolve().parents[2]
+    out = Path(tempfile.mkdtemp(prefix="tf-video-"))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.Popen(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video_cli", "serve",
+         "--port", "0", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2", "--output-dir", str(out)],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        pattern = re.compile(r"serving on (http://\S+)")
+        _wait(lambda: any(pattern.search(line) for line in lines) or proc.poll() is not None, 90)
+        assert proc.poll() is None, "".join(lines)
+        url = next(pattern.search(line).group(1) for line in lines if pattern.search(line))
+        _wait(lambda: any("startup complete" in line for line in lines), 30)
+        with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
+            job = http.post("/v1/videos", data={"prompt": "waves", "size": "64x32", "seconds": "0.2",
+                                                "num_inference_steps": "3"}).json()  # fmt: skip
+            _wait(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] in ("completed", "failed"), 60)
+            done = http.get(f"/v1/videos/{job['id']}").json()
+            assert done["status"] == "completed", done
+            meta = http.get("/v1/service/metadata").json()["model"]
+            assert meta["world_size"] == 2 and meta["ulysses_degree"] == 2
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal Ctrl-C does (torchrun's own exit status is 1 then)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert "serve exited cleanly" in text, text
+    assert "rank 1: follower stopped after 3 model calls" in text, text  # create, next_chunk, close
+    info = probe_media(out / f"{job['id']}.mp4")
+    assert info.video_frames == 5 and info.sample_rate == 32_000 and info.channels == 2
+    assert json.loads((out / f"{job['id']}.json").read_text())["result"]["dit_calls"] == 2
+    assert sorted(p.suffix for p in out.iterdir()) == [".json", ".mp4"]  # one job, written once (by rank 0)
