@@ -10,7 +10,7 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo demo-attention test test-unit test-gpu build-sm90 browser clean
+.PHONY: help install demo demo-attention test aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser clean
 
 help:
 	@echo "make demo        the main job on CPU: a LingBot-World v2 session -> MP4 + metrics (installs into $(VENV))"
@@ -18,7 +18,9 @@ help:
 	@echo "make test        run the test suite on CPU (installs into $(VENV))"
 	@echo "make build-sm90  build and install tf-kernel for SM90 (PYTHON=/path/to/python with CUDA torch)"
 	@echo "make test-gpu    GPU tests on a CUDA host (PYTHON=python3 uses that interpreter's torch)"
-	@echo "make clean       remove $(VENV), build outputs and demo outputs"
+	@echo "make bench-stream-1min  AIPerf one-minute lossless LingBot-World v2 stream replay (tiny model on CPU)"
+	@echo "make bench-batch       AIPerf MiniMax H3 /v1/videos batch run (tiny model on CPU)"
+	@echo "make clean       remove $(VENV), .venv-aiperf, build outputs and demo outputs"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +51,7 @@ demo-attention: $(STAMP)
 
 # CI compiles tf-kernel with the machine's nvcc against the CPU torch, so a build break fails CI; its CPU tests
 # check registration and argument validation. pytest exits 5 when nothing was collected: a broken suite, not a pass.
-test: $(STAMP) browser
+test: $(STAMP) browser aiperf-env
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
 	@$(PY) -m pytest; rc=$$?; \
@@ -62,6 +64,30 @@ browser:
 	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
 	  || echo "warning: could not install chromium; the browser test will skip with that reason"; }
 
+# AIPerf 0.13.0 lives in its own environment (.venv-aiperf), never in the engine's: it pins many packages.
+AIPERF_VENV ?= .venv-aiperf
+BENCH_PY ?= $(PY)
+BENCH_MODEL_CONFIG ?= tiny
+BENCH_CHECKPOINT ?=
+BENCH_NPROC ?= 1
+BENCH_DEVICE ?= cpu
+BENCH_THREADS ?=
+BENCH_ARGS = --config $(BENCH_MODEL_CONFIG) --nproc $(BENCH_NPROC) $(if $(BENCH_DEVICE),--device $(BENCH_DEVICE)) \
+  $(if $(BENCH_CHECKPOINT),--checkpoint $(BENCH_CHECKPOINT)) $(if $(BENCH_THREADS),--threads $(BENCH_THREADS))
+BENCH_DEPS = aiperf-env $(if $(filter $(PY),$(BENCH_PY)),$(STAMP))
+
+aiperf-env:
+	PYTHON=$(PYTHON) tools/aiperf/setup_env.sh
+
+# The one-minute lossless LingBot-World v2 replay (957 frames = 60 chunks) and a MiniMax H3 /v1/videos run, each
+# checked after the run. Defaults: tiny config on CPU; on a GPU host: BENCH_PY=python3 BENCH_DEVICE= BENCH_NPROC=4
+# BENCH_MODEL_CONFIG=official BENCH_CHECKPOINT=/path.
+bench-stream-1min: $(BENCH_DEPS)
+	$(BENCH_PY) tools/aiperf/run_stream_bench.py --bench-config tools/aiperf/configs/stream_lingbot_world_v2_1min.yaml $(BENCH_ARGS)
+
+bench-batch: $(BENCH_DEPS)
+	$(BENCH_PY) tools/aiperf/run_batch_bench.py --bench-config tools/aiperf/configs/batch_minimax_h3.yaml $(BENCH_ARGS)
+
 # On a CUDA host (the lent H200: PYTHON=python3): build tf-kernel for that interpreter, then its GPU tests and ours.
 test-gpu: build-sm90
 	$(MAKE) -C tf-kernel test-gpu PYTHON=$(PYTHON)
@@ -71,4 +97,4 @@ build-sm90:
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
 
 clean:
-	rm -rf $(VENV) outputs build dist *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) outputs build dist *.egg-info

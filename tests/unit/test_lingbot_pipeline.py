@@ -63,7 +63,7 @@ def test_full_session_five_chunks_77_frames(parts):
         cameras.append(SpyCamera(geometry, device, dtype))
         return cameras[-1]
 
-    pipe = make_pipe(parts, camera_factory=factory)
+    pipe = make_pipe(parts, camera_factory=factory, condition_encoding="upfront")  # image clip encoded in start()
     session = pipe.start(image(), "a road", seed=42, resolution=RES, num_frames=77, fps=16)
     assert session.total_chunks == 5
     assert set(session.setup_seconds) == {"text_encode_s", "image_encode_s", "session_init_s"}

@@ -61,7 +61,7 @@ def build_lingbot_pipeline(
     seed: int = 0,
     attn_impl: str = "sdpa",
     camera_factory: CameraFactory | None = None,
-    condition_encoding: str = "upfront",
+    condition_encoding: str = "per_chunk",
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`; `dit` "toy" is the stand-in.
 

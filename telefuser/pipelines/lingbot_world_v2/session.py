@@ -7,11 +7,12 @@
         for i in range(session.total_chunks):
             chunk = session.next_chunk(keys)          # Chunk(index, frames uint8 [F, H, W, 3], measurement)
 
-``start`` (once per session, not in any chunk's compute time): validate the request, encode the prompt (umT5) and
-the reference image (Wan VAE: the image then black frames, one latent per latent frame of the session), draw the
-session's initial noise, open the DiT's KV cache (`new_session`), a decode stream and a camera track.
-With ``condition_encoding="per_chunk"`` the image clip is instead encoded chunk by chunk through a causal encode
-stream (same latents, bit for bit) inside ``next_chunk``, timed as an extra ``condition_s`` phase.
+``start`` (once per session, not in any chunk's compute time): validate the request, encode the prompt (umT5), draw
+the session's initial noise, open the DiT's KV cache (`new_session`), a decode stream and a camera track.
+The condition clip (the reference image then black frames, one latent per latent frame) is encoded chunk by chunk
+through a causal encode stream inside ``next_chunk`` (default ``condition_encoding="per_chunk"``, timed as the
+``condition_s`` phase, which the seed's steady compute FPS includes), so a session's first frame does not wait for
+the whole clip; ``"upfront"`` encodes it all in ``start`` instead (same latents, bit for bit).
 
 ``next_chunk`` (the reference's chunk loop), per chunk of 4 latent frames::
 
@@ -89,7 +90,7 @@ class WorldSessionPipeline:
         schedule: DenoisingSchedule | None = None,
         chunk_latent_frames: int = CHUNK_LATENT_FRAMES,
         vae_group=None,
-        condition_encoding: str = "upfront",
+        condition_encoding: str = "per_chunk",
         weights: dict | None = None,
     ) -> None:
         _check_dit(dit, prompt_encoder)

@@ -1,0 +1,202 @@
+"""Shared plumbing of the benchmark runners: the service process, health, metrics scraping, running AIPerf.
+
+Standard library only (the runners run in the engine's venv; AIPerf runs from .venv-aiperf as a subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_AIPERF = REPO_ROOT / ".venv-aiperf" / "bin" / "aiperf"
+DEFAULT_TOKENIZER = REPO_ROOT / "tools" / "aiperf" / "fixtures" / "tokenizer"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_bench_config(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """An AIPerf YAML config with ${VAR:default} resolved the way AIPerf resolves it (env, else the default)."""
+    import yaml  # PyYAML: in the engine's venv (a transformers dependency)
+
+    env = dict(os.environ if env is None else env)
+    text = _ENV_REF.sub(lambda m: env.get(m.group(1), m.group(2) or ""), Path(path).read_text())
+    return yaml.safe_load(text)
+
+
+def bench_section(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("benchmark") or {}
+
+
+def planned_requests(config: dict[str, Any]) -> int:
+    phases = bench_section(config).get("phases") or bench_section(config).get("profiling") or {}
+    if isinstance(phases, list):
+        phases = next((p for p in phases if not p.get("excludeFromResults")), phases[-1])
+    requests = phases.get("requests")
+    if not isinstance(requests, int):
+        raise ValueError("the benchmark config must fix the request count (phases.requests) for a lossless check")
+    return requests
+
+
+def endpoint_extra(config: dict[str, Any]) -> dict[str, Any]:
+    return dict((bench_section(config).get("endpoint") or {}).get("extra") or {})
+
+
+def prepare_artifact_dir(path: Path) -> Path:
+    """A fresh directory; an old AIPerf artifact directory at that path is removed, anything else is refused."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        known = {
+            "logs",
+            "inputs.json",
+            "profile_export_aiperf.json",
+            "telefuser_summary.json",
+            "service.log",
+            "aiperf_console.log",
+            ".aiperf_results_ready.json",
+        }
+        if not any((path / k).exists() for k in known):
+            raise SystemExit(f"{path} exists and is not an AIPerf artifact directory; choose another --artifact-dir")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class Service:
+    """A service process in its own process group, so that SIGINT reaches every torchrun rank like a Ctrl-C."""
+
+    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.cmd = cmd
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "wb")
+        print("== service: " + " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.started = time.monotonic()
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the service exited with {self.proc.returncode} before it was healthy:\n{self.tail()}"
+                )
+            try:
+                status, body = http_get(url, timeout=5)
+                if status == 200 and json.loads(body).get("status") == "ok":
+                    return time.monotonic() - self.started
+            except (OSError, ValueError):
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"the service was not healthy at {url} within {timeout_s:g} s:\n{self.tail()}")
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGINT to the group (clean shutdown), then SIGTERM, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, timeout_s), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    print(f"== service did not stop after {sig.name}; escalating", flush=True)
+        self._log.close()
+        return self.proc.returncode
+
+    def stopped_cleanly(self, returncode: int | None, *, torchrun: bool) -> bool:
+        """Exit 0; under torchrun, whose agent exits 1 on SIGINT by design, rank 0's own clean-exit log line counts."""
+        if returncode == 0:
+            return True
+        return torchrun and returncode == 1 and "exited cleanly" in self.tail(400)
+
+    def tail(self, lines: int = 40) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def service_command(python: str, subcommand: str, nproc: int, args: list[str]) -> list[str]:
+    """`python -m telefuser.cli <subcommand> ...`, under torchrun (`python -m torch.distributed.run`) when nproc > 1."""
+    if nproc > 1:
+        head = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m"]
+    else:
+        head = [python, "-m"]
+    return head + ["telefuser.cli", subcommand] + args
+
+
+def run_aiperf(
+    aiperf: Path, config: Path, artifact_dir: Path, url: str, *, tokenizer: Path, timeout_s: float | None
+) -> tuple[int, float]:
+    """`aiperf profile --config` from the repository root (config paths are relative to it); console to a log too."""
+    aiperf = Path(aiperf)
+    if not aiperf.exists():
+        raise SystemExit(f"{aiperf} not found: run tools/aiperf/setup_env.sh (make aiperf-env) first")
+    env = dict(os.environ)
+    env.update({"TF_BENCH_URL": url, "TF_BENCH_ARTIFACT_DIR": str(artifact_dir), "TF_BENCH_TOKENIZER": str(tokenizer)})
+    env.pop("HF_HUB_OFFLINE", None)  # AIPerf 0.13.0 sends local tokenizer paths to the HF cache when it is set
+    env.pop("VIRTUAL_ENV", None)
+    cmd = [str(aiperf), "profile", "--config", str(config)]
+    print("== aiperf: " + " ".join(cmd), flush=True)
+    started = time.monotonic()
+    log_path = Path(artifact_dir) / "aiperf_console.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        def copy() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"== aiperf ran past {timeout_s:g} s; interrupting it", flush=True)
+            proc.send_signal(signal.SIGINT)
+            try:
+                rc = proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+        reader.join(10)
+    sys.stdout.flush()
+    return rc, time.monotonic() - started
+
+
+def write_json(path: Path, data: Any) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
