@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..distributed.ulysses import UlyssesCommunicator
 from ..ops.attention import attention
-from ..ops.rotary import apply_rotary
+from ..ops.qk_prep import norm_rope
 from ..profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
 
 
@@ -69,7 +69,7 @@ class UlyssesSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim).unbind(2)  # strided views
         o = v_first_attention(
             q, k, v, self.communicator,
-            prepare_qk=lambda q, k: (apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)),
+            prepare_qk=lambda q, k: (norm_rope(self.q_norm, q, (cos, sin)), norm_rope(self.k_norm, k, (cos, sin))),
             attend=lambda q, k, v: attention(q, k, v, impl=self.attn_impl),
         )
         return self.out(o.flatten(2))

@@ -11,8 +11,23 @@ import importlib.util
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "identity")
+
+
+# torch's default SDPA order tries flash first; on Hopper cuDNN is much faster (574 vs 364 TFLOP/s at a Wan 14B shape,
+# 633 vs 363 at a LingBot chunk, measured on the lent H200). Backends that cannot take a shape are skipped in order.
+CUDA_SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
+    """torch SDPA on [B, H, S, D] tensors, cuDNN first on CUDA."""
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_SDPA_PRIORITY, set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def available_attention_impls() -> list[str]:
@@ -38,7 +53,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = 
     if impl == "identity":
         return q.contiguous()
     if impl == "sdpa":
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return out.transpose(1, 2).contiguous()
     if impl == "flash_attn_4":
         from flash_attn.cute import flash_attn_func

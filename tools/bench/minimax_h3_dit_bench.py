@@ -4,7 +4,7 @@
     torchrun --standalone --nproc-per-node=2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2
     python tools/bench/minimax_h3_dit_bench.py --config tiny --device cpu --resolution 64 --duration 1   # smoke
 
-Random bf16 weights (said so). FLOPs are counted with torch's FlopCounterMode during the warm-up call (matmuls and
+Random bf16 weights (said so). FLOPs are counted with torch's FlopCounterMode during an extra untimed call (matmuls and
 attention as torch dispatches them, on this rank), so the TFLOP/s figure counts what the model actually runs. The ceiling to
 compare with is the measured bf16 matmul rate of the same GPU (786 TFLOP/s on the lent H200, shared/notes).
 With --ulysses N under torchrun the model runs Ulysses over N ranks with the communicator's default transport
@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
+from telefuser.ops.qk_prep import set_fused_qk_prep
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
 MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
@@ -54,6 +55,8 @@ def main() -> int:
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--qk-prep", choices=["fused", "eager", "both"], default="fused",
+                   help="Q/K RMSNorm+RoPE as one compiled kernel (CUDA) or eager ops; 'both' alternates them in this run")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
     args = p.parse_args()
@@ -82,22 +85,31 @@ def main() -> int:
     if mesh is not None:
         model.enable_parallel(mesh)
     shape, batch = inputs(config, args, device, dtype)
-    times = []
+    variants = ["fused", "eager"] if args.qk_prep == "both" else [args.qk_prep]
+    times = {variant: [] for variant in variants}
     counter = FlopCounterMode(display=False)
     with torch.inference_mode():
+        for variant in variants:  # warm-up each (allocator, kernels, compilation, communicator targets)
+            set_fused_qk_prep(variant == "fused")
+            model(*batch)
+        set_fused_qk_prep(False)  # count in eager mode: the dispatch mode and the compiled kernel do not mix
         with counter:
-            model(*batch)  # warm-up (allocator, kernels, communicator targets) and this rank's FLOP count
+            model(*batch)  # this rank's FLOP count (norm/RoPE elementwise work is not counted either way)
         flops = counter.get_total_flops()
         for _ in range(args.iters):
-            if mesh is not None:
-                dist.barrier()
-            if on_gpu:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            model(*batch)
-            if on_gpu:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
+            for variant in variants:  # alternate, so both see the same clocks and neighbours
+                set_fused_qk_prep(variant == "fused")
+                if mesh is not None:
+                    dist.barrier()
+                if on_gpu:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                model(*batch)
+                if on_gpu:
+                    torch.cuda.synchronize()
+                times[variant].append(time.perf_counter() - start)
+    by_variant = {v: statistics.median(t) for v, t in times.items()}
+    times = times[variants[0]]
     seconds = statistics.median(times)
     backend = model.communicator.backend_name if model.communicator is not None else "none (one rank)"
     tflops = flops / seconds / 1e12
@@ -105,6 +117,7 @@ def main() -> int:
         "config": args.config, "layers": config.num_layers, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "world": world, "ulysses_transport": backend, "request": shape.as_dict(), "text_tokens": args.text_len,
         "flops_this_rank": flops, "seconds_per_call": seconds, "seconds_all": times, "achieved_tflops": tflops,
+        "qk_prep": variants[0], "seconds_per_call_by_qk_prep": by_variant,
         "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if on_gpu else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "weights": model.weights_source, "weight_init_s": build_s,
@@ -116,7 +129,9 @@ def main() -> int:
               f"{shape.width}x{shape.height} {shape.frame_count} frames: {seconds * 1e3:.1f} ms/call, "
               f"{flops / 1e12:.1f} TFLOP on rank 0 -> {tflops:.1f} TFLOP/s" +
               (f" ({tflops / MATMUL_CEILING_TFLOPS:.0%} of the {MATMUL_CEILING_TFLOPS:.0f} TFLOP/s matmul ceiling)" if on_gpu else "") +
-              f", Ulysses transport: {backend}")
+              f", Ulysses transport: {backend}, Q/K prep: {variants[0]}")
+        if len(variants) > 1:
+            print("Q/K prep side by side: " + ", ".join(f"{v} {t * 1e3:.1f} ms/call" for v, t in by_variant.items()))
         if args.output:
             with open(args.output, "w") as f:
                 json.dump(result, f, indent=2)

@@ -17,7 +17,7 @@ from torch import nn
 
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import attention
-from ...ops.rotary import apply_rotary
+from ...ops.qk_prep import norm_rope
 from ...layers.attention import v_first_attention
 
 
@@ -60,7 +60,4 @@ class JointAttention(nn.Module):
         return self.out_proj(o.flatten(2))
 
     def _norm_rope(self, q, k, rope):
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        return q, k
+        return norm_rope(self.q_norm, q, rope), norm_rope(self.k_norm, k, rope)

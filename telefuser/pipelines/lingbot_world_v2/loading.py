@@ -113,7 +113,6 @@ def _build_dit(kind, size, paths, *, device, dtype, mesh, seed, attn_impl):
         if mesh is not None and getattr(mesh, "world_size", 1) > 1:
             model.enable_parallel(mesh)
         return model, config.text_dim, config.text_len
-    # WIRE: the model helper's API (telefuser/models/lingbot_world_v2); adjust these calls if its names differ.
     from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit, load_lingbot_dit
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
@@ -122,7 +121,9 @@ def _build_dit(kind, size, paths, *, device, dtype, mesh, seed, attn_impl):
     else:
         # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
         dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
-        model = build_random_lingbot_dit(dit_config, seed, device, dtype, attn_impl=attn_impl)
+        # on a GPU, draw there: the 14B official DiT takes minutes to draw on the host
+        model = build_random_lingbot_dit(dit_config, seed, device, dtype, attn_impl=attn_impl,
+                                         init_on_device=device.type == "cuda")
         if mesh is not None and getattr(mesh, "world_size", 1) > 1:
             model.enable_parallel(mesh)
     config = model.config

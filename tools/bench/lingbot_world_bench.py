@@ -1,0 +1,307 @@
+"""LingBot-World v2 DiT on one GPU (or a Ulysses group): chunk-by-chunk session timing with achieved TFLOP/s, and
+one forward side by side with diffusers' WanTransformer3DModel.
+
+    python tools/bench/lingbot_world_bench.py session                  # official config, 832x480, 8 chunks
+    python tools/bench/lingbot_world_bench.py vs-diffusers             # 32,760 and 6,240 tokens, Q = K
+    torchrun --standalone --nproc-per-node=2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2
+    python tools/bench/lingbot_world_bench.py session --config tiny --device cpu --resolution 64x48 --chunks 3
+
+session: every chunk is 4 denoising calls that read the KV window plus one clean-KV commit at t=0, exactly the DiT
+work of the session pipeline (no VAE, no text encoder; `examples/lingbot_world_v2/run_i2v.py` times those too). A
+first session counts each call's FLOPs with torch's FlopCounterMode (matmuls and attention as dispatched); a second,
+identical one is timed with synchronized boundaries. Steady figures exclude chunk 0, as the seed defines them.
+
+vs-diffusers: our DiT (an empty session and one chunk, so queries = keys = the chunk's tokens) against diffusers'
+WanTransformer3DModel built at the same dimensions, timed alternately in one process. diffusers calls torch SDPA with
+torch's default backend order; ours puts cuDNN first. diffusers is also run with cuDNN first, so the table separates
+the attention backend from everything else.
+
+Random bf16 weights (said so). The ceiling is the measured bf16 matmul rate of the lent H200 (786 TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
+
+from telefuser.distributed.mesh import ParallelConfig, init_distributed
+from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
+from telefuser.ops.attention import CUDA_SDPA_PRIORITY
+
+MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
+LATENT_FRAMES_PER_CHUNK = 4
+DENOISING_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)  # four reads of the window; the commit runs at t=0
+
+
+def parse_resolution(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--resolution must look like 832x480, got {text!r}") from None
+    if width % 16 or height % 16 or width <= 0 or height <= 0:
+        raise SystemExit(f"--resolution {text}: width and height must be positive multiples of 16")
+    return width, height
+
+
+class Runner:
+    """Device, dtype, optional Ulysses mesh and a synchronized stopwatch."""
+
+    def __init__(self, args):
+        self.on_gpu = args.device == "cuda"
+        if self.on_gpu and not torch.cuda.is_available():
+            raise SystemExit("--device cuda asked for, but no CUDA GPU is visible; use --device cpu --config tiny")
+        self.dtype = torch.bfloat16 if self.on_gpu else torch.float32
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.mesh = None
+        if self.world > 1:
+            if self.world != args.ulysses:
+                raise SystemExit(f"--ulysses {args.ulysses} must equal the torchrun world size {self.world}")
+            shared_gpu = self.on_gpu and torch.cuda.device_count() < self.world
+            self.mesh = init_distributed(ParallelConfig(ulysses_degree=self.world),
+                                         backend="gloo" if shared_gpu or not self.on_gpu else None)
+        self.rank = self.mesh.rank if self.mesh else 0
+        if self.on_gpu:
+            index = self.rank if torch.cuda.device_count() >= self.world else 0
+            self.device = torch.device("cuda", index)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+
+    def sync(self):
+        if self.on_gpu:
+            torch.cuda.synchronize()
+
+    def timed(self, fn):
+        if self.mesh is not None:
+            dist.barrier()
+        self.sync()
+        start = time.perf_counter()
+        out = fn()
+        self.sync()
+        return out, time.perf_counter() - start
+
+    def say(self, text: str):
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def close(self):
+        if self.mesh is not None:
+            dist.destroy_process_group()
+
+
+def dit_config(args) -> LingBotWorldV2Config:
+    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(
+        local_attn_size=10, sink_size=2)
+    return replace(config, num_layers=args.layers) if args.layers else config
+
+
+def chunk_inputs(config, runner, width, height, frames, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    grid_h, grid_w = height // 8, width // 8  # VAE stride 8; the patch (1, 2, 2) halves it again
+    latents = torch.randn(1, config.in_dim, frames, grid_h, grid_w, generator=g).to(runner.device)
+    tokens = frames * (grid_h // 2) * (grid_w // 2)
+    camera = (torch.randn(1, tokens, config.camera_feature_dim, generator=g) * 0.1).to(runner.device)
+    text = torch.randn(1, config.text_len, config.text_dim, generator=g).to(runner.device, runner.dtype)
+    return latents, camera, text, (grid_h // 2) * (grid_w // 2)
+
+
+def run_session(model, runner, args, width, height, *, count_flops: bool):
+    """Per chunk: seconds and (if counted) FLOPs, over args.chunks chunks of one fresh session."""
+    config = model.config
+    latents, camera, text, tokens_per_frame = chunk_inputs(config, runner, width, height, LATENT_FRAMES_PER_CHUNK, 1)
+    session = model.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+    rows = []
+    try:
+        for _ in range(args.chunks):
+            counter = FlopCounterMode(display=False) if count_flops else nullcontext()
+
+            def chunk():
+                for t in DENOISING_TIMESTEPS:
+                    model.forward_chunk(session, latents, torch.full((1,), t), camera, update_cache=False)
+                model.forward_chunk(session, latents, torch.zeros(1), camera, update_cache=True)
+
+            with counter:
+                _, seconds = runner.timed(chunk)
+            rows.append({"seconds": seconds, "flops": counter.get_total_flops() if count_flops else None})
+    finally:
+        session.close()
+    return rows
+
+
+def session_mode(args, runner) -> dict:
+    width, height = parse_resolution(args.resolution)
+    config = dit_config(args)
+    t0 = time.perf_counter()
+    model = build_random_lingbot_dit(config, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
+                                     init_on_device=runner.on_gpu).eval()
+    init_s = time.perf_counter() - t0
+    if runner.mesh is not None:
+        model.enable_parallel(runner.mesh)
+    with torch.inference_mode():
+        counted = run_session(model, runner, args, width, height, count_flops=True)  # also the warm-up
+        if runner.on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        timed = run_session(model, runner, args, width, height, count_flops=False)
+    transport = model.communicator.backend_name if model.communicator is not None else "none (one rank)"
+    model.close()
+    chunks = []
+    for index, (c, t) in enumerate(zip(counted, timed)):
+        tflops = c["flops"] / t["seconds"] / 1e12
+        chunks.append({"index": index, "dit_seconds": t["seconds"], "tflop_this_rank": c["flops"] / 1e12,
+                       "achieved_tflops": tflops, "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS})
+    steady = chunks[1:] or chunks
+    steady_seconds = sum(c["dit_seconds"] for c in steady)
+    steady_tflops = sum(c["tflop_this_rank"] for c in steady) / steady_seconds
+    frames_per_chunk = 4 * LATENT_FRAMES_PER_CHUNK  # 16 video frames per 4-latent chunk after chunk 0
+    seconds = sorted(c["dit_seconds"] for c in steady)
+    result = {
+        "mode": "session", "config": args.config, "layers": config.num_layers, "resolution": f"{width}x{height}",
+        "device": torch.cuda.get_device_name() if runner.on_gpu else "cpu", "world": runner.world,
+        "ulysses_transport": transport, "weights": "random (no checkpoint)", "weight_init_s": init_s,
+        "attn_impl": args.attn_impl, "chunks": chunks,
+        "steady_dit_seconds_p50": statistics.median(seconds),
+        "steady_dit_seconds_max": seconds[-1],
+        "steady_dit_fps": frames_per_chunk * len(steady) / steady_seconds,
+        "steady_achieved_tflops": steady_tflops,
+        "steady_of_matmul_ceiling": steady_tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if runner.on_gpu else None,
+    }
+    runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | TFLOP/s | of ceiling")
+    for c in chunks:
+        runner.say(f"{c['index']:5d} | {c['dit_seconds']:24.3f} | {c['tflop_this_rank']:17.1f} | "
+                   f"{c['achieved_tflops']:7.1f} | {c['of_matmul_ceiling']:.0%}")
+    runner.say(f"LingBot-World v2 DiT ({args.config}, {config.num_layers} layers, random weights) {width}x{height}: "
+               f"steady DiT p50 {result['steady_dit_seconds_p50']:.3f} s/chunk -> {result['steady_dit_fps']:.2f} FPS "
+               f"(DiT only), {steady_tflops:.1f} TFLOP/s"
+               + (f" ({steady_tflops / MATMUL_CEILING_TFLOPS:.0%} of {MATMUL_CEILING_TFLOPS:.0f})" if runner.on_gpu else "")
+               + f", Ulysses transport: {transport}")
+    return result
+
+
+def build_diffusers_wan(config: LingBotWorldV2Config, device, dtype):
+    try:
+        from diffusers import WanTransformer3DModel
+    except ImportError:
+        raise SystemExit("vs-diffusers needs diffusers (pip install diffusers)") from None
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise straight in bf16: no fp32 copy of a 14B model
+    try:
+        with torch.device(device):
+            model = WanTransformer3DModel(
+                patch_size=config.patch_size, num_attention_heads=config.num_heads, attention_head_dim=config.head_dim,
+                in_channels=config.in_dim, out_channels=config.out_dim, text_dim=config.text_dim,
+                freq_dim=config.freq_dim, ffn_dim=config.ffn_dim, num_layers=config.num_layers,
+                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=config.eps, image_dim=None)
+    finally:
+        torch.set_default_dtype(previous)
+    # as from_pretrained(torch_dtype=bf16) leaves it: the modules diffusers keeps in fp32 go back to fp32
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    for name, module in model.named_modules():
+        if keep.intersection(name.split(".")):
+            module.float()
+    return model.eval()
+
+
+def vs_diffusers_mode(args, runner) -> dict:
+    if runner.world > 1:
+        raise SystemExit("vs-diffusers runs on one device; start it without torchrun")
+    width, height = parse_resolution(args.resolution)
+    # a window as long as the longest chunk, no sink: an empty session attends within the chunk, so queries = keys
+    base = replace(dit_config(args), local_attn_size=max(args.frames), sink_size=0)
+    results = []
+    diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
+    ours = build_random_lingbot_dit(base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
+                                    init_on_device=runner.on_gpu).eval()
+    for frames in args.frames:
+        config = base
+        latents, _, text, tokens_per_frame = chunk_inputs(config, runner, width, height, frames, 2)
+        t = torch.full((1,), 500.0)
+        session = ours.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+        cudnn_first = lambda: torch.nn.attention.sdpa_kernel(CUDA_SDPA_PRIORITY, set_priority=True)  # noqa: E731
+        variants = {
+            "telefuser (cuDNN SDPA first)": lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
+            "diffusers (torch default SDPA order)": lambda: diffusers_model(
+                hidden_states=latents, timestep=t.to(runner.device), encoder_hidden_states=text, return_dict=False),
+        }
+        if runner.on_gpu:
+            def diffusers_cudnn():
+                with cudnn_first():
+                    return diffusers_model(hidden_states=latents, timestep=t.to(runner.device),
+                                           encoder_hidden_states=text, return_dict=False)
+            variants["diffusers (cuDNN SDPA first)"] = diffusers_cudnn
+        measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
+        with torch.inference_mode():
+            for name, fn in variants.items():
+                fn()  # warm-up
+                with FlopCounterMode(display=False) as counter:
+                    fn()
+                measured[name]["flops"] = counter.get_total_flops()
+                if runner.on_gpu:
+                    base_mem = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    fn()
+                    measured[name]["peak_gib"] = (torch.cuda.max_memory_allocated() - base_mem) / 2**30
+            for _ in range(args.iters):
+                for name, fn in variants.items():
+                    measured[name]["seconds"].append(runner.timed(fn)[1])
+        session.close()
+        tokens = frames * tokens_per_frame
+        for name, m in measured.items():
+            seconds = statistics.median(m["seconds"])
+            tflops = m["flops"] / seconds / 1e12
+            results.append({"implementation": name, "latent_frames": frames, "query_tokens": tokens,
+                            "key_tokens": tokens, "seconds": seconds, "seconds_all": m["seconds"],
+                            "tflop": m["flops"] / 1e12, "achieved_tflops": tflops,
+                            "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
+                            "activation_peak_gib": m["peak_gib"]})
+    ours.close()
+    runner.say("tokens (Q = K) | implementation | s/forward | TFLOP | TFLOP/s | vs telefuser")
+    for row in results:
+        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"] and r["implementation"].startswith("telefuser"))
+        runner.say(f"{row['query_tokens']:14d} | {row['implementation']:36s} | {row['seconds']:9.3f} | "
+                   f"{row['tflop']:6.1f} | {row['achieved_tflops']:7.1f} | {row['seconds'] / ref['seconds']:.2f}x")
+    return {"mode": "vs-diffusers", "config": args.config, "layers": base.num_layers,
+            "resolution": f"{width}x{height}", "device": torch.cuda.get_device_name() if runner.on_gpu else "cpu",
+            "weights": "random (no checkpoint)", "rows": results}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["session", "vs-diffusers"])
+    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--layers", type=int, default=None, help="override num_layers (fit several ranks on one GPU)")
+    p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT in pixels, multiples of 16")
+    p.add_argument("--chunks", type=int, default=8, help="session: chunks of 4 latent frames (the window rolls from the 5th)")
+    p.add_argument("--frames", type=int, nargs="+", default=[21, 4], help="vs-diffusers: latent frames per forward")
+    p.add_argument("--ulysses", type=int, default=1)
+    p.add_argument("--attn-impl", default="sdpa")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--output", default=None, help="JSON file for the result")
+    args = p.parse_args()
+    if args.chunks < 1 or args.iters < 1:
+        raise SystemExit("--chunks and --iters must be at least 1")
+    runner = Runner(args)
+    try:
+        result = session_mode(args, runner) if args.mode == "session" else vs_diffusers_mode(args, runner)
+        if runner.rank == 0 and args.output:
+            with open(args.output, "w") as f:
+                json.dump(result, f, indent=2)
+    finally:
+        runner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
