@@ -24,7 +24,7 @@ step() {  # step NAME LIMIT_S COMMAND...
   tail -n 25 "$OUT/$name.log"
 }
 
-torchrun2() { $PY -m torch.distributed.run --standalone --nproc-per-node=2 "$@"; }
+TORCHRUN2="$PY -m torch.distributed.run --standalone --nproc-per-node=2"
 
 for s in "$@"; do
   case $s in
@@ -34,10 +34,10 @@ for s in "$@"; do
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
     qkprep) step qkprep 240 $PY -m pytest -q -rs tests/unit/test_qk_prep.py ;;
     minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --qk-prep both --iters 3 --output "$OUT/minimax_official.json" ;;
-    minimax_ce) step minimax_ce 300 torchrun2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;
-    overlap) step overlap 240 torchrun2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
+    minimax_ce) step minimax_ce 300 $TORCHRUN2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;
+    overlap) step overlap 240 $TORCHRUN2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
     lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --output "$OUT/lingbot_session.json" ;;
-    lingbot_ce) step lingbot_ce 300 torchrun2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
+    lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
     diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
     e2e) step e2e 480 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress --output "$OUT/lingbot_e2e/session.mp4" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;

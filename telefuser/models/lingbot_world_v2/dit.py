@@ -134,6 +134,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         cfg = self.config
         session.check_open()
         frames, grid_h, grid_w = self._check_chunk(session, latents, t, camera)
+        t = t.to(latents.device, non_blocking=True)  # a host tensor is checked above and welcome
         rank, world = self._ulysses_coordinates()
         if session.ulysses_degree != world:
             raise SessionError(
