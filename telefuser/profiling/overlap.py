@@ -61,7 +61,7 @@ def gpu_intervals_of_phase(events: list[dict], phase: str) -> list[Interval]:
     ]
     correlations = set()
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") != "cuda_runtime":
+        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver"):  # Triton launches via the driver
             continue
         ts = e["ts"]
         if any(start <= ts <= end and (tid is None or tid == e.get("tid")) for start, end, tid in ranges):

@@ -23,7 +23,7 @@ def test_v_copy_overlap_follows_correlation_ids():
         _x("cudaMemcpy2DAsync", "cuda_runtime", 110, 2, corr=2),
         _x("ulysses.qk_norm_rope", "user_annotation", 130, 30),
         _x("cudaLaunchKernel", "cuda_runtime", 135, 2, corr=3),
-        _x("cudaLaunchKernel", "cuda_runtime", 150, 2, corr=4),
+        _x("cuLaunchKernel", "cuda_driver", 150, 2, corr=4),  # a Triton kernel (compiled Q/K prep) launches so
         _x("cudaLaunchKernel", "cuda_runtime", 170, 2, corr=5),  # outside every range: not counted
         # GPU side: the two copies run 200-300 and 300-350; the Q/K kernels 250-280 and 320-400.
         _x("Memcpy PtoP", "gpu_memcpy", 200, 100, tid=7, corr=1),

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from telefuser.ops.qk_prep import norm_rope, rms_norm_rope, rms_norm_rope_reference, set_fused_qk_prep
+from telefuser.ops.fusion import set_fusion
+from telefuser.ops.qk_prep import norm_rope, rms_norm_rope, rms_norm_rope_reference
 from telefuser.ops.rotary import apply_rotary, rope_frequencies
 
 
@@ -47,7 +48,7 @@ def test_compiled_cuda_kernel_matches_reference(dtype):
     view = torch.randn(2, 1000, 3, 14, 128, device="cuda", dtype=dtype).unbind(2)[0]  # strided view of a fused QKV
     view.copy_(x)
     expected = rms_norm_rope_reference(x.float(), norm.weight, 1e-5, cos, sin)
-    set_fused_qk_prep(True)
+    set_fusion(True)
     got = rms_norm_rope(view, norm.weight, 1e-5, cos, sin)
     assert got.dtype == dtype and got.shape == x.shape
     torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)  # one bf16/fp16 rounding of O(1) values

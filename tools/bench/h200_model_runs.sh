@@ -3,8 +3,8 @@
 #
 #   OUT=/tmp/h200 bash tools/bench/h200_model_runs.sh setup minimax lingbot      # or any subset of the steps below
 #
-# Steps: setup (carried wheels + tf-kernel), qkprep (compiled Q/K kernel test), minimax (official DiT call, fused vs
-# eager Q/K prep), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
+# Steps: setup (carried wheels + tf-kernel), qkprep (compiled-kernel tests), minimax (official DiT call, fused vs
+# eager elementwise chains), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
 # trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), diffusers (ours vs
 # WanTransformer3DModel), e2e (run_i2v at the official sizes, 77 frames, MP4 + metrics).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
@@ -32,11 +32,11 @@ for s in "$@"; do
       step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
       step build 300 make build-sm90 PYTHON="$PY"
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
-    qkprep) step qkprep 240 $PY -m pytest -q -rs tests/unit/test_qk_prep.py ;;
-    minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --qk-prep both --iters 3 --output "$OUT/minimax_official.json" ;;
+    qkprep) step qkprep 300 $PY -m pytest -q -rs tests/unit/test_qk_prep.py tests/unit/test_fusion.py ;;
+    minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --fusion both --iters 3 --output "$OUT/minimax_official.json" ;;
     minimax_ce) step minimax_ce 300 $TORCHRUN2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;
     overlap) step overlap 240 $TORCHRUN2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
-    lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --output "$OUT/lingbot_session.json" ;;
+    lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --fusion both --output "$OUT/lingbot_session.json" ;;
     lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
     diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
     e2e) step e2e 480 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress --output "$OUT/lingbot_e2e/session.mp4" ;;

@@ -13,8 +13,8 @@ identical one is timed with synchronized boundaries. Steady figures exclude chun
 
 vs-diffusers: our DiT (an empty session and one chunk, so queries = keys = the chunk's tokens) against diffusers'
 WanTransformer3DModel built at the same dimensions, timed alternately in one process. diffusers calls torch SDPA with
-torch's default backend order; ours puts cuDNN first. diffusers is also run with cuDNN first, so the table separates
-the attention backend from everything else.
+torch's default backend order; ours puts cuDNN first and runs its elementwise chains as compiled kernels (ops.fusion).
+diffusers is also run with cuDNN first, so the table separates the attention backend from everything else.
 
 Random bf16 weights (said so). The ceiling is the measured bf16 matmul rate of the lent H200 (786 TFLOP/s).
 """
@@ -38,6 +38,7 @@ from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
+from telefuser.ops.fusion import set_fusion
 
 MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
 LATENT_FRAMES_PER_CHUNK = 4
@@ -139,6 +140,12 @@ def run_session(model, runner, args, width, height, *, count_flops: bool):
     return rows
 
 
+def replace_chunks(args, chunks: int):
+    copy = argparse.Namespace(**vars(args))
+    copy.chunks = chunks
+    return copy
+
+
 def session_mode(args, runner) -> dict:
     width, height = parse_resolution(args.resolution)
     config = dit_config(args)
@@ -148,11 +155,19 @@ def session_mode(args, runner) -> dict:
     init_s = time.perf_counter() - t0
     if runner.mesh is not None:
         model.enable_parallel(runner.mesh)
+    variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
+    timed_by_variant = {}
     with torch.inference_mode():
-        counted = run_session(model, runner, args, width, height, count_flops=True)  # also the warm-up
-        if runner.on_gpu:
-            torch.cuda.reset_peak_memory_stats()
-        timed = run_session(model, runner, args, width, height, count_flops=False)
+        set_fusion(False)  # count in eager mode: the dispatch mode and compiled kernels do not mix
+        counted = run_session(model, runner, args, width, height, count_flops=True)  # also the eager warm-up
+        for variant in variants:
+            set_fusion(variant == "fused")
+            if variant == "fused":
+                run_session(model, runner, replace_chunks(args, 2), width, height, count_flops=False)  # compile
+            if runner.on_gpu:
+                torch.cuda.reset_peak_memory_stats()
+            timed_by_variant[variant] = run_session(model, runner, args, width, height, count_flops=False)
+    timed = timed_by_variant[variants[0]]
     transport = model.communicator.backend_name if model.communicator is not None else "none (one rank)"
     model.close()
     chunks = []
@@ -176,6 +191,9 @@ def session_mode(args, runner) -> dict:
         "steady_achieved_tflops": steady_tflops,
         "steady_of_matmul_ceiling": steady_tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if runner.on_gpu else None,
+        "fusion": variants[0],
+        "steady_dit_seconds_p50_by_fusion": {
+            v: statistics.median(r["seconds"] for r in rows[1:] or rows) for v, rows in timed_by_variant.items()},
     }
     runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | TFLOP/s | of ceiling")
     for c in chunks:
@@ -185,7 +203,10 @@ def session_mode(args, runner) -> dict:
                f"steady DiT p50 {result['steady_dit_seconds_p50']:.3f} s/chunk -> {result['steady_dit_fps']:.2f} FPS "
                f"(DiT only), {steady_tflops:.1f} TFLOP/s"
                + (f" ({steady_tflops / MATMUL_CEILING_TFLOPS:.0%} of {MATMUL_CEILING_TFLOPS:.0f})" if runner.on_gpu else "")
-               + f", Ulysses transport: {transport}")
+               + f", Ulysses transport: {transport}, fusion: {variants[0]}")
+    if len(variants) > 1:
+        runner.say("fusion side by side (steady DiT p50 s/chunk): " + ", ".join(
+            f"{v} {t:.3f}" for v, t in result["steady_dit_seconds_p50_by_fusion"].items()))
     return result
 
 
@@ -232,12 +253,13 @@ def vs_diffusers_mode(args, runner) -> dict:
         variants = {
             "telefuser (cuDNN SDPA first)": lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
             "diffusers (torch default SDPA order)": lambda: diffusers_model(
-                hidden_states=latents, timestep=t.to(runner.device), encoder_hidden_states=text, return_dict=False),
+                hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device), encoder_hidden_states=text,
+                return_dict=False),
         }
         if runner.on_gpu:
             def diffusers_cudnn():
                 with cudnn_first():
-                    return diffusers_model(hidden_states=latents, timestep=t.to(runner.device),
+                    return diffusers_model(hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device),
                                            encoder_hidden_states=text, return_dict=False)
             variants["diffusers (cuDNN SDPA first)"] = diffusers_cudnn
         measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
@@ -284,6 +306,8 @@ def main() -> int:
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT in pixels, multiples of 16")
     p.add_argument("--chunks", type=int, default=8, help="session: chunks of 4 latent frames (the window rolls from the 5th)")
     p.add_argument("--frames", type=int, nargs="+", default=[21, 4], help="vs-diffusers: latent frames per forward")
+    p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
+                   help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each")
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
-from telefuser.ops.qk_prep import set_fused_qk_prep
+from telefuser.ops.fusion import set_fusion
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
 MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
@@ -55,8 +55,9 @@ def main() -> int:
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--qk-prep", choices=["fused", "eager", "both"], default="fused",
-                   help="Q/K RMSNorm+RoPE as one compiled kernel (CUDA) or eager ops; 'both' alternates them in this run")
+    p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
+                   help="elementwise chains (norms, AdaLN, RoPE) as compiled kernels on CUDA, or eager ops; "
+                        "'both' alternates them in this run")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
     args = p.parse_args()
@@ -85,20 +86,20 @@ def main() -> int:
     if mesh is not None:
         model.enable_parallel(mesh)
     shape, batch = inputs(config, args, device, dtype)
-    variants = ["fused", "eager"] if args.qk_prep == "both" else [args.qk_prep]
+    variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
     times = {variant: [] for variant in variants}
     counter = FlopCounterMode(display=False)
     with torch.inference_mode():
         for variant in variants:  # warm-up each (allocator, kernels, compilation, communicator targets)
-            set_fused_qk_prep(variant == "fused")
+            set_fusion(variant == "fused")
             model(*batch)
-        set_fused_qk_prep(False)  # count in eager mode: the dispatch mode and the compiled kernel do not mix
+        set_fusion(False)  # count in eager mode: the dispatch mode and the compiled kernel do not mix
         with counter:
-            model(*batch)  # this rank's FLOP count (norm/RoPE elementwise work is not counted either way)
+            model(*batch)  # this rank's FLOP count (elementwise work is not counted either way)
         flops = counter.get_total_flops()
         for _ in range(args.iters):
             for variant in variants:  # alternate, so both see the same clocks and neighbours
-                set_fused_qk_prep(variant == "fused")
+                set_fusion(variant == "fused")
                 if mesh is not None:
                     dist.barrier()
                 if on_gpu:
@@ -117,7 +118,7 @@ def main() -> int:
         "config": args.config, "layers": config.num_layers, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "world": world, "ulysses_transport": backend, "request": shape.as_dict(), "text_tokens": args.text_len,
         "flops_this_rank": flops, "seconds_per_call": seconds, "seconds_all": times, "achieved_tflops": tflops,
-        "qk_prep": variants[0], "seconds_per_call_by_qk_prep": by_variant,
+        "fusion": variants[0], "seconds_per_call_by_fusion": by_variant,
         "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if on_gpu else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "weights": model.weights_source, "weight_init_s": build_s,
@@ -129,9 +130,9 @@ def main() -> int:
               f"{shape.width}x{shape.height} {shape.frame_count} frames: {seconds * 1e3:.1f} ms/call, "
               f"{flops / 1e12:.1f} TFLOP on rank 0 -> {tflops:.1f} TFLOP/s" +
               (f" ({tflops / MATMUL_CEILING_TFLOPS:.0%} of the {MATMUL_CEILING_TFLOPS:.0f} TFLOP/s matmul ceiling)" if on_gpu else "") +
-              f", Ulysses transport: {backend}, Q/K prep: {variants[0]}")
+              f", Ulysses transport: {backend}, fusion: {variants[0]}")
         if len(variants) > 1:
-            print("Q/K prep side by side: " + ", ".join(f"{v} {t * 1e3:.1f} ms/call" for v, t in by_variant.items()))
+            print("fusion side by side: " + ", ".join(f"{v} {t * 1e3:.1f} ms/call" for v, t in by_variant.items()))
         if args.output:
             with open(args.output, "w") as f:
                 json.dump(result, f, indent=2)

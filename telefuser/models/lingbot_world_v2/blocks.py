@@ -20,7 +20,18 @@ from torch import nn
 
 from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, run_linear
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
-from .norms import FP32LayerNorm
+from ...ops.fusion import cuda_fused
+from .norms import FP32LayerNorm, layer_norm_modulate, layer_norm_to
+
+
+@cuda_fused
+def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return x + update.float() * gate
+
+
+@cuda_fused
+def camera_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    return (1.0 + scale.float()) * x + shift.float()
 
 
 class LingBotBlock(nn.Module):
@@ -46,14 +57,18 @@ class LingBotBlock(nn.Module):
         """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; cam ``[B, S_local, dim]`` or None."""
         mod = (self.modulation.float() + t_mod).unsqueeze(1)  # [B, 1, 6, dim]: the same for every row
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(2)
-        y = self.self_attn(self.norm1(x) * (1 + scale_msa) + shift_msa, layer, ctx)
-        x = x + y.float() * gate_msa
+        dtype = self.ffn[0].weight.dtype  # the linears' dtype; the residual stream stays fp32
+        y = self.self_attn(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx)
+        x = gated_residual(x, y, gate_msa)
         if cam is not None:
             c = run_linear(self.cam_injector_layer2, F.silu(run_linear(self.cam_injector_layer1, cam))) + cam
-            x = (1.0 + run_linear(self.cam_scale_layer, c).float()) * x + run_linear(self.cam_shift_layer, c).float()
-        x = x + self.cross_attn(self.norm3(x), ctx.session.cross(layer), ctx.attn_impl).float()
-        y = run_linear(self.ffn[2], self.ffn[1](run_linear(self.ffn[0], self.norm2(x) * (1 + scale_mlp) + shift_mlp)))
-        return x + y.float() * gate_mlp
+            x = camera_modulate(x, run_linear(self.cam_scale_layer, c), run_linear(self.cam_shift_layer, c))
+        normed = layer_norm_to(x, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype) \
+            if isinstance(self.norm3, FP32LayerNorm) else x
+        x = x + self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl).float()
+        y = run_linear(self.ffn[2], self.ffn[1](run_linear(self.ffn[0], layer_norm_modulate(
+            x, self.norm2.eps, scale_mlp, shift_mlp, dtype))))
+        return gated_residual(x, y, gate_mlp)
 
 
 class LingBotHead(nn.Module):

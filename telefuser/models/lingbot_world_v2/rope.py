@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.fusion import cuda_fused
+
 
 def rope_axis_pairs(head_dim: int) -> tuple[int, int, int]:
     """Rotation pairs per axis (frame, height, width)."""
@@ -53,6 +55,7 @@ def chunk_rope(
     return angles.cos().float(), angles.sin().float()
 
 
+@cuda_fused
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent channel pairs of x ``[B, S, H, D]`` by per-row angles ``[S, D/2]``; computed in fp32."""
     xf = x.float().unflatten(-1, (-1, 2))

@@ -9,9 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.fusion import cuda_fused
 from .attention import AttentionContext, JointAttention
 from .config import ADALN_MODALITIES, ADALN_PARAMS_PER_MODALITY, FINAL_ADALN_PARAMS, MiniMaxH3Config
-from .modulation import AdaLNProjection, gated_residual, modulate
+from .modulation import AdaLNProjection, gated_residual, modulate, norm_modulate
+
+
+@cuda_fused
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class SwiGLU(nn.Module):
@@ -23,8 +30,7 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(ffn_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(F.silu(gate) * up)
+        return self.fc2(swiglu(self.fc1(x)))
 
 
 def _attention(config: MiniMaxH3Config) -> JointAttention:
@@ -77,9 +83,9 @@ class MiniMaxH3Block(nn.Module):
     def forward(self, x: torch.Tensor, cond: torch.Tensor, rows: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaln_proj(cond)
-        h = self.attn(modulate(self.norm1(x), shift_msa, scale_msa, rows), ctx)
+        h = self.attn(norm_modulate(x, self.norm1.weight, self.norm1.eps, shift_msa, scale_msa, rows), ctx)
         x = gated_residual(x, gate_msa, h, rows)
-        h = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp, rows))
+        h = self.mlp(norm_modulate(x, self.norm2.weight, self.norm2.eps, shift_mlp, scale_mlp, rows))
         return gated_residual(x, gate_mlp, h, rows)
 
 

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.fusion import cuda_fused
+
 
 class AdaLNProjection(nn.Module):
     def __init__(self, cond_dim: int, hidden_size: int, *, params: int, modalities: int):
@@ -35,9 +37,20 @@ def table_rows(tags: torch.Tensor, timesteps: torch.Tensor, modalities: int = 3)
     return timesteps * modalities + tags.clamp(min=0)[None, :]
 
 
+# Each is one compiled kernel on CUDA (ops.fusion): eagerly, every F.embedding materialises a full [B, S, hidden]
+# table before the multiply-add reads it again.
+@cuda_fused
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x * (1 + F.embedding(rows, scale)) + F.embedding(rows, shift)
 
 
+@cuda_fused
+def norm_modulate(x: torch.Tensor, weight: torch.Tensor, eps: float, shift: torch.Tensor, scale: torch.Tensor,
+                  rows: torch.Tensor) -> torch.Tensor:
+    """`modulate(nn.RMSNorm(x), ...)` in one pass."""
+    return modulate.reference(F.rms_norm(x, (x.shape[-1],), weight, eps), shift, scale, rows)
+
+
+@cuda_fused
 def gated_residual(residual: torch.Tensor, gate: torch.Tensor, update: torch.Tensor, rows: torch.Tensor):
     return residual + F.embedding(rows, gate) * update
