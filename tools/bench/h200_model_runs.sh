@@ -32,7 +32,7 @@ for s in "$@"; do
       step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
       step build 300 make build-sm90 PYTHON="$PY"
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
-    qkprep) step qkprep 300 $PY -m pytest -q -rs tests/unit/test_qk_prep.py tests/unit/test_fusion.py ;;
+    qkprep) step qkprep 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py ;;
     minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --fusion both --iters 3 --output "$OUT/minimax_official.json" ;;
     minimax_ce) step minimax_ce 300 $TORCHRUN2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;
     overlap) step overlap 240 $TORCHRUN2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
