@@ -6,7 +6,8 @@
 # Steps: setup (carried wheels + tf-kernel), qkprep (compiled-kernel tests), minimax (official DiT call, fused vs
 # eager elementwise chains), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
 # trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), diffusers (ours vs
-# WanTransformer3DModel), e2e (run_i2v at the official sizes, 77 frames, MP4 + metrics).
+# WanTransformer3DModel), diffusers_profile (the same at 32,760 tokens with top GPU kernels), e2e (run_i2v at the
+# official sizes, 77 frames, MP4 + metrics).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -39,6 +40,7 @@ for s in "$@"; do
     lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --fusion both --output "$OUT/lingbot_session.json" ;;
     lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
     diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
+    diffusers_profile) step diffusers_profile 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 1 --profile --output "$OUT/lingbot_vs_diffusers_profile.json" ;;
     e2e) step e2e 480 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress --output "$OUT/lingbot_e2e/session.mp4" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac

@@ -210,6 +210,17 @@ def session_mode(args, runner) -> dict:
     return result
 
 
+def print_top_kernels(title: str, fn, rows: int = 14) -> None:
+    """One profiled call: the GPU kernels that took the most time, summed by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(f"--- {title}: top GPU kernels of one call")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def build_diffusers_wan(config: LingBotWorldV2Config, device, dtype):
     try:
         from diffusers import WanTransformer3DModel
@@ -277,6 +288,9 @@ def vs_diffusers_mode(args, runner) -> dict:
             for _ in range(args.iters):
                 for name, fn in variants.items():
                     measured[name]["seconds"].append(runner.timed(fn)[1])
+            if args.profile and runner.on_gpu:
+                for name, fn in variants.items():
+                    print_top_kernels(f"{name}, {frames} latent frames", fn)
         session.close()
         tokens = frames * tokens_per_frame
         for name, m in measured.items():
@@ -308,6 +322,7 @@ def main() -> int:
     p.add_argument("--frames", type=int, nargs="+", default=[21, 4], help="vs-diffusers: latent frames per forward")
     p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
                    help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each")
+    p.add_argument("--profile", action="store_true", help="vs-diffusers: print each one's top GPU kernels")
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)

@@ -30,6 +30,11 @@ def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) ->
 
 
 @cuda_fused
+def residual_add(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    return x + update.float()
+
+
+@cuda_fused
 def camera_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return (1.0 + scale.float()) * x + shift.float()
 
@@ -65,7 +70,7 @@ class LingBotBlock(nn.Module):
             x = camera_modulate(x, run_linear(self.cam_scale_layer, c), run_linear(self.cam_shift_layer, c))
         normed = layer_norm_to(x, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype) \
             if isinstance(self.norm3, FP32LayerNorm) else x
-        x = x + self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl).float()
+        x = residual_add(x, self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl))
         y = run_linear(self.ffn[2], self.ffn[1](run_linear(self.ffn[0], layer_norm_modulate(
             x, self.norm2.eps, scale_mlp, shift_mlp, dtype))))
         return gated_residual(x, y, gate_mlp)
