@@ -255,14 +255,23 @@ def vs_diffusers_mode(args, runner) -> dict:
     diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
     ours = build_random_lingbot_dit(base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
                                     init_on_device=runner.on_gpu).eval()
+    set_fusion(True)
     for frames in args.frames:
         config = base
         latents, _, text, tokens_per_frame = chunk_inputs(config, runner, width, height, frames, 2)
         t = torch.full((1,), 500.0)
         session = ours.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
         cudnn_first = lambda: torch.nn.attention.sdpa_kernel(CUDA_SDPA_PRIORITY, set_priority=True)  # noqa: E731
+        def ours_eager_chains():
+            set_fusion(False)
+            try:
+                return ours.forward_chunk(session, latents, t, None, update_cache=False)
+            finally:
+                set_fusion(True)
+
         variants = {
             "telefuser (cuDNN SDPA first)": lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
+            "telefuser, eager elementwise chains": ours_eager_chains,
             "diffusers (torch default SDPA order)": lambda: diffusers_model(
                 hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device), encoder_hidden_states=text,
                 return_dict=False),
@@ -276,9 +285,11 @@ def vs_diffusers_mode(args, runner) -> dict:
         measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
         with torch.inference_mode():
             for name, fn in variants.items():
-                fn()  # warm-up
+                fn()  # warm-up (and compilation)
+                set_fusion(False)  # count in eager mode: the dispatch mode and compiled kernels do not mix
                 with FlopCounterMode(display=False) as counter:
                     fn()
+                set_fusion(True)
                 measured[name]["flops"] = counter.get_total_flops()
                 if runner.on_gpu:
                     base_mem = torch.cuda.memory_allocated()
@@ -302,9 +313,9 @@ def vs_diffusers_mode(args, runner) -> dict:
                             "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
                             "activation_peak_gib": m["peak_gib"]})
     ours.close()
-    runner.say("tokens (Q = K) | implementation | s/forward | TFLOP | TFLOP/s | vs telefuser")
+    runner.say("tokens (Q = K) | implementation                       | s/forward | TFLOP | TFLOP/s | vs telefuser")
     for row in results:
-        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"] and r["implementation"].startswith("telefuser"))
+        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"] and r["implementation"].startswith("telefuser ("))
         runner.say(f"{row['query_tokens']:14d} | {row['implementation']:36s} | {row['seconds']:9.3f} | "
                    f"{row['tflop']:6.1f} | {row['achieved_tflops']:7.1f} | {row['seconds'] / ref['seconds']:.2f}x")
     return {"mode": "vs-diffusers", "config": args.config, "layers": base.num_layers,
