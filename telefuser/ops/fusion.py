@@ -18,6 +18,7 @@ import os
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _state = {"enabled": os.environ.get("TELEFUSER_FUSION", "1") != "0"}
 
@@ -36,7 +37,9 @@ def cuda_fused(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if _state["enabled"] and args[0].is_cuda:
+        # Under a TorchDispatchMode (FlopCounterMode, ...) a compiled call finds no frame to run and can leave the
+        # function disabled for later calls (seen on the H200): run the reference there.
+        if _state["enabled"] and args[0].is_cuda and not is_in_torch_dispatch_mode():
             if not compiled:
                 compiled.append(torch.compile(fn, dynamic=None, fullgraph=True))
             return compiled[0](*args, **kwargs)

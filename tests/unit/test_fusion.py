@@ -97,3 +97,15 @@ def test_lingbot_tiny_chunk_fused_matches_eager(fusion_on):
     for eager, fused in zip(outs[False], outs[True]):
         scale = eager.abs().max()
         assert (fused - eager).abs().max() <= 3e-2 * scale, "compiled chain drifted from eager beyond bf16 rounding"
+
+
+@needs_gpu
+def test_dispatch_mode_runs_the_reference_and_leaves_the_kernel_working(fusion_on):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fn, args = _cases("cuda")["minimax.modulate"]
+    compiled = fn(*args)
+    with FlopCounterMode(display=False):
+        counted = fn(*args)
+    torch.testing.assert_close(counted, fn.reference(*args), rtol=0, atol=0)  # the reference ran
+    torch.testing.assert_close(fn(*args), compiled, rtol=0, atol=0)  # and the compiled kernel still answers
