@@ -105,8 +105,10 @@ class ParallelMesh:
 
 
 def default_backend() -> str:
-    """NCCL for CUDA tensors with gloo beside it for CPU-side control; gloo alone without CUDA."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    """NCCL for CUDA tensors with gloo beside it for CPU-side control; gloo alone without CUDA, or when this host's
+    ranks outnumber its GPUs (NCCL refuses two ranks on one GPU; gloo plus the CUDA-IPC copy engine works there)."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= local_ranks:
         return "cpu:gloo,cuda:nccl"
     return "gloo"
 

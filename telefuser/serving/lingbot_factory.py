@@ -36,6 +36,11 @@ class LingBotSession:
             self._session.close()
 
 
+def _transport_name(pipeline) -> str:
+    communicator = getattr(getattr(pipeline, "dit", None), "communicator", None)
+    return communicator.backend_name if communicator is not None else "none (one rank)"
+
+
 class LingBotSessionFactory:
     def __init__(self, pipeline, *, defaults: dict[str, Any], max_sessions: int, weights: str):
         self._pipeline = pipeline
@@ -48,6 +53,7 @@ class LingBotSessionFactory:
             "fps": defaults["fps"],
             "max_sessions": max_sessions,
             "defaults": dict(defaults),
+            "ulysses_transport": _transport_name(pipeline),
         }
 
     def _request(self, config: dict) -> dict:

@@ -110,48 +110,9 @@ def test_stream_app_on_rank0_drives_the_follower(ranks2):
 def test_serve_stream_under_torchrun_and_ctrl_c():
     """`torchrun --nproc-per-node 2 ... serve-stream --fake`: rank 0 serves, rank 1 follows; a terminal Ctrl-C
     (SIGINT to the whole process group) shuts everything down in order."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from pathlib import Path
+    from tests.serve_stream_launch import stream_one_session_then_ctrl_c
 
-    import httpx
-
-    repo = Path(__file__).resolve().parents[2]
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.stream_cli", "serve-stream",
-         "--fake", "--port", "0", "--resolution", "32x32", "--num-frames", "45", "--fake-delay", "0.01"],
-        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not re.search(r"serving on (http://127\.0\.0\.1:\d+)", "".join(output)):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(output)
-            time.sleep(0.05)
-        base = re.search(r"serving on (http://127\.0\.0\.1:\d+)", "".join(output)).group(1)
-        image = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"  # 1x1 PNG
-        with httpx.Client(base_url=base, trust_env=False, timeout=30) as http:
-            s = http.post("/v1/stream/sessions", json={"prompt": "p", "image": image}).json()
-            with http.stream("GET", s["sse_path"]) as r:
-                events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-            assert [e["chunk"] for e in events if e["type"] == "chunk"] == [0, 1, 2]
-            assert events[-1]["type"] == "done" and events[-1]["published_frames"] == 45
-            assert http.post(s["sse_path"].replace("/events", "/ack"), json={"published_frames": 45}).json()["match"]
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal Ctrl-C does
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(timeout=5)
-    log = "".join(output)
+    log, _ = stream_one_session_then_ctrl_c(["--fake", "--resolution", "32x32", "--fake-delay", "0.01"],
+                                            frames=45, chunks=3)
     assert "serve-stream exited cleanly" in log, log
     assert "rank 1: follower stopped after 5 model calls" in log, log  # create, 3 x next_chunk, close
