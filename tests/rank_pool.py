@@ -41,8 +41,9 @@ def _worker(rank: int, world_size: int, init_file: str, device: str, tasks, resu
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if device == "cuda":
-        torch.cuda.set_device(0)
+    if device == "cuda":  # ranks share GPU 0, or with TELEFUSER_TEST_GPU_PER_RANK=1 (multi-GPU hosts) get one each
+        per_rank = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
+        torch.cuda.set_device(rank % torch.cuda.device_count() if per_rank else 0)
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
     )

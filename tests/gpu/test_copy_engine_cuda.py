@@ -15,13 +15,16 @@ import torch
 
 from tests import transport_cases as cases
 
-T, DEV = "ce-ipc", "cuda"
+# The transport under test: CUDA IPC by default (ranks share GPU 0); the multi-GPU runner also runs the suite with
+# TELEFUSER_TEST_GPU_PER_RANK=1 and TELEFUSER_TEST_GPU_TRANSPORT=ce-symm (Symmetric Memory needs a GPU per rank).
+T, DEV = os.environ.get("TELEFUSER_TEST_GPU_TRANSPORT", "ce-ipc"), "cuda"
+GPU_PER_RANK = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_exact_scatter_views_and_gather(gpu_ranks, dtype):
-    assert gpu_ranks.run(cases.case_exact_scatter_and_views, T, DEV, dtype) == ["ce-ipc"] * gpu_ranks.world_size
+    assert gpu_ranks.run(cases.case_exact_scatter_and_views, T, DEV, dtype) == [T] * gpu_ranks.world_size
 
 
 def test_64_grouped_iterations_with_rank_skew_reuse_targets(gpu_ranks):
@@ -44,12 +47,12 @@ def test_close_releases_ipc_handles(gpu_ranks2):
 @pytest.mark.parametrize("fail_call", [1, 2], ids=["at_init", "at_first_grouped_submission"])
 def test_agreed_fallback(gpu_ranks2, fail_call):
     for name, reasons in gpu_ranks2.run(cases.case_agreed_fallback, T, DEV, fail_call):
-        assert name == "portable" and "injected failure" in reasons["ce-ipc"]
+        assert name == "portable" and "injected failure" in reasons[T]
 
 
 def test_failure_after_group_start(gpu_ranks2):
     for message, backend_after, later in gpu_ranks2.run(cases.case_failure_after_group_start, T, DEV):
-        assert "after a grouped transfer started" in message and backend_after == "ce-ipc" and "failed earlier" in later
+        assert "after a grouped transfer started" in message and backend_after == T and "failed earlier" in later
 
 
 def _auto_selection(ctx, hide_tf_kernel):
@@ -70,6 +73,9 @@ def _auto_selection(ctx, hide_tf_kernel):
 
 def test_auto_picks_ipc_when_ranks_share_a_gpu(gpu_ranks2):
     for name, reasons in gpu_ranks2.run(_auto_selection, False):
+        if GPU_PER_RANK:  # one GPU per rank: Symmetric Memory is eligible and preferred
+            assert name == "ce-symm", reasons
+            continue
         assert name == "ce-ipc"
         assert "share a GPU" in reasons["ce-symm"] or "2.11" in reasons["ce-symm"]
 

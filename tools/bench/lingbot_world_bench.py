@@ -4,12 +4,23 @@ one forward side by side with diffusers' WanTransformer3DModel.
     python tools/bench/lingbot_world_bench.py session                  # official config, 832x480, 8 chunks
     python tools/bench/lingbot_world_bench.py vs-diffusers             # 32,760 and 6,240 tokens, Q = K
     torchrun --standalone --nproc-per-node=2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2
+    torchrun --standalone --nproc-per-node=4 tools/bench/lingbot_world_bench.py session --ulysses 4 \
+        --transports portable,auto                                    # both transports side by side
     python tools/bench/lingbot_world_bench.py session --config tiny --device cpu --resolution 64x48 --chunks 3
 
 session: every chunk is 4 denoising calls that read the KV window plus one clean-KV commit at t=0, exactly the DiT
 work of the session pipeline (no VAE, no text encoder; `examples/lingbot_world_v2/run_i2v.py` times those too). A
 first session counts each call's FLOPs with torch's FlopCounterMode (matmuls and attention as dispatched); a second,
 identical one is timed with synchronized boundaries. Steady figures exclude chunk 0, as the seed defines them.
+
+session --transports a,b,... (with --ulysses N under torchrun) compares Ulysses transports (auto, portable, ce-symm,
+ce-ipc, host-shm) in one process: the model opens one communicator per transport (in the order given, on every rank
+alike) and warms each up with a short session; then --iters rounds each time one whole session per transport, the order
+rotating every round, so every transport sees the same clocks and neighbours. Every session is made after its
+transport is switched in. Each communicator is opened once and kept: re-opening it per switch would put its setup
+(buffers, peer mappings) into the timed session. The table gives each transport's steady DiT p50 s/chunk and FPS over
+all its rounds and the ratio to the first transport; "runs on" is the transport the communicator actually selected
+(a copy-engine transport that a group cannot use falls back to portable). With one transport one session is timed.
 
 vs-diffusers: our DiT (an empty session and one chunk, so queries = keys = the chunk's tokens) against diffusers'
 WanTransformer3DModel built at the same dimensions, timed alternately in one process. diffusers calls torch SDPA with
@@ -38,7 +49,10 @@ from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
+from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
+from telefuser.profiling.transport_ab import (
+    TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
 
 MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
 LATENT_FRAMES_PER_CHUNK = 4
@@ -71,6 +85,7 @@ class Runner:
             shared_gpu = self.on_gpu and torch.cuda.device_count() < self.world
             self.mesh = init_distributed(ParallelConfig(ulysses_degree=self.world),
                                          backend="gloo" if shared_gpu or not self.on_gpu else None)
+            agree_on_arguments(args)
         self.rank = self.mesh.rank if self.mesh else 0
         if self.on_gpu:
             index = self.rank if torch.cuda.device_count() >= self.world else 0
@@ -146,6 +161,18 @@ def replace_chunks(args, chunks: int):
     return copy
 
 
+def steady_rows(sessions: list[list[dict]]) -> list[dict]:
+    """The steady chunks of every timed session (chunk 0 excluded, unless it is the only one)."""
+    return [row for rows in sessions for row in (rows[1:] or rows)]
+
+
+def steady_figures(sessions: list[list[dict]]) -> tuple[float, float, float]:
+    """(p50 s/chunk, max s/chunk, DiT FPS) over the steady chunks of all `sessions`."""
+    seconds = sorted(row["seconds"] for row in steady_rows(sessions))
+    frames_per_chunk = 4 * LATENT_FRAMES_PER_CHUNK  # 16 video frames per 4-latent chunk after chunk 0
+    return statistics.median(seconds), seconds[-1], frames_per_chunk * len(seconds) / sum(seconds)
+
+
 def session_mode(args, runner) -> dict:
     width, height = parse_resolution(args.resolution)
     config = dit_config(args)
@@ -153,47 +180,68 @@ def session_mode(args, runner) -> dict:
     model = build_random_lingbot_dit(config, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
                                      init_on_device=runner.on_gpu).eval()
     init_s = time.perf_counter() - t0
-    if runner.mesh is not None:
-        model.enable_parallel(runner.mesh)
+    transports = args.transports
+    switch = TransportSwitch(model, runner.mesh, transports)  # collective: one communicator per transport, in order
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
-    timed_by_variant = {}
+    rounds = args.iters if len(transports) > 1 else 1  # one transport: one timed session, as always
+    sessions = {(name, variant): [] for name in transports for variant in variants}
     with torch.inference_mode():
+        switch.use(transports[0])
         set_fusion(False)  # count in eager mode: the dispatch mode and compiled kernels do not mix
         counted = run_session(model, runner, args, width, height, count_flops=True)  # also the eager warm-up
-        for variant in variants:
-            set_fusion(variant == "fused")
-            if variant == "fused":
-                run_session(model, runner, replace_chunks(args, 2), width, height, count_flops=False)  # compile
-            if runner.on_gpu:
-                torch.cuda.reset_peak_memory_stats()
-            timed_by_variant[variant] = run_session(model, runner, args, width, height, count_flops=False)
-    timed = timed_by_variant[variants[0]]
-    transport = model.communicator.backend_name if model.communicator is not None else "none (one rank)"
-    model.close()
+        for name in transports:
+            switch.use(name)
+            for variant in variants:
+                set_fusion(variant == "fused")
+                if variant == "fused" or name != transports[0]:  # compile; set the communicator up
+                    run_session(model, runner, replace_chunks(args, 2), width, height, count_flops=False)
+        if runner.on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        for index in range(rounds):
+            for name in rotated(transports, index):  # whole sessions alternate: the same clocks and neighbours
+                switch.use(name)  # the session is made under this transport's communicator
+                for variant in variants:
+                    set_fusion(variant == "fused")
+                    sessions[name, variant].append(run_session(model, runner, args, width, height, count_flops=False))
+    first = transports[0]
+    transport = switch.runs_on(first)
+    by_transport = {}
+    for name in transports:
+        p50, worst, fps = steady_figures(sessions[name, variants[0]])
+        by_transport[name] = {
+            "runs_on": switch.runs_on(name), "fallback_reasons": switch.fallback_reasons(name), "sessions": rounds,
+            "steady_dit_seconds_p50": p50, "steady_dit_seconds_max": worst, "steady_dit_fps": fps,
+            "steady_dit_seconds_p50_by_fusion": {v: steady_figures(sessions[name, v])[0] for v in variants},
+            "steady_dit_fps_by_fusion": {v: steady_figures(sessions[name, v])[2] for v in variants},
+        }
+    for row in by_transport.values():
+        row["ratio_to_first"] = row["steady_dit_seconds_p50"] / by_transport[first]["steady_dit_seconds_p50"]
+    switch.close()
+    timed = sessions[first, variants[0]]
     chunks = []
-    for index, (c, t) in enumerate(zip(counted, timed)):
-        tflops = c["flops"] / t["seconds"] / 1e12
-        chunks.append({"index": index, "dit_seconds": t["seconds"], "tflop_this_rank": c["flops"] / 1e12,
+    for index, c in enumerate(counted):
+        seconds = statistics.median(rows[index]["seconds"] for rows in timed)  # the one session's, with one round
+        tflops = c["flops"] / seconds / 1e12
+        chunks.append({"index": index, "dit_seconds": seconds, "tflop_this_rank": c["flops"] / 1e12,
                        "achieved_tflops": tflops, "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS})
-    steady = chunks[1:] or chunks
-    steady_seconds = sum(c["dit_seconds"] for c in steady)
-    steady_tflops = sum(c["tflop_this_rank"] for c in steady) / steady_seconds
-    frames_per_chunk = 4 * LATENT_FRAMES_PER_CHUNK  # 16 video frames per 4-latent chunk after chunk 0
-    seconds = sorted(c["dit_seconds"] for c in steady)
+    steady_counted = counted[1:] or counted
+    steady_tflops = (sum(c["flops"] for c in steady_counted) * len(timed) / 1e12
+                     / sum(row["seconds"] for row in steady_rows(timed)))
+    p50, worst, fps = steady_figures(timed)
     result = {
         "mode": "session", "config": args.config, "layers": config.num_layers, "resolution": f"{width}x{height}",
         "device": torch.cuda.get_device_name() if runner.on_gpu else "cpu", "world": runner.world,
         "ulysses_transport": transport, "weights": "random (no checkpoint)", "weight_init_s": init_s,
         "attn_impl": args.attn_impl, "chunks": chunks,
-        "steady_dit_seconds_p50": statistics.median(seconds),
-        "steady_dit_seconds_max": seconds[-1],
-        "steady_dit_fps": frames_per_chunk * len(steady) / steady_seconds,
+        "steady_dit_seconds_p50": p50,
+        "steady_dit_seconds_max": worst,
+        "steady_dit_fps": fps,
         "steady_achieved_tflops": steady_tflops,
         "steady_of_matmul_ceiling": steady_tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if runner.on_gpu else None,
         "fusion": variants[0],
-        "steady_dit_seconds_p50_by_fusion": {
-            v: statistics.median(r["seconds"] for r in rows[1:] or rows) for v, rows in timed_by_variant.items()},
+        "steady_dit_seconds_p50_by_fusion": by_transport[first]["steady_dit_seconds_p50_by_fusion"],
+        "transports": transports, "timed_rounds": rounds, "by_transport": by_transport,
     }
     runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | TFLOP/s | of ceiling")
     for c in chunks:
@@ -207,7 +255,23 @@ def session_mode(args, runner) -> dict:
     if len(variants) > 1:
         runner.say("fusion side by side (steady DiT p50 s/chunk): " + ", ".join(
             f"{v} {t:.3f}" for v, t in result["steady_dit_seconds_p50_by_fusion"].items()))
+    if len(transports) > 1:
+        runner.say(transport_table(result, args, variants))
     return result
+
+
+def transport_table(result: dict, args, variants: list[str]) -> str:
+    first = result["transports"][0]
+    lines = [f"LingBot-World v2 Ulysses{result['world']}: steady DiT per chunk ({result['config']}, {result['layers']} "
+             f"layers, {result['resolution']}, {result['timed_rounds']} sessions of {args.chunks} chunks "
+             "per transport)",
+             "transport | runs on  | " + " | ".join(f"p50 s/chunk ({v}) | FPS ({v})" for v in variants)
+             + f" | vs {first}"]
+    for name, row in result["by_transport"].items():
+        cells = " | ".join(f"{row['steady_dit_seconds_p50_by_fusion'][v]:{len(f'p50 s/chunk ({v})')}.3f} | "
+                           f"{row['steady_dit_fps_by_fusion'][v]:{len(f'FPS ({v})')}.2f}" for v in variants)
+        lines.append(f"{name:9s} | {row['runs_on']:8s} | {cells} | {row['ratio_to_first']:.2f}x")
+    return "\n".join(lines)
 
 
 def print_top_kernels(title: str, fn, rows: int = 14) -> None:
@@ -323,7 +387,7 @@ def vs_diffusers_mode(args, runner) -> dict:
             "weights": "random (no checkpoint)", "rows": results}
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["session", "vs-diffusers"])
     p.add_argument("--config", choices=["official", "tiny"], default="official")
@@ -335,13 +399,29 @@ def main() -> int:
                    help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each")
     p.add_argument("--profile", action="store_true", help="vs-diffusers: print each one's top GPU kernels")
     p.add_argument("--ulysses", type=int, default=1)
+    p.add_argument("--transports", type=parse_transports, default=None,
+                   help=f"session: comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
+                        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)")
     p.add_argument("--attn-impl", default="sdpa")
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=int, default=3,
+                   help="vs-diffusers: timed forwards each; session with several transports: timed rounds")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.transports is None:
+        args.transports = default_transports()
     if args.chunks < 1 or args.iters < 1:
         raise SystemExit("--chunks and --iters must be at least 1")
+    if len(args.transports) > 1 and (args.mode != "session" or args.ulysses < 2):
+        p.error("--transports with several transports compares Ulysses transports: session mode with --ulysses 2 "
+                "or more under torchrun")
+    if len(args.transports) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        raise SystemExit("--transports with several transports needs Ulysses ranks: start it with torchrun")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     runner = Runner(args)
     try:
         result = session_mode(args, runner) if args.mode == "session" else vs_diffusers_mode(args, runner)

@@ -2,13 +2,23 @@
 
     python tools/bench/minimax_h3_dit_bench.py                          # official config, 768p 5 s, one GPU
     torchrun --standalone --nproc-per-node=2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2
+    torchrun --standalone --nproc-per-node=4 tools/bench/minimax_h3_dit_bench.py --tp 2 --ulysses 2 \
+        --transports portable,auto                                      # TP2+Ulysses2, both transports side by side
     python tools/bench/minimax_h3_dit_bench.py --config tiny --device cpu --resolution 64 --duration 1   # smoke
 
 Random bf16 weights (said so). FLOPs are counted with torch's FlopCounterMode during an extra untimed call (matmuls and
 attention as torch dispatches them, on this rank), so the TFLOP/s figure counts what the model actually runs. The ceiling to
 compare with is the measured bf16 matmul rate of the same GPU (786 TFLOP/s on the lent H200, shared/notes).
-With --ulysses N under torchrun the model runs Ulysses over N ranks with the communicator's default transport
-(processes sharing one GPU use CUDA IPC), which proves the copy-engine path in the real model.
+With --ulysses N (and optionally --tp M) under torchrun the model runs Ulysses over N ranks (TP over M inside each) with
+the communicator's default transport (processes sharing one GPU use CUDA IPC), which proves the copy-engine path in the
+real model.
+
+--transports a,b,... compares Ulysses transports (auto, portable, ce-symm, ce-ipc, host-shm) in one process: the model
+opens one communicator per transport (in the order given, on every rank alike), warms each up, then the timed calls
+alternate between them (the order rotating every iteration), so every transport sees the same clocks and neighbours.
+Each communicator is opened once and kept: re-opening it per switch would put its setup (buffers, peer mappings) into
+the timed call. The table gives each transport's median s/call and its ratio to the first one; "runs on" is the
+transport the communicator actually selected (a copy-engine transport that a group cannot use falls back to portable).
 """
 
 from __future__ import annotations
@@ -28,12 +38,21 @@ from torch.utils.flop_counter import FlopCounterMode
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
+from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
+from telefuser.profiling.transport_ab import (
+    TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
 MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
 
 
+def parallel_label(tp: int, ulysses: int) -> str:
+    parts = ([f"TP{tp}"] if tp > 1 else []) + ([f"Ulysses{ulysses}"] if ulysses > 1 else [])
+    return "+".join(parts) or "one rank"
+
+
+# -- the bench -------------------------------------------------------------------------------------------------------
 def inputs(config: MiniMaxH3Config, args, device, dtype):
     shape = plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -44,7 +63,7 @@ def inputs(config: MiniMaxH3Config, args, device, dtype):
     return shape, (video, audio, text, t, t.clone())
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=["official", "tiny"], default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers (fit several ranks on one GPU)")
@@ -53,6 +72,10 @@ def main() -> int:
     p.add_argument("--aspect-ratio", default="16:9")
     p.add_argument("--text-len", type=int, default=256, help="prompt tokens after the text encoder")
     p.add_argument("--ulysses", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (world size = tp x ulysses)")
+    p.add_argument("--transports", type=parse_transports, default=None,
+                   help=f"comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
+                        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)")
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
@@ -60,8 +83,18 @@ def main() -> int:
                         "'both' alternates them in this run")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.transports is None:
+        args.transports = default_transports()
+    if args.iters < 1 or args.ulysses < 1 or args.tp < 1:
+        p.error("--iters, --ulysses and --tp must be at least 1")
+    if len(args.transports) > 1 and args.ulysses < 2:
+        p.error("--transports with several transports compares Ulysses transports: run with --ulysses 2 or more")
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
     if args.layers:
         config = replace(config, num_layers=args.layers)
@@ -69,11 +102,15 @@ def main() -> int:
     dtype = torch.bfloat16 if on_gpu else torch.float32
     world = int(os.environ.get("WORLD_SIZE", "1"))
     mesh = None
+    if world > 1 and world != args.ulysses * args.tp:
+        raise SystemExit(f"--tp {args.tp} x --ulysses {args.ulysses} must equal the torchrun world size {world}")
+    if world == 1 and len(args.transports) > 1:
+        raise SystemExit("--transports with several transports needs Ulysses ranks: start it with torchrun")
     if world > 1:
-        if world != args.ulysses:
-            raise SystemExit(f"--ulysses {args.ulysses} must equal the torchrun world size {world}")
         shared_gpu = on_gpu and torch.cuda.device_count() < world
-        mesh = init_distributed(ParallelConfig(ulysses_degree=world), backend="gloo" if shared_gpu or not on_gpu else None)
+        mesh = init_distributed(ParallelConfig(ulysses_degree=args.ulysses, tp_degree=args.tp),
+                                backend="gloo" if shared_gpu or not on_gpu else None)
+        agree_on_arguments(args)
     rank = mesh.rank if mesh else 0
     device = torch.device("cuda", torch.cuda.current_device() if mesh and torch.cuda.device_count() >= world else 0) if on_gpu else torch.device("cpu")
     if on_gpu:
@@ -83,47 +120,64 @@ def main() -> int:
     model = build_random_minimax_h3_dit(config, seed=0, device=device, dtype=dtype, attn_impl=args.attn_impl,
                                         init_on_device=on_gpu).eval()
     build_s = time.perf_counter() - t0
-    if mesh is not None:
-        model.enable_parallel(mesh)
+    transports = args.transports
+    switch = TransportSwitch(model, mesh, transports)  # collective: TP slicing, then one communicator per transport
     shape, batch = inputs(config, args, device, dtype)
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
-    times = {variant: [] for variant in variants}
+    samples = {(name, variant): [] for name in transports for variant in variants}
     counter = FlopCounterMode(display=False)
     with torch.inference_mode():
-        for variant in variants:  # warm-up each (allocator, kernels, compilation, communicator targets)
-            set_fusion(variant == "fused")
-            model(*batch)
+        for name in transports:  # warm-up each (allocator, kernels, compilation, communicator setup and targets)
+            switch.use(name)
+            for variant in variants:
+                set_fusion(variant == "fused")
+                model(*batch)
+        switch.use(transports[0])
         set_fusion(False)  # count in eager mode: the dispatch mode and the compiled kernel do not mix
         with counter:
             model(*batch)  # this rank's FLOP count (elementwise work is not counted either way)
         flops = counter.get_total_flops()
-        for _ in range(args.iters):
-            for variant in variants:  # alternate, so both see the same clocks and neighbours
-                set_fusion(variant == "fused")
-                if mesh is not None:
-                    dist.barrier()
-                if on_gpu:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                model(*batch)
-                if on_gpu:
-                    torch.cuda.synchronize()
-                times[variant].append(time.perf_counter() - start)
-    by_variant = {v: statistics.median(t) for v, t in times.items()}
-    times = times[variants[0]]
+        for iteration in range(args.iters):
+            for name in rotated(transports, iteration):  # alternate, so all see the same clocks and neighbours
+                switch.use(name)
+                for variant in variants:
+                    set_fusion(variant == "fused")
+                    if mesh is not None:
+                        dist.barrier()
+                    if on_gpu:
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    model(*batch)
+                    if on_gpu:
+                        torch.cuda.synchronize()
+                    samples[name, variant].append(time.perf_counter() - start)
+    first = transports[0]
+    by_variant = {v: statistics.median(samples[first, v]) for v in variants}
+    times = samples[first, variants[0]]
     seconds = statistics.median(times)
-    backend = model.communicator.backend_name if model.communicator is not None else "none (one rank)"
+    backend = switch.runs_on(first)
+    by_transport = {}
+    for name in transports:
+        median = statistics.median(samples[name, variants[0]])
+        by_transport[name] = {
+            "runs_on": switch.runs_on(name), "fallback_reasons": switch.fallback_reasons(name),
+            "seconds_per_call": median, "seconds_all": samples[name, variants[0]],
+            "ratio_to_first": median / seconds,
+            "seconds_per_call_by_fusion": {v: statistics.median(samples[name, v]) for v in variants},
+        }
     tflops = flops / seconds / 1e12
     result = {
         "config": args.config, "layers": config.num_layers, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "world": world, "ulysses_transport": backend, "request": shape.as_dict(), "text_tokens": args.text_len,
+        "world": world, "tp": args.tp, "ulysses": args.ulysses, "ulysses_transport": backend,
+        "request": shape.as_dict(), "text_tokens": args.text_len,
         "flops_this_rank": flops, "seconds_per_call": seconds, "seconds_all": times, "achieved_tflops": tflops,
         "fusion": variants[0], "seconds_per_call_by_fusion": by_variant,
+        "transports": transports, "by_transport": by_transport,
         "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if on_gpu else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "weights": model.weights_source, "weight_init_s": build_s,
     }
-    model.close()
+    switch.close()
     if rank == 0:
         print(json.dumps(result, indent=2))
         print(f"MiniMax H3 DiT ({args.config}, {config.num_layers} layers, random weights) "
@@ -133,12 +187,26 @@ def main() -> int:
               f", Ulysses transport: {backend}, fusion: {variants[0]}")
         if len(variants) > 1:
             print("fusion side by side: " + ", ".join(f"{v} {t * 1e3:.1f} ms/call" for v, t in by_variant.items()))
+        if len(transports) > 1:
+            print(transport_table(result, parallel_label(args.tp, args.ulysses), variants, args.iters))
         if args.output:
             with open(args.output, "w") as f:
                 json.dump(result, f, indent=2)
     if mesh is not None:
         dist.destroy_process_group()
     return 0
+
+
+def transport_table(result: dict, label: str, variants: list[str], iters: int) -> str:
+    first = result["transports"][0]
+    lines = [f"MiniMax H3 {label}: DiT time per call ({result['config']}, {result['layers']} layers, "
+             f"{result['request']['width']}x{result['request']['height']} {result['request']['frame_count']} frames, "
+             f"median of {iters})",
+             "transport | runs on  | " + " | ".join(f"ms/call ({v})" for v in variants) + f" | vs {first}"]
+    for name, row in result["by_transport"].items():
+        cells = " | ".join(f"{row['seconds_per_call_by_fusion'][v] * 1e3:{len(f'ms/call ({v})')}.1f}" for v in variants)
+        lines.append(f"{name:9s} | {row['runs_on']:8s} | {cells} | {row['ratio_to_first']:.2f}x")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

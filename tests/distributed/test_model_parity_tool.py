@@ -1,0 +1,80 @@
+"""tools/validation/model_parity.py under torchrun on CPU ranks (gloo, fp32): the cases that fit 2 and 4 ranks pass
+with errors far below the fp32 bound, a perturbed parallel model fails with exit status 1, and an unknown case name
+is refused on every rank before any collective (no hang).
+
+Each run starts its own torchrun (about 4 s of imports on 2 cores, plus 1-8 s of work); the file takes ~30 s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.torchrun_launch import run_torchrun
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "validation" / "model_parity.py"
+FP32_BOUND = 1e-5
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def run_tool(nproc: int, *args: str, timeout: float = 120) -> tuple[int, str]:
+    """(exit status, stdout + stderr) of torchrun running the tool on CPU."""
+    return run_torchrun(nproc, str(TOOL), "--device", "cpu", *args, timeout=timeout)
+
+
+def read_report(directory: Path) -> dict:
+    return json.loads((directory / "model_parity.json").read_text())
+
+
+def check_passed(report: dict, expected: list[str], transport: str) -> None:
+    assert [c["case"] for c in report["cases"]] == expected
+    assert report["passed"] and report["dtype"] == "float32" and report["max_rel_error"] == FP32_BOUND
+    for case in report["cases"]:
+        assert case["passed"] and not case["problems"], case
+        assert case["transport"] == transport, case
+        assert 0 < case["relative"] <= FP32_BOUND / 5 and case["max_abs"] < 1e-4, case  # a real, tiny difference
+        assert case["max_abs_dense"] > 0.1  # never compared on zeros
+        if case["model"] == "LingBot-World v2":
+            chunks = case["chunks"]
+            assert len(chunks) >= 3 and any(c["evicted_rows"] for c in chunks[:-1]), chunks
+            assert all(c["relative"] <= FP32_BOUND for c in chunks)
+        else:
+            assert set(case["outputs"]) == {"video", "audio"}
+
+
+def test_two_ranks_every_case_that_fits_passes(tmp_path):
+    rc, output = run_tool(2, "--output", str(tmp_path))
+    assert rc == 0, output[-4000:]
+    report = read_report(tmp_path)
+    assert report["world_size"] == 2
+    check_passed(report, ["minimax_u2", "lingbot_u2"], "portable")  # "auto" on CPU
+    assert "overall: PASS" in output
+
+
+def test_four_ranks_over_host_shared_memory(tmp_path):
+    """All five cases; the 2-rank cases run as two replicas ({0, 1} and {2, 3}) on the copy-engine protocol."""
+    rc, output = run_tool(4, "--transport", "host-shm", "--output", str(tmp_path))
+    assert rc == 0, output[-4000:]
+    report = read_report(tmp_path)
+    check_passed(report, ["minimax_u2", "minimax_u4", "minimax_tp2_u2", "lingbot_u2", "lingbot_u4"], "host-shm")
+    groups = {c["case"]: c["groups"] for c in report["cases"]}
+    assert groups["minimax_u2"] == [[0, 1], [2, 3]] and groups["minimax_tp2_u2"] == [[0, 1, 2, 3]]
+
+
+def test_a_wrong_parallel_model_fails_with_status_1(tmp_path):
+    rc, output = run_tool(2, "--cases", "minimax_u2", "--perturb", "1e-3", "--output", str(tmp_path))
+    assert rc == 1, output[-4000:]
+    (case,) = read_report(tmp_path)["cases"]
+    assert not case["passed"] and case["relative"] > 10 * FP32_BOUND
+    assert any("relative error" in p for p in case["problems"]) and "overall: FAIL" in output
+
+
+def test_an_unknown_case_is_refused_on_every_rank(tmp_path):
+    rc, output = run_tool(2, "--cases", "minimax_u2,minimax_u3", "--output", str(tmp_path), timeout=60)
+    assert rc != 0
+    assert output.count("unknown case(s) ['minimax_u3']") == 2, output[-4000:]  # both ranks, before any collective
+    assert not (tmp_path / "model_parity.json").exists()

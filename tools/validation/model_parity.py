@@ -1,0 +1,509 @@
+"""The two models under sequence (and tensor) parallelism against their dense execution, on any number of ranks.
+
+    torchrun --standalone --nproc-per-node=4 tools/validation/model_parity.py --device cuda --output DIR
+    torchrun --standalone --nproc-per-node=4 tools/validation/model_parity.py --device cuda --config official --layers 4
+    torchrun --standalone --nproc-per-node=2 tools/validation/model_parity.py --device cpu --transport host-shm
+
+Cases (``--cases``, comma-separated; default: every case that fits the world size W):
+
+    minimax_u2       MiniMax H3, Ulysses2            (2 ranks per replica)
+    minimax_u4       MiniMax H3, Ulysses4            (4 ranks per replica)
+    minimax_tp2_u2   MiniMax H3, TP2 x Ulysses2      (4 ranks per replica)
+    lingbot_u2       LingBot-World v2, Ulysses2 over a session whose KV window rolls
+    lingbot_u4       LingBot-World v2, Ulysses4, the same session
+
+Ranks. A case that needs N ranks runs on R = W // N replicas at once, over ranks [0, R*N): replica r owns ranks
+[r*N, (r+1)*N) with the layout of `telefuser.distributed.mesh` inside it (TP innermost), so on 4 ranks minimax_u2
+runs on {0, 1} and on {2, 3} together (a group without global rank 0 is checked too). Leftover ranks (W % N) only
+join the collectives that build the groups and gather the results. One torchrun call therefore covers every case
+that fits; the groups come from one `DeviceMesh` ("replica", "ulysses", "tp") that every rank builds collectively.
+
+Each participating rank builds the model from the same seed (CPU generator on CPU; on CUDA the device generator,
+which draws the same numbers on identical GPUs -- checked: every rank reports an exact checksum of its weights and
+the case fails if they differ) and runs it dense. It then frees it, builds it again from the seed (same checksum
+required; one model in memory at a time, so ``--config official`` at full depth fits), calls ``enable_parallel(mesh,
+communicator_factory=partial(UlyssesCommunicator, transport=--transport))``, runs it on the same random, non-zero
+inputs and compares every output:
+
+    MiniMax H3       one forward at batch 2 (different video/audio timesteps per sample); outputs: video and
+                     audio velocities. The packed sequence is padded to the rank count (rows cross rank borders).
+    LingBot-World v2 one session at batch 2; per chunk two read-only forwards (t = 900, 400) and one commit (t = 0).
+                     Chunks of 3 and 2 latent frames with an odd token count per frame (padding on every rank
+                     count), as many chunks as it takes for at least two of them to evict rows from the window
+                     (tiny: window 10 frames, 2 sink frames -> 6 chunks; official: 18/6 -> 9 chunks).
+    Sizes: tiny video 3x6x10 latents, 9 text rows, 14 audio rows; LingBot 3x5 tokens per frame. Official: video
+    5x30x54 latents (2025 tokens), 64 text rows, 80 audio rows; LingBot 23x41 = 943 tokens per frame, 384 text rows.
+
+Error measures, per output and per rank: max |parallel - dense|, mean |parallel - dense| and the relative error
+max |parallel - dense| / max |dense|. A case reports the worst over outputs and ranks (LingBot also per chunk).
+
+Tolerance on the relative error (override with --max-rel-error):
+  * fp32 on CPU: 1e-5. Ulysses moves exact copies of rows and heads, so only the summation order of GEMMs over fewer
+    rows, attention over fewer heads and TP's all-reduced partial sums differ; the CPU parity tests measure 2e-7
+    (MiniMax) and 9e-7 (LingBot), this tool 2.8e-7 to 3.8e-7 on every tiny case (2 and 4 ranks, portable and
+    host-shm). A wrong head, row, shard, window row or RoPE position is O(1e-2) or more.
+  * bf16 on CUDA: 2e-2. Every GEMM and attention output is rounded to bf16 (relative step 2^-8 = 3.9e-3) and the
+    parallel run rounds at different points (other reduction orders, split-K choices per shape, TP partial sums
+    rounded before the all-reduce), so differences of a few bf16 ulps compound over a few layers; a wrong mapping is
+    still O(1). The mean absolute error is reported beside it.
+
+A case passes when every participating rank finished without an error, the ranks' weights are identical, every
+output has the dense shape and is finite, the relative error is within the bound, and, when --transport names a
+transport (anything but "auto"), the communicator really ran on it (a silent fallback to another transport fails
+the case, with the communicator's reason). "auto" resolves to portable (all_to_all over gloo) on CPU; "host-shm"
+runs the copy-engine protocol over CPU shared memory; ce-ipc / ce-symm need CUDA and tf-kernel.
+
+Output: a table on rank 0 and, with --output DIR, DIR/model_parity.json. Exit status 0 when every case passes and
+1 otherwise, the same on every rank (the failure flag is all-reduced). Arguments are checked identically on every
+rank before any collective, so a bad argument exits 2 everywhere at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from telefuser.distributed.agreement import gather_from_ranks
+from telefuser.distributed.mesh import ParallelConfig, ParallelConfigError, ParallelMesh
+from telefuser.distributed.ulysses import UlyssesCommunicator
+from telefuser.distributed.ulysses.selection import TRANSPORTS
+from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+from telefuser.ops.fusion import set_fusion
+
+MAX_REL_ERROR = {"cpu": 1e-5, "cuda": 2e-2}
+TOLERANCE_WHY = {
+    "cpu": "fp32: only reduction order differs (tests measure <= 9e-7); a wrong head/row/shard is O(1e-2)+",
+    "cuda": "bf16: rounding at other points (step 3.9e-3) compounds over the layers; a wrong mapping is O(1)",
+}
+CPU_TRANSPORTS = ("auto", "portable", "host-shm")
+CUDA_TRANSPORTS = ("auto", "portable", "ce-ipc", "ce-symm")
+BATCH = 2
+LINGBOT_CHUNK_FRAMES = (3, 2)  # cycled; odd tokens per frame x 3 or 2 frames never divides evenly over 2 or 4 ranks
+LINGBOT_READ_TIMESTEPS = (900.0, 400.0)  # read-only forwards per chunk; the commit runs at t = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    ulysses: int
+    tp: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.ulysses * self.tp
+
+    @property
+    def layout(self) -> str:
+        return f"TP{self.tp}xU{self.ulysses}" if self.tp > 1 else f"U{self.ulysses}"
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(ulysses_degree=self.ulysses, tp_degree=self.tp)
+
+
+CASES = {
+    case.name: case
+    for case in (
+        Case("minimax_u2", "minimax_h3", 2),
+        Case("minimax_u4", "minimax_h3", 4),
+        Case("minimax_tp2_u2", "minimax_h3", 2, 2),
+        Case("lingbot_u2", "lingbot_world_v2", 2),
+        Case("lingbot_u4", "lingbot_world_v2", 4),
+    )
+}
+
+
+# -- the two models -------------------------------------------------------------------------------------------------
+def model_config(model: str, args):
+    if model == "minimax_h3":
+        config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
+    else:
+        config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(
+            local_attn_size=10, sink_size=2)
+    return replace(config, num_layers=args.layers) if args.layers else config
+
+
+def num_heads(config) -> int:
+    return config.num_attention_heads if isinstance(config, MiniMaxH3Config) else config.num_heads
+
+
+def build_model(config, args, device: torch.device, dtype: torch.dtype):
+    build = build_random_minimax_h3_dit if isinstance(config, MiniMaxH3Config) else build_random_lingbot_dit
+    return build(config, args.seed, device, dtype, init_on_device=device.type == "cuda")
+
+
+def minimax_inputs(config: MiniMaxH3Config, args, device, dtype) -> dict:
+    g = torch.Generator().manual_seed(args.seed + 101)
+    # official: 5 x 15 x 27 video tokens + 64 text + 2 x 40 audio rows; tiny: 3 x 3 x 5 + 9 + 2 x 7
+    (t, h, w), text_rows, audio_rows = ((5, 30, 54), 64, 80) if args.config == "official" else ((3, 6, 10), 9, 14)
+    return {
+        "video": torch.randn(BATCH, config.latents_dim, t, h, w, generator=g).to(device),
+        "audio": torch.randn(BATCH, config.audio_latents_dim, audio_rows, generator=g).to(device),
+        "text": torch.randn(BATCH, text_rows, config.text_dim, generator=g).to(device, dtype),
+        "t_video": torch.tensor([300.0, 850.0], device=device),
+        "t_audio": torch.tensor([700.0, 120.0], device=device),
+    }
+
+
+def run_minimax(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], list[dict]]:
+    with torch.no_grad():
+        video, audio = model(inputs["video"], inputs["audio"], inputs["text"], inputs["t_video"], inputs["t_audio"])
+    return [("all", "video", video), ("all", "audio", audio)], []
+
+
+def lingbot_schedule(config: LingBotWorldV2Config) -> list[int]:
+    """Latent frames per chunk: at least 3 chunks, and enough that the last two both evict window rows."""
+    frames: list[int] = []
+    while len(frames) < 3 or sum(frames[:-1]) <= config.local_attn_size:
+        frames.append(LINGBOT_CHUNK_FRAMES[len(frames) % len(LINGBOT_CHUNK_FRAMES)])
+    return frames
+
+
+def lingbot_inputs(config: LingBotWorldV2Config, args, device, dtype) -> dict:
+    g = torch.Generator().manual_seed(args.seed + 202)
+    grid = (46, 82) if args.config == "official" else (6, 10)  # latent h x w: 23 x 41 or 3 x 5 tokens per frame
+    tokens_per_frame = (grid[0] // config.patch_size[1]) * (grid[1] // config.patch_size[2])
+    chunks = []
+    for frames in lingbot_schedule(config):
+        latents = [torch.randn(BATCH, config.in_dim, frames, *grid, generator=g).to(device)
+                   for _ in range(len(LINGBOT_READ_TIMESTEPS) + 1)]
+        camera = 0.1 * torch.randn(BATCH, frames * tokens_per_frame, config.camera_feature_dim, generator=g)
+        chunks.append({"frames": frames, "latents": latents, "camera": camera.to(device)})
+    text = torch.randn(BATCH, config.text_len * 3 // 4, config.text_dim, generator=g).to(device, dtype)
+    return {"text": text, "tokens_per_frame": tokens_per_frame, "chunks": chunks}
+
+
+def run_lingbot(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], list[dict]]:
+    session = model.new_session(BATCH, inputs["text"], tokens_per_frame=inputs["tokens_per_frame"])
+    outputs, chunks = [], []
+    try:
+        for index, chunk in enumerate(inputs["chunks"]):
+            plan = session.plan(chunk["frames"])
+            chunks.append({"chunk": index, "frames": chunk["frames"], "window_rows": plan.committed,
+                           "evicted_rows": plan.evicted})
+            steps = [(t, False) for t in LINGBOT_READ_TIMESTEPS] + [(0.0, True)]
+            for (t, commit), latents in zip(steps, chunk["latents"]):
+                timestep = torch.full((BATCH,), t)
+                y = model.forward_chunk(session, latents, timestep, chunk["camera"], update_cache=commit)
+                outputs.append((f"chunk {index}", "commit" if commit else f"read t={t:g}", y))
+    finally:
+        session.close()
+    return outputs, chunks
+
+
+MODELS = {
+    "minimax_h3": ("MiniMax H3", minimax_inputs, run_minimax),
+    "lingbot_world_v2": ("LingBot-World v2", lingbot_inputs, run_lingbot),
+}
+
+
+# -- one case on one rank ---------------------------------------------------------------------------------------------
+def weights_checksum(model: torch.nn.Module) -> str:
+    """Exact: integer sums of every tensor's bits, hashed. Equal on two ranks iff (in practice) the weights are."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    sums = [t.detach().contiguous().view(ints[t.element_size()]).sum(dtype=torch.int64)
+            for _, t in sorted([*model.named_parameters(), *model.named_buffers()], key=lambda kv: kv[0])]
+    return hashlib.sha256(str(torch.stack(sums).tolist()).encode()).hexdigest()[:16]
+
+
+def compare(dense, parallel) -> list[dict]:
+    rows = []
+    for (group, name, d), (_, _, p) in zip(dense, parallel, strict=True):
+        row = {"group": group, "name": name}
+        if p.shape != d.shape:
+            row["problem"] = f"shape {tuple(p.shape)} != dense {tuple(d.shape)}"
+        else:
+            d, p = d.float(), p.float()
+            diff = (p - d).abs()
+            ref = d.abs().max().item()
+            row.update(max_abs=diff.max().item(), sum_abs=diff.sum(dtype=torch.float64).item(), numel=diff.numel(),
+                       max_ref=ref, relative=diff.max().item() / ref if ref > 0 else math.inf)
+            if not (torch.isfinite(d).all() and torch.isfinite(p).all()):
+                row["problem"] = "non-finite values"
+            elif ref == 0:
+                row["problem"] = "the dense output is all zeros"
+        rows.append(row)
+    return rows
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_case(case: Case, mesh: ParallelMesh, args, device: torch.device, dtype: torch.dtype) -> dict:
+    _, make_inputs, run = MODELS[case.model]
+    result = {"rank": dist.get_rank(), "error": None}
+    try:
+        config = model_config(case.model, args)
+        model = build_model(config, args, device, dtype)
+        result["weights"] = weights_checksum(model)
+        inputs = make_inputs(config, args, device, dtype)
+        start = time.perf_counter()
+        dense, chunks = run(model, inputs)
+        sync(device)
+        result["dense_s"] = time.perf_counter() - start
+        # The parallel model is built again from the seed rather than copied: one model in memory at a time (the
+        # official MiniMax H3 is 62 GB in bf16), and the checksum proves the second draw equals the first.
+        del model
+        free_memory(device)
+        model = build_model(config, args, device, dtype)
+        result["rebuilt_weights"] = weights_checksum(model)
+        model.enable_parallel(mesh, communicator_factory=partial(UlyssesCommunicator, transport=args.transport))
+        if args.perturb:
+            with torch.no_grad():
+                for param in model.blocks[0].parameters():
+                    param.mul_(1 + args.perturb)
+        start = time.perf_counter()
+        parallel, _ = run(model, inputs)
+        sync(device)
+        result["parallel_s"] = time.perf_counter() - start
+        result["transport"] = model.communicator.backend_name
+        result["fallback_reasons"] = dict(model.communicator.fallback_reasons)
+        model.close()
+        del model
+        result["outputs"] = compare(dense, parallel)
+        result["chunks"] = chunks
+    except Exception as exc:  # reported with the case; peers stuck in a collective hit the group timeout
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+    return result
+
+
+def case_mesh(case: Case, device: torch.device) -> ParallelMesh | None:
+    """This rank's mesh for the case (None outside every replica). Collective over the world."""
+    world, rank, n = dist.get_world_size(), dist.get_rank(), case.ranks
+    replicas = world // n
+    grid = torch.arange(replicas * n).view(replicas, case.ulysses, case.tp)
+    device_mesh = DeviceMesh(device.type, grid, mesh_dim_names=("replica", "ulysses", "tp"))
+    if rank >= replicas * n:
+        return None
+    sub = device_mesh["ulysses", "tp"]
+    return ParallelMesh(case.parallel, sub, rank % n, n, device)
+
+
+# -- merging the ranks' results ---------------------------------------------------------------------------------------
+def _merge(rows: list[dict]) -> dict:
+    """Worst over rows (outputs x ranks): max abs, relative; mean abs over every element."""
+    numel = sum(r["numel"] for r in rows)
+    return {"max_abs": max(r["max_abs"] for r in rows), "mean_abs": sum(r["sum_abs"] for r in rows) / numel,
+            "relative": max(r["relative"] for r in rows), "max_abs_dense": max(r["max_ref"] for r in rows)}
+
+
+def summarize(case: Case, results: list[dict | None], args, bound: float) -> dict:
+    ranks = [r for r in results if r is not None]
+    n = case.ranks
+    summary = {
+        "case": case.name, "model": MODELS[case.model][0], "layout": case.layout, "ulysses": case.ulysses,
+        "tp": case.tp, "groups": [list(range(s, s + n)) for s in range(0, len(ranks), n)],
+        "requested_transport": args.transport, "max_rel_error_bound": bound, "problems": [],
+    }
+    problems = summary["problems"]
+    for r in ranks:
+        if r["error"]:
+            problems.append(f"rank {r['rank']}: {r['error']}")
+    if problems:
+        summary["tracebacks"] = {r["rank"]: r["traceback"] for r in ranks if r["error"]}
+        summary["passed"] = False
+        return summary
+    transports = sorted({r["transport"] for r in ranks})
+    summary["transport"] = transports[0] if len(transports) == 1 else "mixed: " + ", ".join(transports)
+    summary["fallback_reasons"] = ranks[0]["fallback_reasons"]
+    if args.transport != "auto" and transports != [args.transport]:
+        problems.append(f"--transport {args.transport} asked for, ran on {summary['transport']} "
+                        f"({summary['fallback_reasons'] or 'no reason given'})")
+    if len({r["weights"] for r in ranks}) != 1:
+        problems.append("the ranks drew different weights: " + ", ".join(f"{r['rank']}:{r['weights']}" for r in ranks))
+    if any(r["rebuilt_weights"] != r["weights"] for r in ranks):
+        problems.append("building the model again from the seed gave other weights (non-deterministic draw)")
+    rows = [row for r in ranks for row in r["outputs"]]
+    problems += sorted({f"{row['group']} {row['name']}: {row['problem']}" for row in rows if "problem" in row})
+    numeric = [row for row in rows if "max_abs" in row]
+    if len(numeric) == len(rows):
+        summary.update(_merge(numeric))
+        if case.model == "lingbot_world_v2":
+            chunks = []
+            for info in ranks[0]["chunks"]:
+                key = f"chunk {info['chunk']}"
+                chunks.append({**info, **_merge([row for row in numeric if row["group"] == key])})
+            summary["chunks"] = chunks
+            if not any(c["evicted_rows"] for c in chunks[:-1]):
+                problems.append("the KV window never rolled before the last chunk")
+        else:
+            summary["outputs"] = {name: _merge([row for row in numeric if row["name"] == name])
+                                  for name in dict.fromkeys(row["name"] for row in numeric)}
+        if not summary["relative"] <= bound:
+            problems.append(f"relative error {summary['relative']:.3g} > bound {bound:g}")
+    summary["dense_s"] = max(r["dense_s"] for r in ranks)
+    summary["parallel_s"] = max(r["parallel_s"] for r in ranks)
+    summary["passed"] = not problems
+    return summary
+
+
+# -- the report -------------------------------------------------------------------------------------------------------
+def _ranges(groups: list[list[int]]) -> str:
+    return ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
+
+
+def table(report: dict) -> str:
+    head = (f"{'case':<15} {'layout':<7} {'ranks':<12} {'transport':<10} {'max|err|':>9} {'mean|err|':>9} "
+            f"{'rel err':>9} {'bound':>7}  result")
+    lines = [
+        f"Model parity, parallel vs dense: world {report['world_size']}, {report['device_name']}, {report['dtype']}, "
+        f"config {report['config']} ({report['layers']}), transport {report['transport']}, fusion {report['fusion']}",
+        f"bound on max|parallel - dense| / max|dense|: {report['max_rel_error']:g} ({report['tolerance_why']})",
+        head, "-" * len(head),
+    ]
+    for s in report["cases"]:
+        if "relative" in s:
+            numbers = f"{s['max_abs']:>9.2e} {s['mean_abs']:>9.2e} {s['relative']:>9.2e}"
+        else:
+            numbers = f"{'-':>9} {'-':>9} {'-':>9}"
+        lines.append(f"{s['case']:<15} {s['layout']:<7} {_ranges(s['groups']):<12} {s.get('transport', '-'):<10} "
+                     f"{numbers} {s['max_rel_error_bound']:>7.0e}  {'PASS' if s['passed'] else 'FAIL'}")
+        for c in s.get("chunks", []):
+            label = f"  chunk {c['chunk']}: {c['frames']} fr, window {c['window_rows']}, evicts {c['evicted_rows']}"
+            lines.append(f"{label:<46} {c['max_abs']:>9.2e} {c['mean_abs']:>9.2e} {c['relative']:>9.2e}")
+        for problem in s["problems"]:
+            lines.append(f"  ! {problem}")
+    lines.append(f"overall: {'PASS' if report['passed'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+# -- arguments, checked on every rank before any collective -----------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (default: all that fit)")
+    p.add_argument("--config", choices=["tiny", "official"], default="tiny")
+    p.add_argument("--layers", type=int, default=None, help="override num_layers (official width, few layers)")
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    p.add_argument("--fusion", choices=["fused", "eager"], default="fused",
+                   help="elementwise chains compiled on CUDA (the production path) or eager")
+    p.add_argument("--max-rel-error", type=float, default=None, help="override the bound (see the tolerances above)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--perturb", type=float, default=0.0,
+                   help="testing this tool: scale the parallel model's first block by 1 + PERTURB (>= 1e-2 for bf16, "
+                        "whose step near 1 is 3.9e-3); every case must then fail")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="process-group timeout: a stuck collective fails after it")
+    p.add_argument("--output", default=None, help="folder for model_parity.json")
+    args = p.parse_args(argv)
+
+    if "WORLD_SIZE" not in os.environ:
+        p.error("launch with torchrun, e.g. torchrun --standalone --nproc-per-node=4 " + p.prog)
+    world = int(os.environ["WORLD_SIZE"])
+    if args.cases is None:
+        cases = [c for c in CASES.values() if c.ranks <= world]
+        if not cases:
+            p.error(f"world size {world}: every case needs at least 2 ranks")
+    else:
+        names = [n.strip() for n in args.cases.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CASES]
+        if unknown or not names:
+            p.error(f"unknown case(s) {unknown if unknown else repr(args.cases)}; choose from {', '.join(CASES)}")
+        cases = [CASES[n] for n in dict.fromkeys(names)]
+        too_big = [f"{c.name} needs {c.ranks} ranks" for c in cases if c.ranks > world]
+        if too_big:
+            p.error(f"world size {world} is too small: {'; '.join(too_big)}")
+    if args.layers is not None and args.layers < 1:
+        p.error(f"--layers must be >= 1, got {args.layers}")
+    if args.max_rel_error is not None and not args.max_rel_error > 0:
+        p.error(f"--max-rel-error must be > 0, got {args.max_rel_error}")
+    if not args.timeout_s > 0:
+        p.error(f"--timeout-s must be > 0, got {args.timeout_s}")
+    allowed = CUDA_TRANSPORTS if args.device == "cuda" else CPU_TRANSPORTS
+    if args.transport not in allowed:
+        p.error(f"--transport {args.transport} does not run on {args.device}; choose from {', '.join(allowed)}")
+    if args.device == "cuda":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if not torch.cuda.is_available() or torch.cuda.device_count() < local_world:
+            p.error(f"--device cuda needs one GPU per rank: {local_world} ranks on this host, "
+                    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs visible")
+    for case in cases:
+        try:
+            case.parallel.check_heads(num_heads(model_config(case.model, args)))
+        except ParallelConfigError as exc:
+            p.error(f"{case.name}: {exc}")
+    if args.output is not None:
+        try:
+            Path(args.output).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            p.error(f"--output {args.output}: {exc}")
+    return args, cases
+
+
+def main(argv=None) -> int:
+    args, cases = parse_args(argv)
+    on_gpu = args.device == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    set_fusion(args.fusion == "fused")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if on_gpu else "gloo", timeout=timedelta(seconds=args.timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    bound = args.max_rel_error or MAX_REL_ERROR[device.type]
+
+    summaries = []
+    for case in cases:
+        mesh = case_mesh(case, device)
+        local = run_case(case, mesh, args, device, dtype) if mesh is not None else None
+        free_memory(device)
+        summaries.append(summarize(case, gather_from_ranks(local, None), args, bound))
+        if rank == 0:
+            print(f"[model_parity] {case.name}: {'PASS' if summaries[-1]['passed'] else 'FAIL'}", flush=True)
+
+    layers = {m: model_config(m, args).num_layers for m in dict.fromkeys(c.model for c in cases)}
+    report = {
+        "tool": "tools/validation/model_parity.py", "world_size": world, "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if on_gpu else f"cpu ({os.cpu_count()} cores)",
+        "backend": str(dist.get_backend()), "dtype": str(dtype).removeprefix("torch."), "config": args.config,
+        "layers": ", ".join(f"{MODELS[m][0]} {n} layers" for m, n in layers.items()), "transport": args.transport,
+        "fusion": args.fusion if on_gpu else "n/a (cpu)", "seed": args.seed, "perturb": args.perturb,
+        "torch": torch.__version__, "max_rel_error": bound,
+        "tolerance_why": TOLERANCE_WHY[device.type] if args.max_rel_error is None else "set by --max-rel-error",
+        "cases": summaries, "passed": all(s["passed"] for s in summaries),
+    }
+    failed = not report["passed"]
+    if rank == 0:
+        print(table(report), flush=True)
+        if args.output is not None:
+            path = Path(args.output) / "model_parity.json"
+            try:
+                path.write_text(json.dumps(report, indent=2) + "\n")
+                print(f"wrote {path}", flush=True)
+            except OSError as exc:
+                print(f"could not write {path}: {exc}", file=sys.stderr, flush=True)
+                failed = True
+    flag = torch.tensor([int(failed)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank exits with the same status
+    dist.destroy_process_group()
+    return int(flag.item())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
