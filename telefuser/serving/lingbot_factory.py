@@ -8,6 +8,7 @@ serialised by one execution lock (the service only guarantees one call at a time
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import threading
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+log = logging.getLogger("telefuser.serving")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -106,4 +108,10 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         "frame_policy": "truncate",
     }
     weights = str(args.checkpoint) if args.checkpoint else "random (no checkpoint)"
-    return LingBotSessionFactory(pipeline, defaults=defaults, max_sessions=args.max_sessions or 1, weights=weights)
+    factory = LingBotSessionFactory(pipeline, defaults=defaults, max_sessions=args.max_sessions or 1, weights=weights)
+    warmup = getattr(args, "warmup", "auto")
+    if warmup == "on" or (warmup == "auto" and device.startswith("cuda")):  # every rank: the DiT is collective
+        seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])
+        factory.metadata["warmup_s"] = round(seconds, 3)
+        log.info("warm-up session (2 chunks at %s) took %.1f s", defaults["resolution"], seconds)
+    return factory

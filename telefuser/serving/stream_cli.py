@@ -74,6 +74,9 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")
+    m.add_argument("--warmup", choices=("auto", "on", "off"), default="auto",
+                   help="run a 2-chunk session at start-up so the first client does not pay for kernel compilation "
+                        "(auto: on for CUDA)")
     p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
     return p
 

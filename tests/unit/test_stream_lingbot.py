@@ -63,3 +63,17 @@ def test_lingbot_session_streams_every_frame_over_the_websocket():
     assert done["published_frames"] == 29 and events[-1]["match"] is True
     measurement = next(e for e in events if e["stage"] == "chunk_sent")["measurement"]
     assert measurement["compute_seconds"] > 0 and set(measurement["phases"]) >= {"dit_s", "decode_s"}
+
+
+def test_warm_up_runs_a_discarded_session_only_when_asked():
+    assert "warmup_s" not in build_lingbot_factory(_args()).metadata  # auto: only on CUDA
+    factory = build_lingbot_factory(_args(warmup="on"))
+    assert factory.metadata["warmup_s"] > 0
+    assert factory.metadata["ulysses_transport"] == "none (one rank)"
+    # the warm-up left nothing behind: a real session still starts at chunk 0 with its own frames
+    session = factory.create(np.full((48, 64, 3), 9, np.uint8), "after warm-up", {})
+    try:
+        chunk = session.next_chunk([])
+        assert chunk.index == 0 and chunk.frames.shape[0] == 13
+    finally:
+        session.close()

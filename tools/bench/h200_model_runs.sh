@@ -3,7 +3,8 @@
 #
 #   OUT=/tmp/h200 bash tools/bench/h200_model_runs.sh setup minimax lingbot      # or any subset of the steps below
 #
-# Steps: setup (carried wheels + tf-kernel), qkprep (compiled-kernel tests), minimax (official DiT call, fused vs
+# Steps: setup (carried wheels + tf-kernel), qkprep (compiled-kernel tests), gpu_checks (those + serve-stream
+# Ctrl-C on CUDA + the copy-engine GPU suite), minimax (official DiT call, fused vs
 # eager elementwise chains), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
 # trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), diffusers (ours vs
 # WanTransformer3DModel), diffusers_profile (the same at 32,760 tokens with top GPU kernels), e2e (run_i2v at the
@@ -33,6 +34,7 @@ for s in "$@"; do
       step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
       step build 300 make build-sm90 PYTHON="$PY"
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
+    gpu_checks) step gpu_checks 420 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py tests/gpu/test_stream_shutdown_cuda.py tests/gpu/test_copy_engine_cuda.py ;;
     qkprep) step qkprep 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py ;;
     minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --fusion both --iters 3 --output "$OUT/minimax_official.json" ;;
     minimax_ce) step minimax_ce 300 $TORCHRUN2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;

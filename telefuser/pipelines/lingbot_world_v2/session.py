@@ -36,6 +36,7 @@ included), convert_s = uint8 conversion + band all-gather + device-to-host copy.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +132,21 @@ class WorldSessionPipeline:
             raise ValueError("prompt must be a non-empty string")
         rgb = load_reference_image(image)
         return LingBotSession(self, plan, rgb, prompt, seed, keep_latents=keep_latents)
+
+    def warm_up(self, *, resolution=DEFAULT_RESOLUTION, fps: float = DEFAULT_FPS) -> float:
+        """Run and discard a two-chunk session (a first chunk, then one that reads the window), so that the first
+        real session does not pay for kernel selection and compilation (seconds on CUDA). Collective under Ulysses:
+        every rank calls it. Returns the seconds it took."""
+        start = time.perf_counter()
+        gray = np.full((64, 64, 3), 128, np.uint8)
+        session = self.start(gray, "warm-up", seed=0, resolution=resolution, num_frames=29, fps=fps,
+                             frame_policy="strict")
+        try:
+            while not session.done:
+                session.next_chunk()
+        finally:
+            session.close()
+        return time.perf_counter() - start
 
     def sharded_decoder(self, latent_height: int):
         """The height-sharded decoder for this pipeline's VAE group, or None on a single rank."""
