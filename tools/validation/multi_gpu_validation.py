@@ -8,7 +8,13 @@ Each step is a subprocess with its own time limit and log (`OUT/<step>.log`, plu
 `OUT/<step>/`). A failing or timed-out step is recorded and the next one runs. At the end `OUT/summary.md` holds a
 table (step, exit status, seconds, command) and the tail of every log, so that the raw evidence and the table can be
 committed under docs/perf as they are. Device time is scarce: split the steps over calls with --steps, each call
-well under the 10-minute limit (the estimates below are the expected wall times on H200s).
+well under the 10-minute limit (the estimates below are the expected wall times on H200s). At 4 GPUs, for example:
+
+    call 1: build,correctness,gpu_tests_symm,model_parity,ab_bench            (~630 s with the machine's start)
+    call 2: build,ab_bench_nccl_zero_cta,overlap_minimax,overlap_lingbot,minimax_tp2_u2,lingbot_u4_dit
+    call 3: build,lingbot_u4_e2e_ce-symm,lingbot_u4_e2e_portable,gpu_tests_ipc
+
+(build is repeated because a machine that went idle comes back bare.)
 
 Ranks get one GPU each (NCCL, Symmetric Memory). NVLink multicast stays off, as the device notes ask.
 """
@@ -61,10 +67,16 @@ def build_steps(gpus: int, out: Path) -> list[Step]:
                                                "--output", d("model_parity")], 420, 120,
              what="MiniMax H3 U2/U4/TP2+U2 and LingBot U4 against dense, bf16"),
         Step("ab_bench", torchrun(gpus) + ["tools/bench/ulysses_transport_bench.py", "--backends",
-                                           "portable,nccl-zero-cta,ce-ipc,ce-symm,ce-nocache,ce-pack-flat,"
+                                           "portable,ce-ipc,ce-symm,ce-nocache,ce-pack-flat,"
                                            "ce-handshake-per-tensor,ce-normal-priority,ce-flags32,ce-symm-barrier",
                                            "--repeats", "5", "--output", d("ab_bench") + ".json"], 540, 240,
              what="grouped scatter per layer, every backend and ablation, seed shapes + Wan-720p"),
+        # alone: NCCL's zero-CTA path segfaulted under torch 2.11 / NCCL 2.28.9 on 2xH200, and a crash must not
+        # take the other rows with it
+        Step("ab_bench_nccl_zero_cta", torchrun(gpus) + ["tools/bench/ulysses_transport_bench.py", "--backends",
+                                                         "portable,nccl-zero-cta", "--repeats", "3", "--output",
+                                                         d("ab_bench_nccl_zero_cta") + ".json"], 240, 60,
+             what="NCCL zero-CTA copy-engine all-to-all on symmetric buffers, if this torch/NCCL allows it"),
         Step("overlap_minimax", torchrun(min(gpus, 4)) + ["tools/validation/profile_ulysses_overlap.py", "--preset",
                                                           "minimax_h3_tp2_u2", "--output", d("overlap_minimax")], 240, 40,
              what="V copy vs Q/K norm+RoPE overlap in a MiniMax H3 layer"),
