@@ -29,6 +29,28 @@ def _num(value: float) -> str:
     return repr(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def histogram_lines(name: str, text: str, buckets: tuple[float, ...], counts: list[int], total: float) -> list[str]:
+    """A Prometheus histogram: cumulative buckets (the last one +Inf), sum and count."""
+    lines = [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
+    running = 0
+    for bound, count in zip((*buckets, math.inf), counts):
+        running += count
+        lines.append(f'{name}_bucket{{le="{_num(bound)}"}} {running}')
+    return lines + [f"{name}_sum {_num(total)}", f"{name}_count {running}"]
+
+
+def gauge_lines(prefix: str, gauges: Iterable[tuple[str, str, float, dict[str, str]]]) -> list[str]:
+    """Gauges read at scrape time, (name, help, value, labels); HELP/TYPE once per name."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for gname, text, value, labels in gauges:
+        if gname not in seen:
+            seen.add(gname)
+            lines += [f"# HELP {prefix}{gname} {text}", f"# TYPE {prefix}{gname} gauge"]
+        lines.append(f"{prefix}{gname}{_labels(tuple(sorted(labels.items())))} {_num(value)}")
+    return lines
+
+
 class StreamMetrics:
     def __init__(self, buckets: Iterable[float] = COMPUTE_BUCKETS):
         self._lock = threading.Lock()
@@ -84,18 +106,7 @@ class StreamMetrics:
             for name, series in self._counters.items():
                 lines += [f"# HELP {PREFIX}{name} {self._help[name]}", f"# TYPE {PREFIX}{name} counter"]
                 lines += [f"{PREFIX}{name}{_labels(k)} {_num(v)}" for k, v in sorted(series.items())]
-            name = f"{PREFIX}chunk_compute_seconds"
-            lines += [f"# HELP {name} Model compute time per chunk (the chunk measurement's compute_seconds).",
-                      f"# TYPE {name} histogram"]
-            running = 0
-            for bound, count in zip((*self._buckets, math.inf), self._hist_counts):
-                running += count
-                lines.append(f'{name}_bucket{{le="{_num(bound)}"}} {running}')
-            lines += [f"{name}_sum {_num(self._hist_sum)}", f"{name}_count {running}"]
-        seen: set[str] = set()
-        for gname, text, value, labels in gauges:
-            if gname not in seen:
-                seen.add(gname)
-                lines += [f"# HELP {PREFIX}{gname} {text}", f"# TYPE {PREFIX}{gname} gauge"]
-            lines.append(f"{PREFIX}{gname}{_labels(tuple(sorted(labels.items())))} {_num(value)}")
-        return "\n".join(lines) + "\n"
+            lines += histogram_lines(f"{PREFIX}chunk_compute_seconds",
+                                     "Model compute time per chunk (the chunk measurement's compute_seconds).",
+                                     self._buckets, self._hist_counts, self._hist_sum)
+        return "\n".join(lines + gauge_lines(PREFIX, gauges)) + "\n"

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from .envelope import CODECS
+from .launch import control_group, follow_until_stopped, serve_until_stopped
 from .protocol import SessionFactory
 
 log = logging.getLogger("telefuser.serving")
@@ -87,30 +86,17 @@ def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = 
     factory = build_fake_factory(args) if args.fake else (builder or build_factory)(args)
     following = None
     if world > 1:
-        import torch.distributed as dist
-
         from .followers import FollowingFactory, follow
 
-        if not dist.is_initialized():  # the model factory may have done it already (init_distributed)
-            dist.init_process_group("gloo")
-        group = dist.new_group(backend="gloo")  # CPU control plane beside whatever the model uses
+        group = control_group()
         if rank != 0:
-            # A terminal Ctrl-C reaches every rank, and torchrun's agent then sends SIGTERM to all workers; followers
-            # leave when rank 0 (which shuts down in order and then broadcasts stop) tells them to, not in the middle
-            # of a collective. If rank 0 dies instead, the broadcast fails and the follower exits with that error.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            calls = follow(factory, group)
-            log.info("rank %d: follower stopped after %d model calls", rank, calls)
+            follow_until_stopped(follow, factory, group, rank)
             return 0
         factory = following = FollowingFactory(factory, group)
     return _serve(args, factory, following)
 
 
 def _serve(args: argparse.Namespace, factory: SessionFactory, following) -> int:
-    import uvicorn
-
-    from .local_server import make_server
     from .stream_app import create_stream_app
 
     max_sessions = args.max_sessions or int(factory.metadata.get("max_sessions") or 1)
@@ -119,38 +105,14 @@ def _serve(args: argparse.Namespace, factory: SessionFactory, following) -> int:
         codec=args.codec, jpeg_quality=args.jpeg_quality, ack_timeout_s=args.ack_timeout,
         idle_timeout_s=args.idle_timeout,
     )  # fmt: skip
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on"
-    )
-    server = make_server(config)
-    previous = signal.getsignal(signal.SIGTERM)
     try:
-        # We bind the socket ourselves so that --port 0 works and the log names the real port.
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        log.info("serving on http://%s:%d (model: %s)", host, sock.getsockname()[1], factory.metadata.get("model"))
-        # uvicorn re-raises the captured signal after its graceful shutdown; make SIGTERM an exception, as SIGINT
-        # is, so that the followers still get their stop below.
-        signal.signal(signal.SIGTERM, _raise_system_exit)
-        try:
-            server.run(sockets=[sock])
-        except (KeyboardInterrupt, SystemExit):
-            pass
-        finally:
-            sock.close()
+        serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
+                            describe=f"model: {factory.metadata.get('model')}")
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if following is not None:
             following.shutdown()  # also when binding failed: the followers must not wait forever
     log.info("serve-stream exited cleanly")
     return 0
-
-
-def _raise_system_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .stream_cli import _raise_system_exit
+from .launch import control_group, follow_until_stopped, serve_until_stopped
 from .video_runner import VideoRunner
 
 log = logging.getLogger("telefuser.serving")
@@ -91,19 +89,11 @@ def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) ->
     runner = build_fake_runner(args) if args.fake else (builder or build_runner)(args)
     following = None
     if world > 1:
-        import torch.distributed as dist
-
         from .video_followers import FollowingRunner, follow_runner
 
-        if not dist.is_initialized():  # the model builder has normally done it (init_distributed)
-            dist.init_process_group("gloo")
-        group = dist.new_group(backend="gloo")  # CPU control plane beside the model's own groups
+        group = control_group()
         if rank != 0:
-            # As in serve-stream: followers leave when rank 0 broadcasts stop, not in the middle of a collective.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            calls = follow_runner(runner, group)
-            log.info("rank %d: follower stopped after %d model calls", rank, calls)
+            follow_until_stopped(follow_runner, runner, group, rank)
             runner.close()
             return 0
         runner = following = FollowingRunner(runner, group)
@@ -116,38 +106,14 @@ def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) ->
 
 
 def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
-    import uvicorn
-
-    from .local_server import make_server
     from .video_app import create_video_app
 
     app = create_video_app(
         runner, output_dir=args.output_dir, max_queue=args.max_queue, max_seconds=args.max_seconds,
         max_steps=args.max_steps, shutdown_timeout_s=args.shutdown_timeout,
     )  # fmt: skip
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on"
-    )
-    server = make_server(config)
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        # We bind the socket ourselves so that --port 0 works and the log names the real port.
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        sock.listen(config.backlog)
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        log.info("serving on http://%s:%d (model: %s, output: %s)", host, sock.getsockname()[1], runner.model,
-                 args.output_dir)  # fmt: skip
-        signal.signal(signal.SIGTERM, _raise_system_exit)  # uvicorn re-raises signals; make SIGTERM like SIGINT
-        try:
-            server.run(sockets=[sock])
-        except (KeyboardInterrupt, SystemExit):
-            pass
-        finally:
-            sock.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
+                        describe=f"model: {runner.model}, output: {args.output_dir}")
     log.info("serve exited cleanly")
     return 0
 

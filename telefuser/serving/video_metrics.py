@@ -6,11 +6,10 @@ scrape time and passed to `render`.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable
 
-from .metrics import CONTENT_TYPE, _labels, _num
+from .metrics import CONTENT_TYPE, _labels, _num, gauge_lines, histogram_lines
 
 PREFIX = "telefuser_video_"
 INFERENCE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -66,17 +65,6 @@ class VideoMetrics:
             for name, text in COUNTERS:
                 lines += [f"# HELP {PREFIX}{name} {text}", f"# TYPE {PREFIX}{name} counter"]
                 lines += [f"{PREFIX}{name}{_labels(k)} {_num(v)}" for k, v in sorted(self._counters[name].items())]
-            name = f"{PREFIX}job_inference_seconds"
-            lines += [f"# HELP {name} Generation seconds per completed job.", f"# TYPE {name} histogram"]
-            running = 0
-            for bound, count in zip((*self._buckets, math.inf), self._hist):
-                running += count
-                lines.append(f'{name}_bucket{{le="{_num(bound)}"}} {running}')
-            lines += [f"{name}_sum {_num(self._hist_sum)}", f"{name}_count {running}"]
-        seen: set[str] = set()
-        for gname, text, value, labels in gauges:
-            if gname not in seen:
-                seen.add(gname)
-                lines += [f"# HELP {PREFIX}{gname} {text}", f"# TYPE {PREFIX}{gname} gauge"]
-            lines.append(f"{PREFIX}{gname}{_labels(tuple(sorted(labels.items())))} {_num(value)}")
-        return "\n".join(lines) + "\n"
+            lines += histogram_lines(f"{PREFIX}job_inference_seconds", "Generation seconds per completed job.",
+                                     self._buckets, self._hist, self._hist_sum)
+        return "\n".join(lines + gauge_lines(PREFIX, gauges)) + "\n"
