@@ -34,8 +34,8 @@ from telefuser_aiperf.batch import (
     video_service_deltas,
 )
 from telefuser_aiperf.runner import (
-    DEFAULT_AIPERF,
-    DEFAULT_TOKENIZER,
+    add_launch_options,
+    bench_parser,
     REPO_ROOT,
     Service,
     free_port,
@@ -53,48 +53,19 @@ DEFAULT_CONFIG = REPO_ROOT / "tools/aiperf/configs/batch_minimax_h3.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--bench-config", type=Path, default=DEFAULT_CONFIG, help="AIPerf YAML config (tools/aiperf/configs)"
-    )
-    p.add_argument("--artifact-dir", type=Path, default=None, help="default: outputs/aiperf/<config name>")
-    p.add_argument("--summary", type=Path, default=None, help="default: <artifact dir>/telefuser_summary.json")
-    m = p.add_argument_group("service (telefuser serve)")
-    m.add_argument("--config", choices=("tiny", "official"), default="tiny", help="model config")
-    m.add_argument("--checkpoint", default=None, help="MiniMax-H3 checkpoint (random weights when omitted)")
-    m.add_argument("--nproc", type=int, default=1, help="GPUs / ranks; >1 runs the service under torchrun")
-    m.add_argument("--device", default=None)
-    m.add_argument("--dtype", default=None)
+    p, m = bench_parser(__doc__, DEFAULT_CONFIG, "telefuser serve", "MiniMax-H3 checkpoint (random weights when omitted)")
     m.add_argument("--size", default=None, help="video size when a request omits it (service --size-default)")
     m.add_argument("--seconds", type=float, default=None, help="seconds when a request omits it")
     m.add_argument("--steps", type=int, default=None, help="num_inference_steps when a request omits it")
     m.add_argument("--fake", action="store_true", help="the model-free test runner (pattern + tone)")
     m.add_argument("--fake-step-delay", type=float, default=0.01)
-    m.add_argument(
-        "--service-arg", action="append", default=[], help="extra service flag, e.g. --service-arg=--tp-degree=2"
-    )
-    m.add_argument(
-        "--service-module",
-        default=None,
-        help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video_cli)",
-    )
-    m.add_argument(
-        "--output-dir", type=Path, default=None, help="service --output-dir (default: <artifact dir>/service_videos)"
-    )
-    m.add_argument("--service-url", default=None, help="benchmark an already running service instead of starting one")
-    m.add_argument("--port", type=int, default=None)
-    m.add_argument("--python", default=sys.executable, help="interpreter that runs the service (the engine's)")
-    m.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="OMP_NUM_THREADS of the service (default: inherited; the Makefile exports 1)",
-    )
-    m.add_argument("--startup-timeout", type=float, default=1800.0)
-    a = p.add_argument_group("AIPerf")
-    a.add_argument("--aiperf", type=Path, default=DEFAULT_AIPERF)
-    a.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
-    a.add_argument("--aiperf-timeout", type=float, default=None)
+    m.add_argument("--service-arg", action="append", default=[],
+                   help="extra service flag, e.g. --service-arg=--tp-degree=2")
+    m.add_argument("--service-module", default=None,
+                   help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video_cli)")
+    m.add_argument("--output-dir", type=Path, default=None,
+                   help="service --output-dir (default: <artifact dir>/service_videos)")
+    add_launch_options(p, m)
     return p.parse_args(argv)
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from telefuser_aiperf.artifacts import check_stream_run, parse_prometheus, stream_service_deltas
 from telefuser_aiperf.runner import (
-    DEFAULT_AIPERF,
-    DEFAULT_TOKENIZER,
+    add_launch_options,
+    bench_parser,
     REPO_ROOT,
     Service,
     endpoint_extra,
@@ -44,37 +44,14 @@ DEFAULT_CONFIG = REPO_ROOT / "tools/aiperf/configs/stream_lingbot_world_v2_1min.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--bench-config", type=Path, default=DEFAULT_CONFIG, help="AIPerf YAML config (tools/aiperf/configs)"
-    )
-    p.add_argument("--artifact-dir", type=Path, default=None, help="default: outputs/aiperf/<config name>")
-    p.add_argument("--summary", type=Path, default=None, help="default: <artifact dir>/telefuser_summary.json")
-    m = p.add_argument_group("service (telefuser serve-stream)")
-    m.add_argument("--config", choices=("tiny", "official"), default="tiny", help="model config")
-    m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
-    m.add_argument("--nproc", type=int, default=1, help="GPUs / ranks; >1 runs the service under torchrun")
-    m.add_argument("--device", default=None, help="cpu, cuda, ... (default: the service's choice)")
-    m.add_argument("--dtype", default=None)
+    p, m = bench_parser(__doc__, DEFAULT_CONFIG, "telefuser serve-stream",
+                        "checkpoint directory (random weights when omitted)")
     m.add_argument("--attn-impl", default=None)
     m.add_argument("--resolution", default=None, help="the service's default resolution WxH")
     m.add_argument("--fake", action="store_true", help="the test-pattern model instead of LingBot-World v2")
     m.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds per chunk")
     m.add_argument("--buffer-chunks", type=int, default=None)
-    m.add_argument("--service-url", default=None, help="benchmark an already running service instead of starting one")
-    m.add_argument("--port", type=int, default=None, help="default: a free port")
-    m.add_argument("--python", default=sys.executable, help="interpreter that runs the service (the engine's)")
-    m.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="OMP_NUM_THREADS of the service (default: inherited; the Makefile exports 1)",
-    )
-    m.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /v1/service/health")
-    a = p.add_argument_group("AIPerf")
-    a.add_argument("--aiperf", type=Path, default=DEFAULT_AIPERF)
-    a.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
-    a.add_argument("--aiperf-timeout", type=float, default=None, help="seconds before AIPerf is interrupted")
+    add_launch_options(p, m)
     return p.parse_args(argv)
 
 

@@ -5,6 +5,7 @@ Standard library only (the runners run in the engine's venv; AIPerf runs from .v
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -200,3 +201,33 @@ def run_aiperf(
 
 def write_json(path: Path, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def bench_parser(description: str, default_config: Path, service: str, checkpoint_help: str):
+    """(parser, service group) with what both benchmark runners take first: the bench config, where artifacts go,
+    and the model options every service has. The caller adds its own service options, then `add_launch_options`."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench-config", type=Path, default=default_config, help="AIPerf YAML config (tools/aiperf/configs)")
+    p.add_argument("--artifact-dir", type=Path, default=None, help="default: outputs/aiperf/<config name>")
+    p.add_argument("--summary", type=Path, default=None, help="default: <artifact dir>/telefuser_summary.json")
+    m = p.add_argument_group(f"service ({service})")
+    m.add_argument("--config", choices=("tiny", "official"), default="tiny", help="model config")
+    m.add_argument("--checkpoint", default=None, help=checkpoint_help)
+    m.add_argument("--nproc", type=int, default=1, help="GPUs / ranks; >1 runs the service under torchrun")
+    m.add_argument("--device", default=None, help="cpu, cuda, ... (default: the service's choice)")
+    m.add_argument("--dtype", default=None)
+    return p, m
+
+
+def add_launch_options(p: argparse.ArgumentParser, m) -> None:
+    """How the service is reached or started, and where AIPerf is."""
+    m.add_argument("--service-url", default=None, help="benchmark an already running service instead of starting one")
+    m.add_argument("--port", type=int, default=None, help="default: a free port")
+    m.add_argument("--python", default=sys.executable, help="interpreter that runs the service (the engine's)")
+    m.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS of the service (default: inherited; the Makefile exports 1)")
+    m.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /v1/service/health")
+    a = p.add_argument_group("AIPerf")
+    a.add_argument("--aiperf", type=Path, default=DEFAULT_AIPERF)
+    a.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    a.add_argument("--aiperf-timeout", type=float, default=None, help="seconds before AIPerf is interrupted")
