@@ -101,9 +101,10 @@ def _b64decode(text: str) -> bytes:
         raise RequestError(400, f"'image' is not valid base64: {exc}") from None
 
 
-def _fields_from_json(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes, example: str) -> dict[str, Any]:
+    """A request body that must be one JSON object; 400 with a reason (and `example` when it is empty) otherwise."""
     if not body.strip():
-        raise RequestError(400, "empty request body; send a JSON object {\"prompt\": ..., \"image\": ..., \"config\": {...}}")
+        raise RequestError(400, f"empty request body; send a JSON object such as {example}")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -111,6 +112,10 @@ def _fields_from_json(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RequestError(400, f"the JSON body must be an object, got {type(data).__name__}")
     return data
+
+
+def _fields_from_json(body: bytes) -> dict[str, Any]:
+    return json_object(body, '{"prompt": ..., "image": ..., "config": {...}}')
 
 
 def _fields_from_multipart(content_type: str, body: bytes) -> dict[str, Any]:

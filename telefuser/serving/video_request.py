@@ -8,14 +8,13 @@ what the service is configured to allow (max seconds, the served model name) is 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .create_request import MAX_PROMPT_CHARS, RequestError, parse_multipart
+from .create_request import MAX_PROMPT_CHARS, RequestError, json_object, parse_multipart
 from .video_runner import VideoSpec
 
 FIELDS = (
@@ -81,15 +80,7 @@ def read_fields(content_type: str, body: bytes) -> dict[str, Any]:
         except (UnicodeDecodeError, ValueError) as exc:
             raise RequestError(400, f"malformed urlencoded body: {exc}") from None
     if mime in ("application/json", ""):
-        if not body.strip():
-            raise RequestError(400, 'empty request body; send a JSON object such as {"prompt": "..."}')
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"malformed JSON body: {exc}") from None
-        if not isinstance(data, dict):
-            raise RequestError(400, f"the JSON body must be an object, got {type(data).__name__}")
-        return data
+        return json_object(body, '{"prompt": "..."}')
     raise RequestError(
         415, f"unsupported content type {mime!r}; send multipart/form-data, application/json or urlencoded form data"
     )
