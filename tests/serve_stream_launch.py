@@ -1,4 +1,4 @@
-"""Start `serve-stream` under torchrun (rank 0 serves, rank 1 follows), stream one session over SSE, acknowledge it,
+"""Start `telefuser serve-stream` under torchrun (rank 0 serves, rank 1 follows), stream one session over SSE, acknowledge it,
 then press Ctrl-C the way a terminal does (SIGINT to the whole process group). Shared by the CPU and GPU tests."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def stream_one_session_then_ctrl_c(args: list[str], *, frames: int, chunks: int,
 
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.stream_cli", "serve-stream",
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.cli", "serve-stream",
          "--port", "0", "--num-frames", str(frames), *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},

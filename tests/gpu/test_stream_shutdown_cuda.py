@@ -18,7 +18,8 @@ def test_serve_stream_on_gpu_ctrl_c_without_ipc_warnings():
         ["--config", "tiny", "--device", "cuda", "--resolution", "128x96"], frames=29, chunks=2,
         start_timeout_s=300, stream_timeout_s=300)
     expected = "ce-symm" if torch.cuda.device_count() >= 2 else "ce-ipc"
-    assert metadata["ulysses_transport"] == expected, metadata
+    model = metadata["model"]  # the factory's metadata, as /v1/service/metadata nests it
+    assert model["ulysses_transport"] == expected and model["warmup_s"] > 0, model
     assert "serve-stream exited cleanly" in log, log[-4000:]
     assert "rank 1: follower stopped after 4 model calls" in log, log[-4000:]  # create, 2 x next_chunk, close
     assert not [line for line in log.splitlines() if IPC_TROUBLE.search(line)], log[-4000:]
