@@ -18,7 +18,6 @@ AIPerf succeeded, no request failed, completed == planned and every video passed
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -37,7 +36,6 @@ from telefuser_aiperf.runner import (
     add_launch_options,
     bench_parser,
     REPO_ROOT,
-    Service,
     free_port,
     http_get,
     load_bench_config,
@@ -45,6 +43,7 @@ from telefuser_aiperf.runner import (
     prepare_artifact_dir,
     run_aiperf,
     service_command,
+    start_service,
     write_json,
 )
 from telefuser_aiperf.summary import distribution
@@ -163,14 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = service_command(args.python, "serve", args.nproc, service_args(args, port, output_dir))
             if module != "telefuser.cli":
                 cmd[cmd.index("telefuser.cli")] = module
-            env = dict(os.environ)
-            if args.threads:
-                env["OMP_NUM_THREADS"] = str(args.threads)
-            run["service_threads"] = env.get("OMP_NUM_THREADS")
-            service = Service(cmd, artifact_dir / "service.log", env=env)
-            run["service_command"] = cmd
-            run["service_ready_s"] = round(service.wait_healthy(f"{url}/v1/service/health", args.startup_timeout), 3)
-            print(f"== service healthy after {run['service_ready_s']} s", flush=True)
+            service = start_service(args, cmd, artifact_dir, url, run)
         before = scrape(url)
         rc, aiperf_s = run_aiperf(
             args.aiperf, config_path, artifact_dir, url, tokenizer=args.tokenizer, timeout_s=args.aiperf_timeout

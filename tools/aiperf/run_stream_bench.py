@@ -18,7 +18,6 @@ artifacts (telefuser_aiperf.artifacts.check_stream_run) -> print the headline nu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,6 @@ from telefuser_aiperf.runner import (
     add_launch_options,
     bench_parser,
     REPO_ROOT,
-    Service,
     endpoint_extra,
     free_port,
     http_get,
@@ -37,6 +35,7 @@ from telefuser_aiperf.runner import (
     prepare_artifact_dir,
     run_aiperf,
     service_command,
+    start_service,
     write_json,
 )
 
@@ -113,14 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             port = args.port or free_port()
             url = f"http://127.0.0.1:{port}"
             cmd = service_command(args.python, "serve-stream", args.nproc, service_args(args, port))
-            env = dict(os.environ)
-            if args.threads:
-                env["OMP_NUM_THREADS"] = str(args.threads)
-            run["service_threads"] = env.get("OMP_NUM_THREADS")
-            service = Service(cmd, artifact_dir / "service.log", env=env)
-            run["service_command"] = cmd
-            run["service_ready_s"] = round(service.wait_healthy(f"{url}/v1/service/health", args.startup_timeout), 3)
-            print(f"== service healthy after {run['service_ready_s']} s", flush=True)
+            service = start_service(args, cmd, artifact_dir, url, run)
         before = scrape(url)
         rc, aiperf_s = run_aiperf(
             args.aiperf, config_path, artifact_dir, url, tokenizer=args.tokenizer, timeout_s=args.aiperf_timeout

@@ -47,7 +47,10 @@ def run_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return layer(x.to(layer.weight.dtype))
 
 
-class CausalSelfAttention(nn.Module):
+class _ProjectedAttention(nn.Module):
+    """The released block's attention parameters: q/k/v/o projections and RMSNorms on Q and K over the full dim (all
+    heads)."""
+
     def __init__(self, dim: int, num_heads: int, eps: float):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
@@ -55,9 +58,11 @@ class CausalSelfAttention(nn.Module):
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
         self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps=eps)  # over the full dim (all heads), as released
+        self.norm_q = RMSNorm(dim, eps=eps)
         self.norm_k = RMSNorm(dim, eps=eps)
 
+
+class CausalSelfAttention(_ProjectedAttention):
     def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext) -> torch.Tensor:
         """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype)."""
         b, s, _ = x.shape
@@ -89,18 +94,8 @@ class CausalSelfAttention(nn.Module):
         return run_linear(self.o, o.flatten(2))
 
 
-class CachedCrossAttention(nn.Module):
+class CachedCrossAttention(_ProjectedAttention):
     """Attention from the chunk's rows to the prompt; the prompt's K/V are computed once per session."""
-
-    def __init__(self, dim: int, num_heads: int, eps: float):
-        super().__init__()
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps=eps)
-        self.norm_k = RMSNorm(dim, eps=eps)
 
     def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """context ``[B, L, dim]`` (embedded prompt) -> K, V ``[B, L, H, D]``; all heads (queries are rank-local

@@ -157,6 +157,19 @@ def service_command(python: str, subcommand: str, nproc: int, args: list[str]) -
     return head + ["telefuser.cli", subcommand] + args
 
 
+def start_service(args, cmd: list[str], artifact_dir: Path, url: str, run: dict[str, Any]) -> "Service":
+    """Start the service `cmd` (OMP_NUM_THREADS from --threads), wait for its health endpoint, record how in `run`."""
+    env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    run["service_threads"] = env.get("OMP_NUM_THREADS")
+    service = Service(cmd, artifact_dir / "service.log", env=env)
+    run["service_command"] = cmd
+    run["service_ready_s"] = round(service.wait_healthy(f"{url}/v1/service/health", args.startup_timeout), 3)
+    print(f"== service healthy after {run['service_ready_s']} s", flush=True)
+    return service
+
+
 def run_aiperf(
     aiperf: Path, config: Path, artifact_dir: Path, url: str, *, tokenizer: Path, timeout_s: float | None
 ) -> tuple[int, float]:
