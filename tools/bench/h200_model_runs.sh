@@ -6,7 +6,8 @@
 # Steps: setup (carried wheels + tf-kernel), qkprep (compiled-kernel tests), gpu_checks (those + serve-stream
 # Ctrl-C on CUDA + the copy-engine GPU suite), minimax (official DiT call, fused vs
 # eager elementwise chains), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
-# trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), diffusers (ours vs
+# trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), lingbot_ce_fusion (the same, compiled vs eager chains
+# alternated in one run), minimax_e2e (run_t2va at the official sizes, short clip), diffusers (ours vs
 # WanTransformer3DModel), diffusers_profile (the same at 32,760 tokens with top GPU kernels), e2e (run_i2v at the
 # official sizes, 77 frames, MP4 + metrics).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
@@ -32,6 +33,8 @@ for s in "$@"; do
   case $s in
     setup)
       step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
+      # serve-stream's packages (the device image has none); resolved from the carried folder only
+      step pip_serve 120 $PY -m pip install --no-index --find-links .whl/serve fastapi uvicorn websockets httpx
       step build 300 make build-sm90 PYTHON="$PY"
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
     gpu_checks) step gpu_checks 420 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py tests/gpu/test_stream_shutdown_cuda.py tests/gpu/test_copy_engine_cuda.py ;;
@@ -40,6 +43,8 @@ for s in "$@"; do
     minimax_ce) step minimax_ce 300 $TORCHRUN2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2 --iters 3 --output "$OUT/minimax_ce_u2.json" ;;
     overlap) step overlap 240 $TORCHRUN2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
     lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --fusion both --output "$OUT/lingbot_session.json" ;;
+    lingbot_ce_fusion) step lingbot_ce_fusion 420 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --fusion both --output "$OUT/lingbot_ce_u2_fusion.json" ;;
+    minimax_e2e) step minimax_e2e 420 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 0.2 --resolution 256 --steps 3 --no-progress --output "$OUT/minimax_e2e/h3.mp4" ;;
     lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
     diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
     diffusers_profile) step diffusers_profile 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 1 --profile --output "$OUT/lingbot_vs_diffusers_profile.json" ;;
