@@ -48,15 +48,23 @@ class LingBotSessionFactory:
         self._pipeline = pipeline
         self._lock = threading.Lock()
         self.defaults = defaults
-        self.metadata = {
+        self.warmup_s: float | None = None
+        self._fixed_metadata = {
             "model": "LingBot-World v2",
             "weights": weights,
             "resolutions": [defaults["resolution"]],
             "fps": defaults["fps"],
             "max_sessions": max_sessions,
             "defaults": dict(defaults),
-            "ulysses_transport": _transport_name(pipeline),
         }
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        # read live: the communicator picks its transport at the first exchange (the warm-up or the first chunk)
+        live = {"ulysses_transport": _transport_name(self._pipeline)}
+        if self.warmup_s is not None:
+            live["warmup_s"] = self.warmup_s
+        return {**self._fixed_metadata, **live}
 
     def _request(self, config: dict) -> dict:
         request = {**self.defaults, **(config or {})}
@@ -112,6 +120,6 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
     warmup = getattr(args, "warmup", "auto")
     if warmup == "on" or (warmup == "auto" and device.startswith("cuda")):  # every rank: the DiT is collective
         seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])
-        factory.metadata["warmup_s"] = round(seconds, 3)
+        factory.warmup_s = round(seconds, 3)
         log.info("warm-up session (2 chunks at %s) took %.1f s", defaults["resolution"], seconds)
     return factory

@@ -77,3 +77,20 @@ def test_warm_up_runs_a_discarded_session_only_when_asked():
         assert chunk.index == 0 and chunk.frames.shape[0] == 13
     finally:
         session.close()
+
+
+def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
+    """The communicator picks its transport at the first exchange (the CUDA warm-up), after the factory is built: the
+    metadata must name the transport in use, not the one before any exchange."""
+    from types import SimpleNamespace
+
+    from telefuser.serving.lingbot_factory import LingBotSessionFactory
+
+    communicator = SimpleNamespace(backend_name="portable")
+    pipeline = SimpleNamespace(dit=SimpleNamespace(communicator=communicator))
+    factory = LingBotSessionFactory(pipeline, defaults={"resolution": "64x48", "fps": 16}, max_sessions=1,
+                                    weights="random (no checkpoint)")
+    assert factory.metadata["ulysses_transport"] == "portable"
+    communicator.backend_name = "ce-ipc"  # what the first exchange on a shared GPU selects
+    factory.warmup_s = 1.5
+    assert factory.metadata["ulysses_transport"] == "ce-ipc" and factory.metadata["warmup_s"] == 1.5

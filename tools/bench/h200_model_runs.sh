@@ -7,7 +7,8 @@
 # Ctrl-C on CUDA + the copy-engine GPU suite), minimax (official DiT call, fused vs
 # eager elementwise chains), minimax_ce (8 layers, Ulysses2 over 2 processes sharing the GPU), overlap (MiniMax H3 layer
 # trace), lingbot (official session, DiT only), lingbot_ce (8 layers, Ulysses2, 2 processes), lingbot_ce_fusion (the same, compiled vs eager chains
-# alternated in one run), minimax_e2e (run_t2va at the official sizes, short clip), diffusers (ours vs
+# alternated in one run), lingbot_ce_transports (the same, ce-ipc vs portable), stream_shutdown
+# (serve-stream Ctrl-C test alone), minimax_e2e (run_t2va at the official sizes, short clip), diffusers (ours vs
 # WanTransformer3DModel), diffusers_profile (the same at 32,760 tokens with top GPU kernels), e2e (run_i2v at the
 # official sizes, 77 frames, MP4 + metrics).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
@@ -44,6 +45,8 @@ for s in "$@"; do
     overlap) step overlap 240 $TORCHRUN2 tools/validation/profile_ulysses_overlap.py --preset minimax_h3_tp2_u2 --output "$OUT/overlap_minimax" ;;
     lingbot) step lingbot 420 $PY tools/bench/lingbot_world_bench.py session --fusion both --output "$OUT/lingbot_session.json" ;;
     lingbot_ce_fusion) step lingbot_ce_fusion 420 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --fusion both --output "$OUT/lingbot_ce_u2_fusion.json" ;;
+    lingbot_ce_transports) step lingbot_ce_transports 420 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --transports ce-ipc,portable --output "$OUT/lingbot_ce_u2_transports.json" ;;
+    stream_shutdown) step stream_shutdown 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_stream_shutdown_cuda.py ;;
     minimax_e2e) step minimax_e2e 420 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 0.2 --resolution 256 --steps 3 --no-progress --output "$OUT/minimax_e2e/h3.mp4" ;;
     lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
     diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
