@@ -29,6 +29,16 @@ def test_every_step_names_an_existing_tool(gpus, tmp_path):
         assert step.limit_s <= 600  # one device call's limit
 
 
+def test_two_gpus_run_only_what_fits_two_ranks(tmp_path):
+    steps = {s.name: s for s in runner.build_steps(2, tmp_path)}
+    assert {"lingbot_u2_dit", "lingbot_u2_e2e_ce-symm", "model_parity", "gpu_tests_symm"} <= set(steps)
+    assert not {"minimax_tp2_u2", "overlap_minimax", "overlap_lingbot", "lingbot_u4_dit"} & set(steps)  # 4 ranks
+    for name in ("gpu_tests_symm", "gpu_tests_ipc"):
+        assert steps[name].command[-2:] == ["-k", "not 4procs"]
+    launched = [s for s in steps.values() if "torch.distributed.run" in s.command]
+    assert launched and all("--nproc-per-node=2" in s.command for s in launched)
+
+
 def test_unknown_step_is_refused(capsys):
     with pytest.raises(SystemExit):
         argv, sys.argv = sys.argv, ["multi_gpu_validation.py", "--steps", "nope"]

@@ -50,22 +50,28 @@ def torchrun(n: int) -> list[str]:
 def build_steps(gpus: int, out: Path) -> list[Step]:
     py = sys.executable
     d = lambda name: str(out / name)  # noqa: E731  (a step's output folder)
-    lingbot_degrees = [w for w in (4, 8) if w <= gpus]
+    # at 2 GPUs (the kind lent most often) LingBot runs Ulysses2; at 4 and 8 the degrees the issues name
+    lingbot_degrees = [2] if gpus == 2 else [w for w in (4, 8) if w <= gpus]
+    # 4-rank test cases need 4 GPUs when each rank has its own
+    pytest_select = [] if gpus >= 4 else ["-k", "not 4procs"]
+    test_ranks = "2 and 4 ranks" if gpus >= 4 else "2 ranks"
     steps = [
         Step("build", ["make", "build-sm90", f"PYTHON={py}"], 300, 60, what="tf-kernel for this interpreter"),
         Step("correctness", torchrun(gpus) + ["tools/validation/ulysses_correctness.py", "--transports",
                                               "portable,ce-ipc,ce-symm", "--iterations", "64"], 300, 60,
              what=f"exact grouped V/Q/K scatter + gather with rank skew, {gpus} ranks, NCCL / CUDA IPC / Symmetric Memory"),
-        Step("gpu_tests_symm", [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu/test_copy_engine_cuda.py"],
+        Step("gpu_tests_symm", [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu/test_copy_engine_cuda.py",
+                                   *pytest_select],
              420, 150, env={"TELEFUSER_TEST_GPU_PER_RANK": "1", "TELEFUSER_TEST_GPU_TRANSPORT": "ce-symm"},
-             what="tests/gpu with 2 and 4 ranks, one GPU each, Symmetric Memory"),
-        Step("gpu_tests_ipc", [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu"], 420, 150,
+             what=f"tests/gpu with {test_ranks}, one GPU each, Symmetric Memory"),
+        Step("gpu_tests_ipc", [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu", *pytest_select],
+             420, 150,
              env={"TELEFUSER_TEST_GPU_PER_RANK": "1", "TELEFUSER_TEST_GPU_TRANSPORT": "ce-ipc"},
-             what="tests/gpu with 2 and 4 ranks, one GPU each, CUDA IPC (stress with skew, cache bound, fallback, "
+             what=f"tests/gpu with {test_ranks}, one GPU each, CUDA IPC (stress with skew, cache bound, fallback, "
                   "failure after group start, missing-peer timeout, fused kernels, Ctrl-C of serve-stream)"),
         Step("model_parity", torchrun(gpus) + ["tools/validation/model_parity.py", "--device", "cuda",
                                                "--output", d("model_parity")], 420, 120,
-             what="MiniMax H3 U2/U4/TP2+U2 and LingBot U4 against dense, bf16"),
+             what="MiniMax H3 U2/U4/TP2+U2 and LingBot U2/U4 against dense (the cases that fit), bf16"),
         Step("ab_bench", torchrun(gpus) + ["tools/bench/ulysses_transport_bench.py", "--backends",
                                            "portable,ce-ipc,ce-symm,ce-nocache,ce-pack-flat,"
                                            "ce-handshake-per-tensor,ce-normal-priority,ce-flags32,ce-symm-barrier",
@@ -77,6 +83,10 @@ def build_steps(gpus: int, out: Path) -> list[Step]:
                                                          "portable,nccl-zero-cta", "--repeats", "3", "--output",
                                                          d("ab_bench_nccl_zero_cta") + ".json"], 240, 60,
              what="NCCL zero-CTA copy-engine all-to-all on symmetric buffers, if this torch/NCCL allows it"),
+    ]
+    if gpus < 4:  # the MiniMax TP2+U2 layer and the LingBot U4 layer need 4 ranks
+        return steps + lingbot_steps(lingbot_degrees, d)
+    steps += [
         Step("overlap_minimax", torchrun(min(gpus, 4)) + ["tools/validation/profile_ulysses_overlap.py", "--preset",
                                                           "minimax_h3_tp2_u2", "--output", d("overlap_minimax")], 240, 40,
              what="V copy vs Q/K norm+RoPE overlap in a MiniMax H3 layer"),
@@ -93,7 +103,12 @@ def build_steps(gpus: int, out: Path) -> list[Step]:
                                                            "--tp", "2", "--transports", "ce-symm,portable", "--iters",
                                                            "3", "--output", d("minimax_tp2_u4") + ".json"], 540, 120,
                           what="MiniMax H3 official DiT call, TP2xUlysses4"))
-    for w in lingbot_degrees:
+    return steps + lingbot_steps(lingbot_degrees, d)
+
+
+def lingbot_steps(degrees: list[int], d) -> list[Step]:
+    steps = []
+    for w in degrees:
         steps.append(Step(f"lingbot_u{w}_dit", torchrun(w) + [
             "tools/bench/lingbot_world_bench.py", "session", "--ulysses", str(w), "--transports",
             "ce-symm,ce-ipc,portable", "--output", d(f"lingbot_u{w}_dit") + ".json"], 540, 200,
