@@ -48,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--calibrate-feature-cache", type=Path, default=None, metavar="JSON",
                    help="compute every step and write AdaTaylorCache params (audio-row ratios) to JSON")
     p.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
+    p.add_argument("--offload-text-encoder", action="store_true",
+                   help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
     p.add_argument("--standin-video-vae", action="store_true",
                    help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful)")
     p.add_argument("--config", choices=["tiny", "official"], default="tiny",
@@ -84,6 +86,7 @@ def main() -> None:
     pipe = build_minimax_h3_pipeline(
         config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh, seed=args.seed,
         attn_impl=args.attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=not args.no_progress,
+        offload_text_encoder=args.offload_text_encoder,
     )
     feature_cache = None
     if args.enable_feature_cache:

@@ -139,6 +139,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         pipe = build_minimax_h3_pipeline(
             config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
             attn_impl=attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=False,
+            offload_text_encoder=args.offload_text_encoder,
         )  # fmt: skip
     except NotImplementedError as exc:  # the official video VAE refusal, raised before any weight is read
         raise SystemExit(f"{exc}\n(serve: pass --standin-video-vae to run with the shape-only video decoder)") from exc

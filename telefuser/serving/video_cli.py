@@ -65,6 +65,8 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     m.add_argument("--config", choices=("tiny", "official"), default="tiny",
                    help="random-weight sizes without --checkpoint (tiny runs on a CPU)")
     m.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
+    m.add_argument("--offload-text-encoder", action="store_true",
+                   help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
     m.add_argument("--standin-video-vae", action="store_true",
                    help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful); "
                    "the pipeline refuses a checkpoint without it")

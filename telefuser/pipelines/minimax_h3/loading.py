@@ -32,6 +32,7 @@ from .tokenizer import load_tokenizer
 from .vae import load_audio_decoder, load_video_decoder
 
 RANDOM = "random (no checkpoint)"
+OFFLOADED = ", kept in host memory between prompts"
 TINY_TEXT_LAYERS = 2
 
 
@@ -56,14 +57,16 @@ def build_minimax_h3_pipeline(
     allow_standin_video_vae: bool = False,
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
     show_progress: bool = True,
+    offload_text_encoder: bool = False,
 ) -> MiniMaxH3Pipeline:
-    """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None."""
+    """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
+    `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`)."""
     device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(
             Path(checkpoint), device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
             allow_standin_video_vae=allow_standin_video_vae, timestep_scale=timestep_scale,
-            show_progress=show_progress,
+            show_progress=show_progress, offload_text_encoder=offload_text_encoder,
         )
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
@@ -83,7 +86,7 @@ def build_minimax_h3_pipeline(
         dit.enable_parallel(mesh)
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(load_tokenizer(None), encoder),
+        PromptEncoder(load_tokenizer(None), encoder, offload=offload_text_encoder),
         load_video_decoder(None),
         load_audio_decoder(None, device=device),
         device=device,
@@ -92,7 +95,7 @@ def build_minimax_h3_pipeline(
         weights={
             "summary": f"{RANDOM}, {config} sizes",
             "dit": getattr(dit, "weights_source", RANDOM),
-            "text_encoder": RANDOM,
+            "text_encoder": RANDOM + (OFFLOADED if offload_text_encoder else ""),
             "tokenizer": load_tokenizer(None).description,
             "video_vae": load_video_decoder(None).description,
             "audio_vae": "stand-in audio decoder (no checkpoint)",
@@ -102,7 +105,8 @@ def build_minimax_h3_pipeline(
 
 
 def _from_checkpoint(
-    checkpoint: Path, *, device, dtype, mesh, attn_impl, allow_standin_video_vae, timestep_scale, show_progress
+    checkpoint: Path, *, device, dtype, mesh, attn_impl, allow_standin_video_vae, timestep_scale, show_progress,
+    offload_text_encoder: bool,
 ) -> MiniMaxH3Pipeline:
     part = resolve_partition(checkpoint)
     video_decoder = load_video_decoder(part / "video_vae", allow_standin=allow_standin_video_vae)  # refuses first
@@ -111,13 +115,14 @@ def _from_checkpoint(
     audio_decoder = load_audio_decoder(part / "audio_vae", device=device)
     processor = part / "processor"
     tokenizer = load_tokenizer(processor if processor.is_dir() else None)
-    encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=device, dtype=dtype)
+    encoder_device = "cpu" if offload_text_encoder else device  # offloaded: read straight into host memory
+    encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
     dit = load_minimax_h3_dit(part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl)
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(tokenizer, encoder),
+        PromptEncoder(tokenizer, encoder, offload=offload_text_encoder),
         video_decoder,
         audio_decoder,
         device=device,
@@ -126,7 +131,8 @@ def _from_checkpoint(
         weights={
             "summary": str(part),
             "dit": str(part / "transformer"),
-            "text_encoder": f"{part / 'text_encoder'} (first {SELECTED_LAYER} language layers)",
+            "text_encoder": f"{part / 'text_encoder'} (first {SELECTED_LAYER} language layers)"
+                            + (OFFLOADED if offload_text_encoder else ""),
             "tokenizer": tokenizer.description,
             "video_vae": video_decoder.description,
             "audio_vae": audio_decoder.description,

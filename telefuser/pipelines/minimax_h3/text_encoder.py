@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..host_offload import HostResident
+
 SELECTED_LAYER = 50
 OFFICIAL_TEXT_DIM = 5120
 # Prefixes under which a full Qwen3-VL checkpoint stores its language model, most likely first.
@@ -204,9 +206,13 @@ def _detect_prefix(shards: list[Path]) -> str:
 
 
 class PromptEncoder:
-    """Tokenizer + text encoder: a prompt to the DiT's text conditioning [1, L, text_dim]."""
+    """Tokenizer + text encoder: a prompt to the DiT's text conditioning [1, L, text_dim].
 
-    def __init__(self, tokenizer, encoder: MiniMaxH3TextEncoder) -> None:
+    `offload=True` keeps the encoder in host memory between prompts (`HostResident`): the official encoder is about
+    50 GB, and it runs once per request while the DiT needs the GPU memory for the rest of it.
+    """
+
+    def __init__(self, tokenizer, encoder: MiniMaxH3TextEncoder, *, offload: bool = False) -> None:
         if tokenizer.vocab_size > encoder.vocab_size:
             raise ValueError(
                 f"tokenizer vocabulary ({tokenizer.vocab_size}) is larger than the text encoder's "
@@ -214,6 +220,11 @@ class PromptEncoder:
             )
         self.tokenizer = tokenizer
         self.encoder = encoder
+        self._host_resident = HostResident(encoder) if offload else None
+
+    @property
+    def offload(self) -> bool:
+        return self._host_resident is not None
 
     @property
     def hidden_size(self) -> int:
@@ -226,4 +237,7 @@ class PromptEncoder:
         if not ids:
             raise ValueError(f"prompt {prompt!r} produced no tokens")
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-        return self.encoder(input_ids)
+        if self._host_resident is None:
+            return self.encoder(input_ids)
+        with self._host_resident.on(device) as encoder:
+            return encoder(input_ids)
