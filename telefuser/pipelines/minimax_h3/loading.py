@@ -79,7 +79,7 @@ def build_minimax_h3_pipeline(
     else:
         text_config, text_layers = official_text_config(), SELECTED_LAYER
     encoder = MiniMaxH3TextEncoder.random(text_config, num_layers=text_layers, seed=seed, device=device, dtype=dtype)
-    # on a GPU, draw there: drawing the 17.5B official DiT on the host takes minutes
+    # on a GPU, draw there: drawing the 33B-parameter official DiT on the host takes minutes
     dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl,
                                       init_on_device=torch.device(device).type == "cuda")
     if mesh is not None and getattr(mesh, "world_size", 1) > 1:
