@@ -39,6 +39,7 @@ from telefuser_aiperf.runner import (
     free_port,
     http_get,
     load_bench_config,
+    model_flags,
     planned_requests,
     prepare_artifact_dir,
     run_aiperf,
@@ -79,20 +80,9 @@ def serve_module(python: str, override: str | None) -> str:
 
 def service_args(args: argparse.Namespace, port: int, output_dir: Path) -> list[str]:
     out = ["--host", "127.0.0.1", "--port", str(port), "--output-dir", str(output_dir), "--log-level", "info"]
-    if args.fake:
-        out += ["--fake", "--fake-step-delay", str(args.fake_step_delay)]
-    else:
-        out += ["--config", args.config]
-    for flag, value in (
-        ("--checkpoint", args.checkpoint),
-        ("--device", args.device),
-        ("--dtype", args.dtype),
-        ("--size-default", args.size),
-        ("--seconds-default", args.seconds),
-        ("--steps-default", args.steps),
-    ):
-        if value is not None:
-            out += [flag, str(value)]
+    out += model_flags(args, ["--fake", "--fake-step-delay", str(args.fake_step_delay)], {
+        "--checkpoint": args.checkpoint, "--device": args.device, "--dtype": args.dtype, "--size-default": args.size,
+        "--seconds-default": args.seconds, "--steps-default": args.steps})
     return out + list(args.service_arg)
 
 

@@ -31,6 +31,7 @@ from telefuser_aiperf.runner import (
     free_port,
     http_get,
     load_bench_config,
+    model_flags,
     planned_requests,
     prepare_artifact_dir,
     run_aiperf,
@@ -56,21 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def service_args(args: argparse.Namespace, port: int) -> list[str]:
     out = ["--host", "127.0.0.1", "--port", str(port), "--delivery-mode", "lossless", "--log-level", "info"]
-    if args.fake:
-        out += ["--fake", "--fake-delay", str(args.fake_delay)]
-    else:
-        out += ["--config", args.config]
-    for flag, value in (
-        ("--checkpoint", args.checkpoint),
-        ("--device", args.device),
-        ("--dtype", args.dtype),
-        ("--attn-impl", args.attn_impl),
-        ("--resolution", args.resolution),
-        ("--buffer-chunks", args.buffer_chunks),
-    ):
-        if value is not None:
-            out += [flag, str(value)]
-    return out
+    return out + model_flags(args, ["--fake", "--fake-delay", str(args.fake_delay)], {
+        "--checkpoint": args.checkpoint, "--device": args.device, "--dtype": args.dtype, "--attn-impl": args.attn_impl,
+        "--resolution": args.resolution, "--buffer-chunks": args.buffer_chunks})
 
 
 def scrape(url: str) -> dict:

@@ -148,6 +148,15 @@ class Service:
             return ""
 
 
+def model_flags(args: argparse.Namespace, fake_flags: list[str], optional: dict[str, Any]) -> list[str]:
+    """The service's model flags: `fake_flags` under --fake, else --config; then `--flag value` for every set value."""
+    out = list(fake_flags) if args.fake else ["--config", args.config]
+    for flag, value in optional.items():
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
 def service_command(python: str, subcommand: str, nproc: int, args: list[str]) -> list[str]:
     """`python -m telefuser.cli <subcommand> ...`, under torchrun (`python -m torch.distributed.run`) when nproc > 1."""
     if nproc > 1:
