@@ -10,12 +10,12 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo demo-attention test aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser clean
+.PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser clean
 
 help:
 	@echo "make demo        the main job on CPU: a LingBot-World v2 session -> MP4 + metrics (installs into $(VENV))"
 	@echo "make demo-attention  one DiT attention layer under Ulysses against dense (2 and 4 CPU ranks)"
-	@echo "make test        run the test suite on CPU (installs into $(VENV))"
+	@echo "make test        run the test suite on CPU (installs into $(VENV)), then the numerics tests on portable kernels"
 	@echo "make build-sm90  build and install tf-kernel for SM90 (PYTHON=/path/to/python with CUDA torch)"
 	@echo "make test-gpu    GPU tests on a CUDA host (PYTHON=python3 uses that interpreter's torch)"
 	@echo "make bench-stream-1min  AIPerf one-minute lossless LingBot-World v2 stream replay (tiny model on CPU)"
@@ -51,11 +51,21 @@ demo-attention: $(STAMP)
 
 # CI compiles tf-kernel with the machine's nvcc against the CPU torch, so a build break fails CI; its CPU tests
 # check registration and argument validation. pytest exits 5 when nothing was collected: a broken suite, not a pass.
+# The tests marked `numerics` (float results of different computation orders) then run again under torch's
+# portable kernels and AVX2 BLAS/oneDNN, so a test that passes with one CPU's kernels only fails on every host.
+PORTABLE_KERNELS = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+
 test: $(STAMP) browser aiperf-env
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+	$(MAKE) test-numerics
+
+test-numerics: $(STAMP)
+	@echo "== the numerics tests again under portable CPU kernels ($(PORTABLE_KERNELS))"
+	@$(PORTABLE_KERNELS) $(PY) -m pytest -q -m numerics -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: no test carries the numerics marker"; exit 1; fi; exit $$rc
 
 # The streaming service's web page is tested in headless Chromium: Debian's package, no browser download.
 browser:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from tests.ulysses_reference import recording_communicator
 from telefuser.layers.attention import UlyssesSelfAttention
 from telefuser.ops.rotary import rope_frequencies
+
+pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 
 
 def _layer_parity(ctx, seq_len):

@@ -26,6 +26,8 @@ from telefuser.models.minimax_h3 import (
     load_minimax_h3_dit,
 )
 
+pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
+
 MAX_RELATIVE_ERROR = 2e-6
 
 

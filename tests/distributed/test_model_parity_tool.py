@@ -40,7 +40,8 @@ def check_passed(report: dict, expected: list[str], transport: str) -> None:
     for case in report["cases"]:
         assert case["passed"] and not case["problems"], case
         assert case["transport"] == transport, case
-        assert 0 < case["relative"] <= FP32_BOUND / 5 and case["max_abs"] < 1e-4, case  # a real, tiny difference
+        # Parallel and dense sum in other orders: a tiny difference, or none (bit-identical is a valid result).
+        assert case["relative"] <= FP32_BOUND / 5 and case["max_abs"] < 1e-4, case
         assert case["max_abs_dense"] > 0.1  # never compared on zeros
         if case["model"] == "LingBot-World v2":
             chunks = case["chunks"]
@@ -50,6 +51,7 @@ def check_passed(report: dict, expected: list[str], transport: str) -> None:
             assert set(case["outputs"]) == {"video", "audio"}
 
 
+@pytest.mark.numerics
 def test_two_ranks_every_case_that_fits_passes(tmp_path):
     rc, output = run_tool(2, "--output", str(tmp_path))
     assert rc == 0, output[-4000:]
@@ -59,6 +61,7 @@ def test_two_ranks_every_case_that_fits_passes(tmp_path):
     assert "overall: PASS" in output
 
 
+@pytest.mark.numerics
 def test_four_ranks_over_host_shared_memory(tmp_path):
     """All five cases; the 2-rank cases run as two replicas ({0, 1} and {2, 3}) on the copy-engine protocol."""
     rc, output = run_tool(4, "--transport", "host-shm", "--output", str(tmp_path))
@@ -69,6 +72,7 @@ def test_four_ranks_over_host_shared_memory(tmp_path):
     assert groups["minimax_u2"] == [[0, 1], [2, 3]] and groups["minimax_tp2_u2"] == [[0, 1, 2, 3]]
 
 
+@pytest.mark.numerics
 def test_a_wrong_parallel_model_fails_with_status_1(tmp_path):
     rc, output = run_tool(2, "--cases", "minimax_u2", "--perturb", "1e-3", "--output", str(tmp_path))
     assert rc == 1, output[-4000:]

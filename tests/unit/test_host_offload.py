@@ -11,6 +11,7 @@ from torch import nn
 from telefuser.pipelines.host_offload import HostResident
 from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, PromptEncoder, tiny_text_config
 from telefuser.pipelines.minimax_h3.tokenizer import load_tokenizer
+from tests.numerics import UNIT_ROUNDOFF, relative_error
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
@@ -22,14 +23,24 @@ def _encoders():
     return PromptEncoder(load_tokenizer(None), resident), PromptEncoder(load_tokenizer(None), offloaded, offload=True)
 
 
+# The lent encoder computes with copies of the same weights at other addresses, which may steer the kernels to
+# another summation order (alignment-dependent vector paths): allow a few roundings of the dtype. An encoder with
+# other weights (the negative control) misses by order 1.
+def _bound(dtype: torch.dtype) -> float:
+    return 4 * UNIT_ROUNDOFF[dtype] if dtype != torch.float32 else 1e-5
+
+
+@pytest.mark.numerics
 def test_offloaded_prompt_encoder_gives_the_resident_encoders_conditioning():
     resident, offloaded = _encoders()
     assert offloaded.offload and not resident.offload
+    other = PromptEncoder(load_tokenizer(None), MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=64),
+                                                                         num_layers=2, seed=4))
     for prompt in ("a red fox in snow", "waves on a pebble beach at night"):
         expected = resident(prompt, torch.device("cpu"))
         got = offloaded(prompt, torch.device("cpu"))
-        assert got.abs().max() > 0
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert relative_error(got, expected) <= _bound(got.dtype)
+        assert relative_error(other(prompt, torch.device("cpu")), expected) > 1e3 * _bound(got.dtype)
     assert all(p.device.type == "cpu" for p in offloaded.encoder.parameters())
 
 
@@ -74,8 +85,8 @@ def test_offloaded_encoder_lends_the_gpu_its_weights_only_while_it_encodes():
     torch.cuda.reset_peak_memory_stats()
     got = offloaded(prompt, device)
     torch.cuda.synchronize()
-    assert got.device.type == "cuda" and got.abs().max() > 0
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert got.device.type == "cuda"
+    assert relative_error(got, expected) <= _bound(got.dtype)
     assert torch.cuda.max_memory_allocated() - before >= weight_bytes  # the weights did visit the GPU
     output_bytes = got.numel() * got.element_size()
     assert torch.cuda.memory_allocated() - before <= output_bytes + 4096  # and left it: only the output stays

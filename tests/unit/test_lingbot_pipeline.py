@@ -21,6 +21,7 @@ from telefuser.pipelines.lingbot_world_v2.text_encoder import (
 )
 from telefuser.pipelines.lingbot_world_v2.toy_dit import ToyCausalDiT, ToyDiTConfig
 from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+from tests.numerics import relative_error
 
 REPO = Path(__file__).resolve().parents[2]
 RES = (32, 16)  # latent 4 x 2: 2 DiT tokens per latent frame (keeps the VAE cheap on CPU)
@@ -128,6 +129,7 @@ def reference_loop(dit, encoder, vae, rgb, prompt, seed, plan):
     return outputs
 
 
+@pytest.mark.numerics
 def test_session_follows_the_reference_loop_and_rng_order(parts):
     vae, encoder = parts
     dit = ToyCausalDiT(ToyDiTConfig(text_dim=32, text_len=16))
@@ -137,8 +139,13 @@ def test_session_follows_the_reference_loop_and_rng_order(parts):
         plan = session.plan
     expected = reference_loop(dit, encoder, vae, image(), "a road", 7, plan)
     assert len(got) == len(expected) == 2
+    # The same arithmetic written twice, but the session may encode the condition in chunks and batch its tensors
+    # differently, so the fp32 kernels may sum in another order: 1e-5 (~170 fp32 roundoffs) bounds that. Another
+    # noise draw order (the negative control: the reference at another seed) misses by order 1.
     for a, b in zip(got, expected):
-        assert torch.equal(a, b)
+        assert relative_error(a, b) <= 1e-5
+    wrong_noise = reference_loop(dit, encoder, vae, image(), "a road", 8, plan)
+    assert all(relative_error(w, b) > 1e-2 for w, b in zip(wrong_noise, expected))
 
 
 def test_same_seed_same_frames_other_seed_other_frames(parts):
@@ -161,16 +168,21 @@ def test_frame_policy_truncate_drops_the_partial_chunk_and_strict_refuses(parts)
         pipe.start(image(), "a road", resolution=RES, num_frames=37, frame_policy="strict")
 
 
+@pytest.mark.numerics
 def test_per_chunk_condition_encoding_gives_the_same_video(parts):
-    def run(mode):
-        with make_pipe(parts, condition_encoding=mode).start(image(), "a road", resolution=RES,
-                                                             num_frames=29) as session:
+    def run(mode, seed=0):
+        with make_pipe(parts, condition_encoding=mode).start(image(), "a road", seed=seed, resolution=RES,
+                                                             num_frames=29, keep_latents=True) as session:
             chunks = [session.next_chunk() for _ in range(session.total_chunks)]
         return chunks
 
-    upfront, streamed = run("upfront"), run("per_chunk")
-    for a, b in zip(upfront, streamed):
-        assert np.array_equal(a.frames, b.frames)
+    upfront, streamed, reseeded = run("upfront"), run("per_chunk"), run("upfront", seed=1)
+    # Streamed and one-shot encoding sum in other orders (fp32, bound 1e-5 as above); a frame pixel that sits on a
+    # rounding boundary may then land one uint8 level away. Another seed (the negative control) moves pixels by tens.
+    for a, b, other in zip(upfront, streamed, reseeded):
+        assert relative_error(b.latents, a.latents) <= 1e-5
+        assert np.abs(a.frames.astype(np.int16) - b.frames).max() <= 1
+        assert np.abs(a.frames.astype(np.int16) - other.frames).max() > 10
     assert "condition_s" in streamed[1].measurement["phases"] and "condition_s" not in upfront[1].measurement["phases"]
     with pytest.raises(ValueError, match="condition_encoding"):
         make_pipe(parts, condition_encoding="lazy")

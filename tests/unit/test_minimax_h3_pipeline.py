@@ -168,6 +168,7 @@ def test_stand_in_decoders_have_official_shapes_and_refuse_checkpoints(tmp_path)
     assert "NOT meaningful" in load_video_decoder(tmp_path, allow_standin=True).description
 
 
+@pytest.mark.numerics
 def test_audio_decoder_loads_a_weight_norm_checkpoint_strictly(tmp_path):
     from safetensors.torch import save_file
 
