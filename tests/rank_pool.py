@@ -1,7 +1,9 @@
 """A pool of long-lived ranks for multi-process tests.
 
 Starting W processes that import torch costs seconds on a 2-core machine, so each world size gets one pool per test
-session: W spawned workers with a gloo process group (file:// rendezvous) that run test functions on request. A test
+session: W spawned workers with a gloo process group that run test functions on request. The parent hosts the
+rendezvous TCPStore (the communicator's control exchanges run over it, and a TCPStore wait is event-driven where a
+FileStore polls). A test
 calls ``pool.run(fn, *args)``; every rank runs ``fn(ctx, *args)`` and the results come back indexed by rank. A rank
 that raises fails the test with its traceback; a run that does not finish in time kills the pool (it is rebuilt for
 the next test) and fails with a timeout error instead of hanging the suite.
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import os
 import queue
-import tempfile
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,7 +36,7 @@ class RankFailure(AssertionError):
     pass
 
 
-def _worker(rank: int, world_size: int, init_file: str, device: str, tasks, results) -> None:
+def _worker(rank: int, world_size: int, store_port: int, device: str, tasks, results) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -44,9 +45,8 @@ def _worker(rank: int, world_size: int, init_file: str, device: str, tasks, resu
     if device == "cuda":  # ranks share GPU 0, or with TELEFUSER_TEST_GPU_PER_RANK=1 (multi-GPU hosts) get one each
         per_rank = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
         torch.cuda.set_device(rank % torch.cuda.device_count() if per_rank else 0)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
-    )
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     ctx = RankContext(rank, world_size)
     while True:
         task = tasks.get()
@@ -68,16 +68,16 @@ class RankPool:
         self._start()
 
     def _start(self) -> None:
+        import torch.distributed as dist
+
         ctx = mp.get_context("spawn")
-        fd, self._init_file = tempfile.mkstemp(prefix="rankpool-")
-        os.close(fd)
-        os.unlink(self._init_file)  # FileStore creates it
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
         self._results = ctx.Queue()
         self._procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, self.world_size, self._init_file, self.device, self._tasks[r], self._results),
+                args=(r, self.world_size, self._store.port, self.device, self._tasks[r], self._results),
                 daemon=True,
             )
             for r in range(self.world_size)
@@ -125,5 +125,4 @@ class RankPool:
                 p.kill()
                 p.join(timeout=5)
         self._procs = []
-        if os.path.exists(self._init_file):
-            os.unlink(self._init_file)
+        self._store = None

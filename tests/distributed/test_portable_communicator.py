@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
-from telefuser.distributed.ulysses import UlyssesCommunicator, UlyssesInputError, UlyssesProtocolError
+from telefuser.distributed.ulysses import (
+    UlyssesCommunicator,
+    UlyssesConfigError,
+    UlyssesInputError,
+    UlyssesProtocolError,
+    UlyssesTimeoutError,
+)
+from telefuser.distributed.ulysses.copy_engine import CopyEngineOptions
+from tests import transport_cases as cases
 from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -104,7 +114,9 @@ def _expect_input_error(ctx, case):
     xs = [rank_input(31, p, (1, 4, 2 * w, 8), torch.float32) for p in range(w)]
     if comm.has_pending_group:
         comm.scatter_heads(xs[r], tag="z").wait()
-        assert torch.equal(_STARTED.pop().wait(), expected_scatter([rank_input(30, p, good.shape, good.dtype) for p in range(w)], r))
+        assert torch.equal(
+            _STARTED.pop().wait(), expected_scatter([rank_input(30, p, good.shape, good.dtype) for p in range(w)], r)
+        )
     assert torch.equal(comm.scatter_heads(xs[r]).wait(), expected_scatter(xs, r))
     comm.close()
     return message
@@ -130,8 +142,6 @@ BAD_CALLS = {
     "not_a_tensor": lambda c, g, r, w: c.scatter_heads(g.tolist()),
     "heads_indivisible": lambda c, g, r, w: c.scatter_heads(g[:, :, :3]),
     "empty": lambda c, g, r, w: c.scatter_heads(g[:, :0]),
-    "heads_not_contiguous": lambda c, g, r, w: c.scatter_heads(g.transpose(1, 2).contiguous().transpose(1, 2)),
-    "channels_strided": lambda c, g, r, w: c.scatter_heads(torch.cat([g, g], dim=3)[..., ::2]),
     "gather_seq_indivisible": lambda c, g, r, w: c.gather_heads(g[:, :3]),
     "deferred_without_tag": lambda c, g, r, w: c.scatter_heads(g, barrier=False),
     "duplicate_tag": _deferred,
@@ -148,8 +158,6 @@ EXPECTED = {
     "not_a_tensor": "expected a torch.Tensor",
     "heads_indivisible": "3 heads cannot be split evenly",
     "empty": "the tensor is empty",
-    "heads_not_contiguous": "heads are not contiguous within a row",
-    "channels_strided": "head channels are not contiguous",
     "gather_seq_indivisible": "is not divisible by the Ulysses degree",
     "deferred_without_tag": "needs a tag",
     "duplicate_tag": "already pending",
@@ -190,6 +198,49 @@ def _compiled_round_trip(ctx):
     return True
 
 
+def _config_mismatch(ctx, setting):
+    """One rank differs in one setting; the first call raises the same UlyssesConfigError on every rank."""
+    r = ctx.rank
+    kwargs = {
+        "transport": {"transport": "host-shm" if r == 0 else "portable"},
+        "verify": {"verify": "always" if r == 0 else "new"},
+        "flag_bits": {"options": CopyEngineOptions(flag_bits=32 if r == 0 else 64)},
+    }[setting]
+    comm = UlyssesCommunicator(ctx.group, **kwargs)
+    x = rank_input(60, r, (1, 4, 2 * ctx.world_size, 8), torch.float32)
+    messages = []
+    for _ in range(2):  # it stays refused: the exchange runs again and raises again
+        try:
+            comm.scatter_heads(x).wait()
+        except UlyssesConfigError as exc:
+            messages.append(str(exc))
+    comm.close()
+    return messages
+
+
+def _diverge_at_repeated_signature(ctx, transport, timeout_s):
+    """The last rank passes a bad input at a signature every rank has already agreed: the others skip agreement and
+    go on to the transfer, it enters an exchange alone. Neither side can be agreed: both must get a clear error
+    within the timeout."""
+    w, r = ctx.world_size, ctx.rank
+    comm = UlyssesCommunicator(ctx.group, transport=transport, options=CopyEngineOptions(timeout_s=timeout_s))
+    x = rank_input(61, r, (1, 4, 2 * w, 8), torch.float32)
+    comm.scatter_heads(x).wait()
+    t0 = time.monotonic()
+    try:
+        comm.scatter_heads(x.double() if r == w - 1 else x).wait()
+    except (UlyssesTimeoutError, UlyssesInputError) as exc:
+        outcome = (isinstance(exc, UlyssesTimeoutError), str(exc), time.monotonic() - t0)
+    else:
+        raise AssertionError("no error")
+    try:
+        comm.scatter_heads(x)
+    except RuntimeError as exc:
+        refused = str(exc)
+    comm.close()
+    return outcome, refused
+
+
 # ---- the tests ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("b,s,hl,d", [(1, 3, 2, 8), (2, 5, 1, 16)])
@@ -227,3 +278,34 @@ def test_verify_always_catches_late_divergence(ranks):
 
 def test_works_inside_torch_compile(ranks2):
     assert all(ranks2.run(_compiled_round_trip))
+
+
+def test_unreadable_layouts_are_valid_data_on_portable(ranks):
+    assert ranks.run(cases.case_layouts_packed_locally, "portable", "cpu") == ["portable"] * ranks.world_size
+
+
+@pytest.mark.parametrize("setting", ["transport", "verify", "flag_bits"])
+def test_one_rank_configuration_difference_fails_on_every_rank(ranks2, setting):
+    messages = ranks2.run(_config_mismatch, setting)
+    assert messages[0] == messages[1] and len(messages[0]) == 2, messages
+    assert f"ranks disagree on the Ulysses configuration: {setting}" in messages[0][0], messages[0][0]
+    assert "rank 0:" in messages[0][0] and "rank 1:" in messages[0][0]
+
+
+@pytest.mark.parametrize("transport", ["portable", "host-shm"])
+def test_divergence_at_a_repeated_signature_ends_everywhere_within_the_timeout(ranks2, transport):
+    timeout_s = 1.5
+    try:
+        results = ranks2.run(_diverge_at_repeated_signature, transport, timeout_s, timeout=60)
+    finally:
+        ranks2.close()  # a timed-out collective leaves the pool's process group out of step: start a fresh one
+    (good, good_refused), (bad, bad_refused) = results
+    assert bad[0] and "did not reach the agreement of a scatter_heads call" in bad[1], bad[1]
+    assert good[0], good[1]
+    if transport == "portable":
+        assert "portable all_to_all of scatter_heads" in good[1] and "out of step" in good[1], good[1]
+    else:
+        assert "did not complete handshake epoch" in good[1], good[1]
+    for _, _, elapsed in (good, bad):
+        assert timeout_s <= elapsed < timeout_s + 8
+    assert "failed earlier" in good_refused and "failed earlier" in bad_refused

@@ -12,6 +12,7 @@ from telefuser.distributed.ulysses.layout import (
     pitched_copy_to_peer,
     plan_gather,
     plan_scatter,
+    readable_layout,
 )
 from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
 
@@ -69,7 +70,12 @@ def test_plan_fields():
     assert plan.in_strides == (5 * 3 * 8 * 16, 3 * 8 * 16, 16, 1)
     pc = pitched_copy_to_peer(plan, rank=1, peer=3)
     assert (pc.src_offset, pc.src_pitch, pc.dst_offset, pc.dst_pitch, pc.width, pc.height) == (
-        3 * 32 * 4, 3 * 8 * 16 * 4, 5 * 32 * 4, 32 * 4, 32 * 4, 5,
+        3 * 32 * 4,
+        3 * 8 * 16 * 4,
+        5 * 32 * 4,
+        32 * 4,
+        32 * 4,
+        5,
     )
     assert plan.signature() == ("scatter", (1, 5, 8, 16), torch.float32)
     with pytest.raises(ValueError, match="outside world size"):
@@ -83,15 +89,59 @@ def test_plan_fields():
         (lambda: torch.randn(1, 4, 6, 8), 4, "6 heads cannot be split evenly over the Ulysses degree 4"),
         (lambda: torch.randn(1, 4, 4, 8).to(torch.int8), 2, "dtype int8 is not supported"),
         (lambda: torch.randn(1, 0, 4, 8), 2, "the tensor is empty"),
-        (lambda: torch.randn(1, 8, 4, 4).transpose(1, 2), 2, "heads are not contiguous"),
+        (lambda: torch.randn(1, 8, 4, 4).transpose(1, 2), 2, "heads are not contiguous within a row"),
         (lambda: torch.randn(1, 4, 4, 16)[..., ::2], 2, "head channels are not contiguous"),
-        (lambda: torch.randn(64).as_strided((2, 4, 2, 4), (8, 8, 4, 1)), 2, "batch items overlap"),
-        (lambda: torch.randn(64).as_strided((1, 4, 2, 4), (8, 4, 4, 1)), 2, "sequence rows overlap"),
+        (lambda: torch.randn(1, 1, 4, 8).expand(1, 4, 4, 8), 2, r"rows are closer than one copy width \(stride\(1\)=0"),
     ],
 )
 def test_scatter_validation_messages(make, world, message):
     with pytest.raises(UlyssesInputError, match=message):
         plan_scatter(make(), world)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(1, 8, 4, 4).transpose(1, 2),  # heads strided within a row
+        lambda: torch.randn(1, 4, 4, 16)[..., ::2],  # channels strided
+        lambda: torch.randn(1, 1, 4, 8).expand(1, 4, 4, 8),  # expanded rows: stride(1) == 0
+        lambda: torch.randn(2, 1, 4, 8).expand(2, 3, 4, 8),
+    ],
+    ids=["heads_strided", "channels_strided", "expanded_rows", "expanded_rows_batch2"],
+)
+def test_unreadable_layouts_are_packed_with_one_copy(make):
+    x = make()
+    packed, problem = readable_layout(x, 2, Direction.SCATTER)
+    assert problem is not None and packed.is_contiguous() and torch.equal(packed, x)
+    assert plan_scatter(packed, 2).signature() == ("scatter", tuple(x.shape), x.dtype)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_overlapping_source_rows_and_batches_are_read_in_place(world):
+    """Only destinations must not overlap: a source whose rows (or batch items) overlap is read as it lies."""
+    h, d, s = 2 * world, 4, 3
+    width = h // world * d
+    rows = [rank_input(10, r, (64 * world,), torch.float32) for r in range(world)]
+    inputs = [t.as_strided((2, s, h, d), (width, width, d, 1)) for t in rows]  # rows one copy width apart
+    for x in inputs:
+        assert readable_layout(x, world, Direction.SCATTER)[1] is None
+    plans = [plan_scatter(x, world) for x in inputs]
+    outputs = [torch.full(plans[0].out_shape, float("nan")) for _ in range(world)]
+    for rank in range(world):
+        for peer in range(world):
+            run_pitched_copy(inputs[rank], outputs[peer], pitched_copy_to_peer(plans[rank], rank, peer))
+    for peer in range(world):
+        assert torch.equal(outputs[peer], expected_scatter([x.contiguous() for x in inputs], peer))
+
+
+def test_signature_ignores_strides_and_size_one_dimensions_get_canonical_strides():
+    fused = torch.randn(1, 5, 3, 4, 8)
+    view, contiguous = fused[:, :, 2], fused[:, :, 2].contiguous()
+    assert plan_scatter(view, 2).signature() == plan_scatter(contiguous, 2).signature()
+    odd = torch.randn(1, 1, 4, 8).as_strided((1, 1, 4, 8), (7, 3, 8, 1))  # strides of size-1 dims are meaningless
+    plan = plan_scatter(odd, 2)
+    assert plan.in_strides == (32, 32, 8, 1)
+    assert pitched_copy_to_peer(plan, 0, 1).src_pitch >= pitched_copy_to_peer(plan, 0, 1).width
 
 
 def test_gather_validation_messages():

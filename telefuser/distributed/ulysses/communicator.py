@@ -5,17 +5,44 @@ The model owns one communicator and shares it between all of its blocks; `close(
 
 Transports. scatter_heads runs on the portable `all_to_all_single` path or, when every rank is eligible, on a
 copy-engine transport (pitched copies into peers' cached final-layout buffers, one GPU-side handshake per tagged
-group). The choice is made lazily at the first eligible scatter, agreed by all ranks, and is final. A copy-engine setup
-failure that every rank sees before a group has started falls back to the portable path on every rank; a failure after
-a group started raises, because switching protocols mid-group would break the ranks' collective order. gather_heads
-always uses the portable path (it was faster in the seed's measurements).
+group). The choice is made lazily at the first eligible scatter, agreed by all ranks, and holds until `reset()`.
+gather_heads always uses the portable path (it was faster in the seed's measurements).
+
+The rule: a difference confined to one rank never leaves a peer waiting. Every such difference is one of three kinds.
+
+1. Handled locally. A layout the pitched copy cannot read (heads or channels strided within a row, rows closer than
+   one copy width, an expanded ``stride(1) == 0`` input) is packed into one it can with one local copy, on every
+   transport. It is valid data, not an error, and strides are not part of what ranks agree on.
+2. Agreed: every rank raises the same error at once, or falls back together. A bad input at a new call signature;
+   the configuration (the transport request, the verify mode and every protocol field of `CopyEngineOptions`, whose
+   mismatch raises `UlyssesConfigError` naming the setting and each rank's value); transport selection and
+   eligibility; every setup step (allocations, mappings, handle exchanges, constructors, the probe transfer: an
+   out-of-memory on one rank falls back on all before a group started, and raises `UlyssesTransportError` on all
+   after); evictions; `reset()`.
+3. Bounded. Where neither is possible because the ranks run different call sequences -- a bad input at a repeated
+   signature (agreement is skipped there), a peer that raised before submitting its part of a group, a peer that
+   died, an exception in one rank's forward between groups, a submit-time error on one rank -- every rank gets a
+   clear error within ``CopyEngineOptions.timeout_s`` (default 600 s): a control exchange, the portable all_to_all
+   and the CPU handshake raise `UlyssesTimeoutError`; on a GPU the handshake watchdog ends the process (a stream
+   blocked in a GPU wait cannot be cancelled), naming the stalled epoch and what the peers posted about their own
+   failures. The rank that failed locally raises its own error at once.
 
 Agreement. Every call is validated locally, then -- the first time a call signature (operation, tag, barrier, input
-shape, dtype) is seen, or on every call with ``verify="always"`` -- all ranks exchange their signature and verdict in
-one small collective before any data moves. So a bad input raises the same error on every rank. Repeated signatures
-skip the exchange, which keeps a steady-state call at a dictionary lookup; the price is that a program which feeds
-ranks *different sequences* of signatures (one rank repeats a shape while another changes it) is caught by the
-process group's timeout rather than at once. Set ``TELEFUSER_ULYSSES_VERIFY=always`` to check every call.
+shape, dtype, device type) is seen, or on every call with ``verify="always"`` -- all ranks exchange their signature,
+configuration and verdict in one small bounded exchange (`ControlChannel`) before any data moves. Repeated signatures
+skip the exchange, which keeps a steady-state call at a few dictionary lookups; ``TELEFUSER_ULYSSES_VERIFY=always``
+checks every call.
+
+Recovery. After a failure (agreed or bounded) the communicator refuses calls until `reset()`: a collective call at a
+request boundary that drops the pending group, releases the copy-engine transport once every rank quiesced, and
+selects again at the next scatter, so one out-of-memory at a new shape does not cost a server its copy-engine path
+for good. A timed-out portable collective leaves the process group itself out of step; then reset() refuses on every
+rank and the processes must restart.
+
+CUDA graphs. A scatter under CUDA graph capture runs on the portable path (NCCL can be captured), never on the copy
+engine: a captured group would replay fixed epochs, so its stream-memory waits would pass without synchronising, and
+fixed buffers, so the two-buffer output lifetime rule would break at the replay boundary. On a gloo-only group (ranks
+sharing a GPU) nothing can be captured, and the call says so.
 """
 
 from __future__ import annotations
@@ -26,13 +53,23 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..agreement import describe_disagreement, first_error, gather_from_ranks
+from ..agreement import describe_disagreement, first_error
+from .control import ControlChannel
 from .copy_engine import CopyEngineOptions
 from .factory import create_copy_engine
 from .handles import TaggedGroup, UlyssesHandle, UlyssesProtocolError
-from .layout import UlyssesInputError, UlyssesPlan, plan_gather, plan_scatter
-from .peer_mapping import CopyEngineSetupError
-from .portable import PortableBackend
+from .layout import (
+    Direction,
+    UlyssesInputError,
+    UlyssesPlan,
+    check_gather,
+    check_scatter,
+    plan_gather,
+    plan_scatter,
+    readable_layout,
+)
+from .peer_mapping import CopyEngineSetupError, short_error
+from .portable import PortableBackend, UlyssesGroupOutOfStepError
 from .primitives import UlyssesTimeoutError
 from .selection import TRANSPORTS, agreed_candidates
 
@@ -40,10 +77,36 @@ log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("new", "always")
 _MAX_AGREED_SIGNATURES = 4096
+_MAX_PLANS = 1024
+GRAPH_CAPTURE_REASON = (
+    "CUDA graph capture: a captured copy-engine group would replay fixed epochs (its stream-memory waits would pass "
+    "without synchronising) and fixed buffers (the two-buffer output lifetime rule breaks at the replay boundary); "
+    "captured scatters run on the portable path"
+)
+_SETTING_SOURCES = {
+    "transport": "transport= or TELEFUSER_ULYSSES_TRANSPORT",
+    "verify": "verify= or TELEFUSER_ULYSSES_VERIFY",
+    "timeout_s": "CopyEngineOptions.timeout_s or TELEFUSER_ULYSSES_TIMEOUT_S",
+}
 
 
 class UlyssesTransportError(RuntimeError):
-    """The transport failed after a grouped transfer started; the communicator cannot be used any more."""
+    """The transport failed; the communicator refuses calls until `reset()`."""
+
+
+class UlyssesConfigError(RuntimeError):
+    """Ranks disagree on a setting of the communicator; raised identically on every rank."""
+
+
+def config_disagreement(configs: list[dict]) -> str | None:
+    """None when every rank has the same configuration, else each differing setting with each rank's value."""
+    problems = []
+    for key in sorted({k for c in configs for k in c}):
+        values = [c.get(key) for c in configs]
+        if any(v != values[0] for v in values):
+            source = _SETTING_SOURCES.get(key, f"CopyEngineOptions.{key}")
+            problems.append(f"{key} ({source}): " + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values)))
+    return "ranks disagree on the Ulysses configuration: " + "; ".join(problems) if problems else None
 
 
 class _Ready:
@@ -75,13 +138,16 @@ class UlyssesCommunicator:
         mapping_factory=None,
     ):
         """`transport`: "auto" (default; copy engine on eligible CUDA groups), "portable", "ce-symm", "ce-ipc", or
-        "host-shm" (the copy-engine protocol over CPU shared memory). Also read from TELEFUSER_ULYSSES_TRANSPORT."""
+        "host-shm" (the copy-engine protocol over CPU shared memory). Also read from TELEFUSER_ULYSSES_TRANSPORT.
+        `control_group` is accepted for compatibility: control exchanges go through the default process group's
+        store (bounded by `options.timeout_s`), so they never need a CPU group of their own."""
         if not dist.is_initialized():
-            raise RuntimeError("UlyssesCommunicator needs torch.distributed to be initialized (see telefuser.distributed.mesh)")
+            raise RuntimeError(
+                "UlyssesCommunicator needs torch.distributed to be initialized (see telefuser.distributed.mesh)"
+            )
         self.group = group if group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        self._control_group = control_group if control_group is not None else self.group
         verify = verify or os.environ.get("TELEFUSER_ULYSSES_VERIFY", "new")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -91,15 +157,20 @@ class UlyssesCommunicator:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.transport = transport
         self.options = options or CopyEngineOptions()
+        self._config = {"transport": transport, "verify": verify, **self.options.protocol()}
+        self._channel = ControlChannel(self.group, self.options.timeout_s)
         self._mapping_factory = mapping_factory
-        self._portable = PortableBackend(self.group)
-        self._scatter_backend = None  # chosen at the first eligible scatter; final
+        self._portable = PortableBackend(self.group, self.options.timeout_s)
+        self._scatter_backend = None  # chosen at the first eligible scatter; holds until reset()
         self.fallback_reasons: dict[str, str] = {}
         self._failure: str | None = None
+        self._fell_back = False  # an agreed setup failure moved scatters to portable: reset() retries the copy engine
+        self._out_of_step = False  # a portable collective timed out: the process group's order is broken
         self._pending: TaggedGroup | None = None
         self._group_backend = None  # the backend the pending group runs on
         self._epoch = 0
         self._agreed: set[tuple] = set()
+        self._plans: dict[tuple, tuple[UlyssesPlan, bool]] = {}
         self._closed = False
 
     # -- public surface ------------------------------------------------------------------------------------------
@@ -121,15 +192,74 @@ class UlyssesCommunicator:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def failure(self) -> str | None:
+        """Why this rank's communicator refuses calls until `reset()`, or None."""
+        return self._failure
+
     def scatter_heads(self, x: torch.Tensor, *, tag: str | None = None, barrier: bool = True) -> UlyssesHandle:
         """Start moving ``[B, S_local, H, D]`` to ``[B, S_global, H/W, D]``."""
-        plan = self._validated(plan_scatter, x, tag=tag, barrier=barrier, op="scatter_heads")
+        x, plan = self._validated(Direction.SCATTER, x, tag=tag, barrier=barrier, op="scatter_heads")
         return self._submit(x, plan, tag, barrier)
 
     def gather_heads(self, y: torch.Tensor) -> UlyssesHandle:
         """Start moving ``[B, S_global, H_local, D]`` back to ``[B, S_local, H_local*W, D]`` (a group of one)."""
-        plan = self._validated(plan_gather, y, tag=None, barrier=True, op="gather_heads")
+        y, plan = self._validated(Direction.GATHER, y, tag=None, barrier=True, op="gather_heads")
         return self._submit(y, plan, None, True)
+
+    def reset(self) -> bool:
+        """Collective, at a request boundary (every rank calls it at the same point, with no group pending on
+        purpose): after a failure on any rank, drop the pending group, release the copy-engine transport once every
+        rank has quiesced, and select again at the next scatter. Returns whether anything was reset; when every rank
+        is healthy it is one small exchange and changes nothing. Raises `UlyssesTimeoutError` when a peer does not
+        reach it within the timeout, and `UlyssesTransportError` on every rank when a timed-out portable collective
+        left the process group out of step (then only restarting the processes helps)."""
+        if self._closed:
+            raise RuntimeError("reset: this UlyssesCommunicator is closed")
+        backend = self._scatter_backend if self._scatter_backend is not self._portable else None
+        local_error = None
+        if backend is not None:
+            try:
+                backend.quiesce_local()  # this rank's copies into its peers are finished before anyone releases
+            except Exception as exc:
+                local_error = short_error(exc)
+        state = {
+            "config": self._config,
+            "failure": self._failure,
+            "pending": self._pending is not None,
+            "fell_back": self._fell_back,
+            "out_of_step": self._out_of_step,
+            "quiesce_error": local_error,
+        }
+        try:
+            states = self._channel.resync(state, "reset")
+        except UlyssesTimeoutError as exc:
+            self._fail(str(exc))
+            raise
+        disagreement = config_disagreement([s["config"] for s in states])
+        if disagreement:
+            raise UlyssesConfigError(disagreement)
+        broken = [r for r, s in enumerate(states) if s["out_of_step"]]
+        if broken:
+            message = (
+                f"reset: ranks {broken} abandoned a collective of the process group after its timeout; the group's "
+                "collective order is out of step and cannot be repaired in place: restart the processes"
+            )
+            self._failure = message
+            raise UlyssesTransportError(message)
+        if not any(s["failure"] or s["pending"] or s["fell_back"] or s["quiesce_error"] for s in states):
+            return False
+        if backend is not None:  # every rank synchronized its own copies before the exchange above
+            backend.close(agreed=not any(s["quiesce_error"] for s in states))
+        self._scatter_backend = self._group_backend = self._pending = None
+        self._failure = None
+        self._fell_back = False
+        self._agreed.clear()
+        self.fallback_reasons.clear()
+        self._channel.clear_failure()
+        reasons = "; ".join(f"rank {r}: {s['failure']}" for r, s in enumerate(states) if s["failure"]) or "a fallback"
+        log.warning("Ulysses communicator reset on every rank after: %s", reasons)
+        return True
 
     def close(self) -> None:
         """Release backends and drop any pending group. Local only: no collective. Safe to call twice."""
@@ -142,7 +272,7 @@ class UlyssesCommunicator:
             backend.close()
         self._portable.close()
 
-    def __enter__(self) -> "UlyssesCommunicator":
+    def __enter__(self) -> UlyssesCommunicator:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -169,15 +299,38 @@ class UlyssesCommunicator:
                 return f"{op}: tag {tag!r} is already pending in this group {self._pending.tags}"
         return None
 
-    def _validated(self, planner, x, *, tag, barrier, op) -> UlyssesPlan:
+    def _plan_for(self, x, direction: Direction) -> tuple[torch.Tensor, UlyssesPlan]:
+        """The input as the copies will read it (packed once when its layout needs it) and its plan; raises
+        UlyssesInputError for a value the exchange cannot move. Cached per (shape, strides, dtype)."""
+        check, planner = (
+            (check_scatter, plan_scatter) if direction is Direction.SCATTER else (check_gather, plan_gather)
+        )
+        if not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
+            check(x, self.world_size)
+            x, _ = readable_layout(x, self.world_size, direction)
+            return x, planner(x, self.world_size)
+        key = (direction, x.shape, x.stride(), x.dtype)
+        cached = self._plans.get(key)
+        if cached is None:
+            check(x, self.world_size)
+            readable, problem = readable_layout(x, self.world_size, direction)
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            cached = self._plans[key] = (planner(readable, self.world_size), problem is not None)
+        plan, pack = cached
+        return (x.contiguous() if pack else x), plan
+
+    def _validated(self, direction, x, *, tag, barrier, op) -> tuple[torch.Tensor, UlyssesPlan]:
         if self._closed:
             raise RuntimeError(f"{op}: this UlyssesCommunicator is closed")
         if self._failure is not None:
-            raise UlyssesTransportError(f"{op}: this UlyssesCommunicator failed earlier and cannot be used: {self._failure}")
+            raise UlyssesTransportError(
+                f"{op}: this UlyssesCommunicator failed earlier (reset() reopens it): {self._failure}"
+            )
         plan, error = None, self._sequence_error(op, tag, barrier)
         if error is None:
             try:
-                plan = planner(x, self.world_size)
+                x, plan = self._plan_for(x, direction)
             except UlyssesInputError as exc:
                 error = str(exc)
         if self.world_size > 1 and not torch.compiler.is_compiling():
@@ -185,16 +338,23 @@ class UlyssesCommunicator:
             error = self._agree(op, tag, barrier, plan, device, error)
         if error is not None:
             raise UlyssesInputError(error)
-        return plan
+        return x, plan
 
     def _agree(self, op, tag, barrier, plan, device, error) -> str | None:
         signature = (op, tag, barrier, plan.signature() if plan is not None else None, device)
         if error is None and self.verify == "new" and signature in self._agreed:
             return None
-        views = gather_from_ranks((signature, error), self._control_group)
-        agreed_error = first_error([e for _, e in views])
+        try:
+            views = self._channel.gather((self._config, signature, error), f"the agreement of a {op} call")
+        except UlyssesTimeoutError as exc:
+            self._fail(str(exc))
+            raise
+        disagreement = config_disagreement([c for c, _, _ in views])
+        if disagreement:
+            raise UlyssesConfigError(disagreement)
+        agreed_error = first_error([e for _, _, e in views])
         if agreed_error is None:
-            agreed_error = describe_disagreement(f"the {op} call", [s for s, _ in views])
+            agreed_error = describe_disagreement(f"the {op} call", [s for _, s, _ in views])
         if agreed_error is None:
             if len(self._agreed) >= _MAX_AGREED_SIGNATURES:
                 self._agreed.clear()
@@ -202,10 +362,23 @@ class UlyssesCommunicator:
         return agreed_error
 
     # -- submission ------------------------------------------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        """This rank refuses calls until reset(); the peers it may leave waiting can read why."""
+        self._failure = message
+        self._channel.post_failure(message)
+
+    def _transfer_failed(self, exc: Exception) -> None:
+        if isinstance(exc, UlyssesGroupOutOfStepError):
+            self._out_of_step = True
+        if isinstance(exc, UlyssesTimeoutError):
+            self._fail(str(exc))
+
     def _backend_for(self, x: torch.Tensor):
         """The scatter backend for this call. The first eligible call selects it, collectively and agreed."""
         if self.world_size == 1 or torch.compiler.is_compiling():
             return self._portable
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._capture_backend(x)
         if self._scatter_backend is None:
             self._scatter_backend = self._select(x.device)
         backend = self._scatter_backend
@@ -213,24 +386,57 @@ class UlyssesCommunicator:
             return self._portable  # an ineligible call; the transport stays selected for eligible ones
         return backend
 
+    def _capture_backend(self, x: torch.Tensor):
+        if not self._portable.can_capture(x.device):
+            raise UlyssesInputError(
+                f"scatter_heads under CUDA graph capture on a {dist.get_backend(self.group)} group: the copy engine "
+                "cannot be captured (fixed epochs and buffers would be replayed), and the portable path cannot either "
+                "here (it stages device tensors through the host); capture needs an NCCL group, one GPU per rank"
+            )
+        self.fallback_reasons.setdefault("cuda-graph-capture", GRAPH_CAPTURE_REASON)
+        return self._portable
+
     def _select(self, device: torch.device):
-        candidates, excluded = agreed_candidates(self.transport, device, self._control_group)
+        candidates, excluded = agreed_candidates(self.transport, device, self._channel, self.options.flag_bits)
         self.fallback_reasons.update(excluded)
         for name in candidates:
             try:
-                return create_copy_engine(name, self.group, device, self.options, self._mapping_factory)
+                return create_copy_engine(name, self._channel, self.group, device, self.options, self._mapping_factory)
             except CopyEngineSetupError as exc:  # raised on every rank together
                 self.fallback_reasons[name] = str(exc)
                 log.warning("Ulysses transport %s unavailable, trying the next one: %s", name, exc)
         if self.transport not in ("auto", "portable"):
-            log.warning("Ulysses transport %s was asked for but is unavailable: %s", self.transport, self.fallback_reasons)
+            log.warning(
+                "Ulysses transport %s was asked for but is unavailable: %s", self.transport, self.fallback_reasons
+            )
         return self._portable
+
+    def _release_agreed(self, backend) -> None:
+        """Close a copy-engine backend at an agreed point: every rank quiesces, then all meet, then all release."""
+        error = None
+        try:
+            backend.quiesce_local()
+        except Exception as exc:
+            error = short_error(exc)
+        try:
+            agreed = self._channel.agree(error, "release of the copy-engine buffers") is None
+        except UlyssesTimeoutError:
+            backend.close(agreed=False)
+            raise
+        backend.close(agreed=agreed)
 
     def _fall_back(self, backend, reason: str) -> None:
         self.fallback_reasons[backend.name] = reason
-        log.warning("Ulysses %s failed before any group started; every rank falls back to portable: %s", backend.name, reason)
-        backend.close()
+        log.warning(
+            "Ulysses %s failed before any group started; every rank falls back to portable: %s", backend.name, reason
+        )
+        self._fell_back = True
         self._scatter_backend = self._portable
+        try:
+            self._release_agreed(backend)
+        except UlyssesTimeoutError as exc:
+            self._fail(str(exc))
+            raise
 
     def _submit(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None, barrier: bool) -> UlyssesHandle:
         group = self._pending
@@ -238,7 +444,11 @@ class UlyssesCommunicator:
             self._epoch += 1
             group = TaggedGroup(epoch=self._epoch)
         group_started = self._pending is not None
-        backend = self._portable if plan.direction.value == "gather" else self._backend_for(x)
+        try:
+            backend = self._portable if plan.direction is Direction.GATHER else self._backend_for(x)
+        except UlyssesTimeoutError as exc:
+            self._fail(str(exc))
+            raise
         if group_started and backend is not self._group_backend:
             raise UlyssesProtocolError(
                 f"scatter_heads(tag={tag!r}) would run on {backend.name} but its group started on "
@@ -256,7 +466,7 @@ class UlyssesCommunicator:
         else:
             self._pending = group
             self._group_backend = backend
-        return UlyssesHandle(transfer, group, tag, lambda: not self._closed)
+        return UlyssesHandle(transfer, group, tag, lambda: not self._closed, self._transfer_failed)
 
     def _start(self, backend, x, plan, tag, group_started):
         """Submit on `backend`; returns (transfer, the backend that actually ran it)."""
@@ -264,29 +474,41 @@ class UlyssesCommunicator:
             return backend.start(x, plan, tag), backend
         except CopyEngineSetupError as exc:  # agreed: every rank raised it at the same call
             if group_started:
-                self._failure = f"{backend.name} setup failed after a grouped transfer started: {exc}"
+                self._fail(f"{backend.name} setup failed after a grouped transfer started: {exc}")
                 raise UlyssesTransportError(self._failure + "; the request cannot safely fall back") from exc
             self._fall_back(backend, str(exc))
             return self._portable.start(x, plan, tag), self._portable
+        except UlyssesTimeoutError as exc:
+            self._fail(str(exc))
+            raise
         except Exception as exc:
             if backend is self._portable:
                 raise
-            self._failure = f"{backend.name} failed while submitting tag {tag!r}: {exc}"
+            self._fail(f"rank {self.rank}: {backend.name} failed while submitting tag {tag!r}: {short_error(exc)}")
             raise UlyssesTransportError(
-                self._failure + "; peers waiting on this rank's part of the group will time out"
+                self._failure + "; peers waiting on this rank's part of the group get a timeout error (on a GPU the "
+                "watchdog ends them) within timeout_s"
             ) from exc
 
     def _complete(self, backend, tag) -> None:
         try:
             backend.complete_group()
         except UlyssesTimeoutError as exc:
-            self._failure = str(exc)
+            self._fail(str(exc))
             raise
         except Exception as exc:
             if backend is self._portable:
                 raise
-            self._failure = f"{backend.name} failed to complete the group at tag {tag!r}: {exc}"
+            self._fail(
+                f"rank {self.rank}: {backend.name} failed to complete the group at tag {tag!r}: {short_error(exc)}"
+            )
             raise UlyssesTransportError(self._failure) from exc
 
 
-__all__ = ["UlyssesCommunicator", "UlyssesInputError", "UlyssesProtocolError", "UlyssesTransportError"]
+__all__ = [
+    "UlyssesCommunicator",
+    "UlyssesConfigError",
+    "UlyssesInputError",
+    "UlyssesProtocolError",
+    "UlyssesTransportError",
+]

@@ -2,66 +2,92 @@
 
 Per call: the copy stream waits for the caller's stream (the projection is ready), then issues one pitched copy per
 peer -- self included -- from the input view into that peer's cached ``[B, S_global, H/W, D]`` target, at rows
-``[rank*S, (rank+1)*S)``. Calls with ``barrier=False`` stop there. The group's completing call adds one handshake
-on the copy stream -- publish the group's epoch into every peer's flag slot, wait until every peer published it here
--- and records one completion event. A handle's `wait()` only makes the caller's stream wait on that event.
+``[rank*S, (rank+1)*S)``; on CUDA the readiness wait and all of a call's copies are one tf-kernel call. Calls with
+``barrier=False`` stop there. The group's completing call adds one handshake on the copy stream -- publish the
+group's epoch into every peer's flag slot, wait until every peer published it here -- and records one completion
+event. A handle's `wait()` only makes the caller's stream wait on that event.
 
-Targets are cached per (tag, direction, shape, dtype, device), at most `max_targets` keys, least recently used
-evicted. Each key holds two buffers used alternately. Output lifetime contract: a scatter output stays valid until
-this rank *completes* the next group that uses the same tag and shape (its barrier=True call). Consume it -- or, on a
-GPU, enqueue its consumers -- before then, or clone it. Why two buffers make that safe: a peer that has passed this
-group's handshake may already be copying the next group into this rank while this rank still reads the current
-outputs, so the next group lands in the other buffer. Reaching the group after that needs this rank's next epoch,
-which this rank publishes only after its caller's stream reached the completing call, i.e. after its reads.
+Targets are cached per (tag, direction, shape, dtype, device), at most `max_targets` keys and `max_target_bytes`
+bytes, least recently used evicted. Each key holds two buffers used alternately. Output lifetime contract: a scatter
+output stays valid until this rank *completes* the next group that uses the same tag and shape (its barrier=True
+call). Consume it -- or, on a GPU, enqueue its consumers -- before then, or clone it. Why two buffers make that safe:
+a peer that has passed this group's handshake may already be copying the next group into this rank while this rank
+still reads the current outputs, so the next group lands in the other buffer. Reaching the group after that needs
+this rank's next epoch, which this rank publishes only after its caller's stream reached the completing call, i.e.
+after its reads.
 
-Eviction needs every rank to be done with the buffers: it synchronizes locally, then runs a barrier on the group,
-then releases the mapping. Cache misses are collective (peer mapping setup) and happen in the same order on every
-rank because the call sequence is agreed.
+Eviction needs every rank to be done with the buffers: each rank synchronizes locally, then all meet in an agreed
+step, then the mapping releases them. Cache misses are collective (peer mapping setup) and happen in the same order on
+every rank because the call sequence is agreed. Setup ends with a probe: one real scatter of known values through
+the mapping, the copies and the handshake, checked on every rank; wrong data is an agreed setup failure.
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
+import math
+import os
+from dataclasses import dataclass, field, fields
 
 import torch
-import torch.distributed as dist
 
-from .layout import Direction, UlyssesPlan, copies_to_all_peers, packed_source
-from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping
+from .layout import Direction, UlyssesPlan, copies_to_all_peers, packed_source, plan_scatter
+from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping, agreed_step
+
+DEFAULT_TIMEOUT_S = 600.0  # NCCL's default; a GPU backlog or a compile on one rank must not count as a dead peer
+
+
+def _default_timeout() -> float:
+    return float(os.environ.get("TELEFUSER_ULYSSES_TIMEOUT_S", DEFAULT_TIMEOUT_S))
 
 
 @dataclass
 class CopyEngineOptions:
-    """Knobs for the transport; the non-default values exist for the A/B bench's ablations."""
+    """Knobs for the transport; the non-default values exist for the A/B bench's ablations and for tests.
+
+    `timeout_s` bounds every wait of the communicator: a control exchange, a portable collective, a handshake (on a
+    GPU, the watchdog's clock, which starts when the copy stream reaches the handshake). Default 600 s or
+    TELEFUSER_ULYSSES_TIMEOUT_S. Every field but the local ones (`LOCAL_FIELDS`) must be the same on every rank: the
+    ranks agree on them before anything moves."""
 
     max_targets: int = 12
+    max_target_bytes: int = 16 << 30  # this rank's cached target buffers (two per key)
     flag_bits: int = 64
     high_priority_stream: bool = True
     cache_targets: bool = True  # False: allocate (collectively) on every call -- what the cache saves
     handshake_per_tensor: bool = False  # True: one handshake per call instead of one per group
     pitched: bool = True  # False: pack destination-major on the caller's stream, then flat copies
     handshake: str = "memops"  # "symm_barrier": SymmetricMemory.barrier() (an SM kernel) instead of stream memops
-    timeout_s: float = 60.0
+    timeout_s: float = field(default_factory=_default_timeout)
+
+    LOCAL_FIELDS = ("high_priority_stream", "pitched")  # change nothing a peer can observe
 
     def __post_init__(self) -> None:
         if self.max_targets < 1:
             raise ValueError(f"max_targets must be >= 1, got {self.max_targets}")
+        if self.max_target_bytes < 1:
+            raise ValueError(f"max_target_bytes must be >= 1, got {self.max_target_bytes}")
         if self.flag_bits not in (32, 64):
             raise ValueError(f"flag_bits must be 32 or 64, got {self.flag_bits}")
         if self.handshake not in ("memops", "symm_barrier"):
             raise ValueError(f"handshake must be 'memops' or 'symm_barrier', got {self.handshake!r}")
-        if self.timeout_s <= 0:
+        if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+    def protocol(self) -> dict:
+        """The fields every rank must share."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.LOCAL_FIELDS}
 
 
 @dataclass
 class _Target:
     slots: list[PeerBuffers]
+    nbytes: int
     uses: int = 0
+    copies: dict = field(default_factory=dict)  # (slot, plan, packed) -> the primitives' argument list
 
-    def next_slot(self) -> PeerBuffers:
-        slot = self.slots[self.uses % len(self.slots)]
+    def next_slot(self) -> int:
+        slot = self.uses % len(self.slots)
         self.uses += 1
         return slot
 
@@ -85,89 +111,52 @@ class CopyEngineTransfer:
         return self.output
 
 
+def _probe_input(rank: int, world: int, device: torch.device) -> torch.Tensor:
+    """[1, 2, W, 4] fp32 values that name their source rank, row and head: never zeros, different on every rank."""
+    values = torch.arange(2 * world * 4, dtype=torch.float32).reshape(1, 2, world, 4)
+    return (values + 1000.0 * (rank + 1)).to(device)
+
+
 class CopyEngineBackend:
-    def __init__(
-        self, name: str, group: dist.ProcessGroup, mapping: PeerMapping, prims, options: CopyEngineOptions, watchdog=None
-    ):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
+    def __init__(self, name: str, channel, mapping: PeerMapping, prims, options: CopyEngineOptions, watchdog=None):
+        self.channel = channel
+        self.rank = channel.rank
+        self.world_size = channel.world_size
         self.mapping = mapping
         self.prims = prims
         self.options = options
         self.name = name  # the transport name: "ce-symm", "ce-ipc" or "host-shm"
         self._watchdog = watchdog
         self._targets: collections.OrderedDict[tuple, _Target] = collections.OrderedDict()
+        self._target_bytes = 0
         self._group_keys: set[tuple] = set()  # keys used by the pending group: never evicted under it
         self._uncached: list[PeerBuffers] = []  # cache_targets=False: released at the next group's start
         self._pending: _Completion | None = None
         self._epoch = 0
         self.allocations = 0
         self.evictions = 0
+        self.stream = None
         self.flags = mapping.allocate_flags(options.flag_bits)  # collective and agreed
-        if options.handshake == "symm_barrier" and self.flags.handle is None:
-            self.flags.release()
-            raise CopyEngineSetupError(f"the symm_barrier handshake needs Symmetric Memory, not {mapping.name}")
-        self.stream = prims.new_stream(options.high_priority_stream)
+        try:
+            if options.handshake == "symm_barrier" and self.flags.handle is None:  # the same answer on every rank
+                raise CopyEngineSetupError(f"the symm_barrier handshake needs Symmetric Memory, not {mapping.name}")
+            self.stream = agreed_step(
+                channel, f"{name}: copy stream", lambda: prims.new_stream(options.high_priority_stream)
+            )
+            self._probe()
+        except BaseException:
+            self.close()
+            raise
 
     # -- the backend contract used by UlyssesCommunicator ---------------------------------------------------------
     def start(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None) -> CopyEngineTransfer:
-        buffers = self.prepare(plan, tag, x.device)
-        return self.submit(x, plan, buffers)
-
-    def complete_group(self) -> None:
-        if not self.options.handshake_per_tensor:  # otherwise the group's last call already ran its handshake
-            self._handshake()
-        self._pending = None
-        self._group_keys.clear()
-
-    def close(self) -> None:
-        """Local release: wait for this rank's own copies, drop targets and flags. No collective."""
-        try:
-            self.prims.synchronize(self.stream)
-        finally:
-            for target in self._targets.values():
-                for slot in target.slots:
-                    slot.release()
-            self._targets.clear()
-            for buffers in self._uncached:
-                buffers.release()
-            self._uncached.clear()
-            self.flags.release()
-            self.mapping.close()
-            if self._watchdog is not None:
-                self._watchdog.close()
-
-    # -- steps -------------------------------------------------------------------------------------------------------
-    def prepare(self, plan: UlyssesPlan, tag: str | None, device: torch.device) -> PeerBuffers:
-        """The call's target buffers; a miss sets up new peer buffers collectively (raises CopyEngineSetupError)."""
-        if not self.options.cache_targets:
-            if self._pending is None:
-                self._release_uncached()
-            buffers = self.mapping.allocate(plan.out_shape, plan.dtype)
-            self.allocations += 1
-            self._uncached.append(buffers)
-            return buffers
-        key = (tag, plan.direction.value, plan.out_shape, plan.dtype, str(device))
-        target = self._targets.get(key)
-        if target is None:
-            if len(self._targets) >= self.options.max_targets:
-                self._evict_one()
-            target = _Target([self.mapping.allocate(plan.out_shape, plan.dtype) for _ in range(2)])
-            self.allocations += 2
-            self._targets[key] = target
-        self._targets.move_to_end(key)
-        self._group_keys.add(key)
-        return target.next_slot()
-
-    def submit(self, x: torch.Tensor, plan: UlyssesPlan, buffers: PeerBuffers) -> CopyEngineTransfer:
-        """Issue this rank's copies to every peer on the copy stream. Local; nothing waits on peers here."""
+        if self._watchdog is not None and self._watchdog.error is not None:
+            raise RuntimeError(f"the handshake watchdog stopped: {self._watchdog.error}")
         packed = not self.options.pitched and plan.direction is Direction.SCATTER
+        buffers, copies = self._target_for(plan, tag, x.device, packed)
         if packed:
             x = packed_source(x, plan)
-        self.prims.record_ready(self.stream)
-        for peer, geometry in copies_to_all_peers(plan, self.rank, packed):
-            self.prims.copy_2d(x, buffers.peers[peer], buffers.capacity_bytes, geometry, self.stream)
+        self.prims.submit(x, copies, self.stream)
         self.prims.protect_input(x, self.stream)
         if self._pending is None:
             self._pending = _Completion()
@@ -176,40 +165,153 @@ class CopyEngineBackend:
             self._handshake()
         return transfer
 
+    def complete_group(self) -> None:
+        if not self.options.handshake_per_tensor:  # otherwise the group's last call already ran its handshake
+            self._handshake()
+        self._pending = None
+        self._group_keys.clear()
+
+    def quiesce_local(self) -> None:
+        """This rank's copies into its peers are finished, and its own readers of old outputs too."""
+        if self.stream is not None:
+            self.prims.synchronize(self.stream)
+        device = getattr(self.prims, "device", None)
+        if device is not None:
+            torch.cuda.synchronize(device)
+
+    def close(self, agreed: bool = False) -> None:
+        """Release targets and flags; no collective. `agreed`: every rank quiesced and met since (a reset or an
+        agreed fallback), so exported memory can be handed back at once; otherwise the mapping keeps what peers
+        may still write into (CUDA IPC parks it until exit)."""
+        try:
+            if self.stream is not None:
+                self.prims.synchronize(self.stream)
+        finally:
+            self._targets.clear()
+            self._uncached.clear()
+            self._target_bytes = 0
+            self.mapping.close(agreed=agreed)
+            self.prims.close()
+            if self._watchdog is not None:
+                self._watchdog.close()
+
+    # -- steps -------------------------------------------------------------------------------------------------------
+    def _target_for(self, plan: UlyssesPlan, tag, device, packed: bool) -> tuple[PeerBuffers, list]:
+        geometries = copies_to_all_peers(plan, self.rank, packed)
+        if not self.options.cache_targets:
+            if self._pending is None:
+                self._release_uncached()
+            buffers = self.mapping.allocate(plan.out_shape, plan.dtype)
+            self.allocations += 1
+            self._uncached.append(buffers)
+            return buffers, self.prims.copy_list(buffers.peers, buffers.capacity_bytes, geometries)
+        key = (tag, plan.direction.value, plan.out_shape, plan.dtype, str(device))
+        target = self._targets.get(key)
+        if target is None:
+            target = self._new_target(key, plan)
+        else:
+            self._targets.move_to_end(key)
+        self._group_keys.add(key)
+        slot = target.next_slot()
+        buffers = target.slots[slot]
+        copies = target.copies.get((slot, plan, packed))
+        if copies is None:
+            copies = target.copies[(slot, plan, packed)] = self.prims.copy_list(
+                buffers.peers, buffers.capacity_bytes, geometries
+            )
+        return buffers, copies
+
+    def _new_target(self, key: tuple, plan: UlyssesPlan) -> _Target:
+        nbytes = 2 * math.prod(plan.out_shape) * plan.dtype.itemsize
+        if nbytes > self.options.max_target_bytes:  # the same sizes on every rank: the same answer everywhere
+            raise CopyEngineSetupError(
+                f"one target of {plan.out_shape} needs {nbytes} bytes (two buffers), more than "
+                f"max_target_bytes={self.options.max_target_bytes}"
+            )
+        while self._targets and (
+            len(self._targets) >= self.options.max_targets
+            or self._target_bytes + nbytes > self.options.max_target_bytes
+        ):
+            self._evict_one()
+        slots = [self.mapping.allocate(plan.out_shape, plan.dtype)]
+        try:
+            slots.append(self.mapping.allocate(plan.out_shape, plan.dtype))
+        except CopyEngineSetupError:
+            slots[0].release()  # agreed: every rank failed the second allocation together, nobody wrote the first
+            raise
+        self.allocations += 2
+        target = self._targets[key] = _Target(slots, nbytes)
+        self._target_bytes += nbytes
+        return target
+
     def _handshake(self) -> None:
         self._epoch += 1
+        reached = self.prims.record_reached(self.stream)
         if self.options.handshake == "symm_barrier":  # ablation: the seed's first, slower design
             with torch.cuda.stream(self.stream):
                 self.flags.handle.barrier(channel=0)
         else:
-            self.prims.handshake(self.flags.peers, self.flags.local, self.rank, self._epoch, self.stream, self.options.flag_bits)
+            self.prims.handshake(
+                self.flags.peers, self.flags.local, self.rank, self._epoch, self.stream, self.options.flag_bits
+            )
         completion = self._pending if self._pending is not None else _Completion()
         completion.epoch = self._epoch
         completion.event = self.prims.record_completion(self.stream)
         if self._watchdog is not None and completion.event is not None:
-            self._watchdog.watch(self._epoch, completion.event)
+            self._watchdog.watch(self._epoch, reached, completion.event)
 
-    def _quiesce(self) -> None:
+    def _probe(self) -> None:
+        """One real scatter of known values through this backend, checked on every rank before it is used."""
+        device = getattr(self.prims, "device", torch.device("cpu"))
+        x = _probe_input(self.rank, self.world_size, device)
+        plan = plan_scatter(x, self.world_size)
+        buffers = self.mapping.allocate(plan.out_shape, plan.dtype)
+        expected = torch.cat(
+            [_probe_input(p, self.world_size, "cpu")[:, :, self.rank : self.rank + 1] for p in range(self.world_size)],
+            dim=1,
+        )
+
+        def transfer_and_check() -> None:
+            copies = self.prims.copy_list(buffers.peers, buffers.capacity_bytes, copies_to_all_peers(plan, self.rank))
+            self.prims.submit(x, copies, self.stream)
+            self._pending = _Completion()
+            self._handshake()
+            completion, self._pending = self._pending, None
+            self.prims.caller_wait(completion.event)
+            got = buffers.local.cpu()
+            if not torch.equal(got, expected):
+                rows = [slice(2 * p, 2 * p + 2) for p in range(self.world_size)]
+                wrong = [p for p, r in enumerate(rows) if not torch.equal(got[:, r], expected[:, r])]
+                raise RuntimeError(f"the probe transfer delivered wrong data from ranks {wrong}")
+
+        try:
+            agreed_step(self.channel, f"{self.name}: probe transfer", transfer_and_check)
+        except CopyEngineSetupError:
+            buffers.release()  # every rank synchronized and met in the step above
+            raise
+        buffers.release()
+
+    def _quiesce(self, what: str) -> None:
         """Every rank's copies and this rank's readers are done: buffers may be released."""
-        self.prims.synchronize(self.stream)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # local readers of old outputs (a cache miss is rare)
-        dist.barrier(group=self.group)
+        agreed_step(self.channel, f"quiesce before {what}", self.quiesce_local)
 
     def _evict_one(self) -> None:
         victim = next((k for k in self._targets if k not in self._group_keys), None)
         if victim is None:
-            raise RuntimeError(
-                f"one Ulysses group uses more than max_targets={self.options.max_targets} distinct targets"
+            raise CopyEngineSetupError(
+                f"one Ulysses group uses more than max_targets={self.options.max_targets} distinct targets or "
+                f"max_target_bytes={self.options.max_target_bytes} bytes"
             )
-        self._quiesce()
-        for slot in self._targets.pop(victim).slots:
+        self._quiesce("an eviction")
+        target = self._targets.pop(victim)
+        for slot in target.slots:
             slot.release()
+        self._target_bytes -= target.nbytes
         self.evictions += 1
 
     def _release_uncached(self) -> None:
         if self._uncached:
-            self._quiesce()
+            self._quiesce("releasing uncached targets")
             for buffers in self._uncached:
                 buffers.release()
             self._uncached.clear()
@@ -220,5 +322,13 @@ class CopyEngineBackend:
         return list(self._targets)
 
     @property
+    def cached_bytes(self) -> int:
+        return self._target_bytes
+
+    @property
     def epoch(self) -> int:
         return self._epoch
+
+    # The A/B bench times the copies and the handshake on their own.
+    def prepare(self, plan: UlyssesPlan, tag: str | None, device: torch.device) -> PeerBuffers:
+        return self._target_for(plan, tag, device, packed=False)[0]

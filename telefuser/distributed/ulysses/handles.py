@@ -30,11 +30,12 @@ class TaggedGroup:
 class UlyssesHandle:
     """What `scatter_heads` / `gather_heads` return. `wait()` gives the output tensor; it may be called again."""
 
-    def __init__(self, transfer: Transfer, group: TaggedGroup, tag: str | None, is_open):
+    def __init__(self, transfer: Transfer, group: TaggedGroup, tag: str | None, is_open, on_error=None):
         self._transfer = transfer
         self._group = group
         self.tag = tag
         self._is_open = is_open
+        self._on_error = on_error  # told about a transfer that failed while waited (a timed-out collective)
         self._output: torch.Tensor | None = None
 
     @property
@@ -52,6 +53,11 @@ class UlyssesHandle:
                 f"{self._group.tags} were submitted with barrier=False; submit the group's last tensor with "
                 "barrier=True before waiting on any of them"
             )
-        self._output = self._transfer.result()
+        try:
+            self._output = self._transfer.result()
+        except Exception as exc:
+            if self._on_error is not None:
+                self._on_error(exc)
+            raise
         self._transfer = None
         return self._output

@@ -8,13 +8,16 @@ peer p receives head slice ``[p*H/W, (p+1)*H/W)``.
 
 Gather (after attention) is the inverse: ``[B, W*S, Hl, D]`` -> ``[B, S, W*Hl, D]``.
 
-Inputs may be strided views (the V view of a fused ``[B, S, 3, H, D]`` projection) as long as, within each sequence
-row, heads and head channels are contiguous: ``stride(3) == 1`` and ``stride(2) == D``. Rows and batch items may sit
-at any larger pitch. This is exactly what a pitched 2-D copy can read without a packing copy.
+Inputs may be strided views (the V view of a fused ``[B, S, 3, H, D]`` projection). The pitched copy reads any layout
+in which, within each sequence row, heads and head channels are contiguous (``stride(3) == 1``, ``stride(2) == D``)
+and rows are at least one copy width apart; rows and batch items may sit at any pitch, even overlapping (sources are
+only read). Any other layout is valid data too: `readable_layout` packs it with one local copy, so a layout never
+makes a rank's call differ from its peers' and is not part of what ranks agree on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
@@ -58,7 +61,7 @@ class UlyssesPlan:
         return self.heads_per_rank * self.head_dim
 
     def signature(self) -> tuple:
-        """What all ranks must agree on for this call (strides may differ between ranks)."""
+        """What all ranks must agree on for this call. Strides are not part of it: they are a local matter."""
         return (self.direction.value, self.in_shape, self.dtype)
 
 
@@ -81,58 +84,106 @@ def _check_common(x: object, world_size: int, what: str) -> torch.Tensor:
     return x
 
 
-def check_row_layout(x: torch.Tensor, what: str) -> None:
-    """Heads and head channels contiguous within each sequence row; rows and batch items do not overlap."""
+def layout_problem(x: torch.Tensor, width_elems: int) -> str | None:
+    """Why a pitched copy of `width_elems`-wide row slices cannot read `x` as it lies, or None when it can.
+
+    Heads and head channels must be contiguous within a row, and consecutive rows at least one copy width apart (a
+    pitch below the width, as in an expanded ``stride(1) == 0`` input, is not a 2-D copy). Overlapping rows or batch
+    items are fine: the copy only reads them."""
+    _, s, h, d = x.shape
+    _, ss, sh, sd = x.stride()
+    if d > 1 and sd != 1:
+        return f"head channels are not contiguous (stride(3)={sd})"
+    if h > 1 and sh != d:
+        return f"heads are not contiguous within a row (stride(2)={sh}, D={d})"
+    if s > 1 and ss < width_elems:
+        return f"rows are closer than one copy width (stride(1)={ss} < {width_elems})"
+    return None
+
+
+def readable_layout(x: torch.Tensor, world_size: int, direction: Direction) -> tuple[torch.Tensor, str | None]:
+    """(`x`, None) when the pitched copy reads `x` as it lies, else (a packed copy of `x`, why it was packed).
+
+    `x` must already have passed `_check_common` and the divisibility rules."""
+    width = x.shape[2] // world_size * x.shape[3] if direction is Direction.SCATTER else x.shape[2] * x.shape[3]
+    problem = layout_problem(x, width)
+    if problem is None:
+        return x, None
+    return x.contiguous(), problem
+
+
+def _pitch_strides(x: torch.Tensor) -> tuple[int, int, int, int]:
+    """The input's strides as the copies use them: a size-1 dimension's stride is meaningless, so it is replaced by
+    the one a contiguous tensor would have (a pitch is then never below the row width)."""
     b, s, h, d = x.shape
     sb, ss, sh, sd = x.stride()
-    problems = []
-    if d > 1 and sd != 1:
-        problems.append(f"head channels are not contiguous (stride(3)={sd}, need 1)")
-    if h > 1 and sh != d:
-        problems.append(f"heads are not contiguous within a row (stride(2)={sh}, need D={d})")
-    row = h * d
-    if s > 1 and ss < row:
-        problems.append(f"sequence rows overlap (stride(1)={ss} < H*D={row})")
-    if b > 1 and sb < (s - 1) * ss + row:
-        problems.append(f"batch items overlap (stride(0)={sb} < {(s - 1) * ss + row})")
-    if problems:
+    sd = 1 if d == 1 else sd
+    sh = d if h == 1 else sh
+    ss = h * d if s == 1 else ss
+    sb = s * ss if b == 1 else sb
+    return sb, ss, sh, sd
+
+
+def _check_readable(x: torch.Tensor, width_elems: int, what: str) -> None:
+    problem = layout_problem(x, width_elems)
+    if problem is not None:
         raise UlyssesInputError(
-            f"{what}: unsupported layout ({describe(x)}): " + "; ".join(problems)
-            + ". Inputs must keep heads and head channels contiguous within each sequence row, e.g. a "
-            "contiguous tensor or the q/k/v view of a fused [B, S, 3, H, D] projection."
+            f"{what}: the pitched copy cannot read this layout ({describe(x)}): {problem}; pack it first "
+            "(UlyssesCommunicator does that itself, see readable_layout)"
         )
 
 
-def plan_scatter(x: torch.Tensor, world_size: int) -> UlyssesPlan:
-    """Validate a scatter input and describe the exchange. Raises UlyssesInputError."""
+def check_scatter(x: object, world_size: int) -> torch.Tensor:
+    """The value rules of a scatter input (type, rank, dtype, size, divisibility); layouts are not checked here."""
     _check_common(x, world_size, "scatter_heads")
-    b, s, h, d = x.shape
+    h = x.shape[2]
     if h % world_size:
         raise UlyssesInputError(
             f"scatter_heads: {h} heads cannot be split evenly over the Ulysses degree {world_size} ({describe(x)})"
         )
-    check_row_layout(x, "scatter_heads")
-    hl = h // world_size
-    return UlyssesPlan(
-        Direction.SCATTER, world_size, b, s, hl, d, x.dtype, (b, s, h, d), (b, s * world_size, hl, d),
-        tuple(x.stride()),
-    )
+    return x
 
 
-def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesPlan:
-    """Validate a gather input and describe the exchange. Raises UlyssesInputError."""
+def check_gather(y: object, world_size: int) -> torch.Tensor:
+    """The value rules of a gather input; layouts are not checked here."""
     _check_common(y, world_size, "gather_heads")
-    b, sg, hl, d = y.shape
+    sg = y.shape[1]
     if sg % world_size:
         raise UlyssesInputError(
             f"gather_heads: the global sequence length {sg} is not divisible by the Ulysses degree {world_size} "
             f"({describe(y)})"
         )
-    check_row_layout(y, "gather_heads")
+    return y
+
+
+def plan_scatter(x: torch.Tensor, world_size: int) -> UlyssesPlan:
+    """Describe the exchange of a scatter input that the pitched copy can read. Raises UlyssesInputError."""
+    check_scatter(x, world_size)
+    b, s, h, d = x.shape
+    hl = h // world_size
+    _check_readable(x, hl * d, "scatter_heads")
+    return UlyssesPlan(
+        Direction.SCATTER, world_size, b, s, hl, d, x.dtype, (b, s, h, d), (b, s * world_size, hl, d), _pitch_strides(x)
+    )
+
+
+def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesPlan:
+    """Describe the exchange of a gather input that the pitched copy can read. Raises UlyssesInputError."""
+    check_gather(y, world_size)
+    b, sg, hl, d = y.shape
+    _check_readable(y, hl * d, "gather_heads")
     s = sg // world_size
     return UlyssesPlan(
-        Direction.GATHER, world_size, b, s, hl, d, y.dtype, (b, sg, hl, d), (b, s, hl * world_size, d),
-        tuple(y.stride()),
+        Direction.GATHER,
+        world_size,
+        b,
+        s,
+        hl,
+        d,
+        y.dtype,
+        (b, sg, hl, d),
+        (b, s, hl * world_size, d),
+        _pitch_strides(y),
     )
 
 
@@ -149,6 +200,12 @@ class PitchedCopy:
     width: int
     height: int
     batch: int
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        """The fields in declaration order (source offset, pitch, batch stride; the same for the destination; width,
+        height, batch): the order tf-kernel's copy ops take them in."""
+        return dataclasses.astuple(self)
 
 
 def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:

@@ -4,6 +4,10 @@ Each rank's buffer is a file in /dev/shm mapped by every rank of the group (`tor
 peer's "destination" is a tensor aliasing the owner's memory. With `HostPrimitives` this runs the whole copy-engine
 engine -- target cache, double buffers, epochs, grouped handshake, agreed fallback, timeouts -- on gloo CPU ranks,
 which is how CI tests the protocol without a GPU. It is also a working same-host CPU transport.
+
+A mapping stays valid after its owner lets go of it (the file is unlinked once every rank mapped it, and each rank's
+mapping lives as long as its tensors), so a peer that still writes into a buffer its owner released writes into memory
+nobody else uses: no lifetime hazard here, unlike device memory handed back to an allocator.
 """
 
 from __future__ import annotations
@@ -14,10 +18,8 @@ import tempfile
 import uuid
 
 import torch
-import torch.distributed as dist
 
-from ..agreement import gather_from_ranks
-from .peer_mapping import PeerBuffers, agree_on_setup, flag_dtype
+from .peer_mapping import PeerBuffers, agreed_step, flag_dtype
 
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
@@ -26,41 +28,51 @@ def _map(path: str, nbytes: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
+def _unlink(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+
+
 class HostSharedMemoryMapping:
     name = "host-shm"
 
-    def __init__(self, group: dist.ProcessGroup):
-        self.group = group
-        self.rank = dist.get_rank(group)
+    def __init__(self, channel):
+        self.channel = channel
+        self.rank = channel.rank
         self._live: set[str] = set()
+
+    def new_local(self, path: str, nbytes: int) -> torch.Tensor:
+        """This rank's buffer: a new shared-memory file, mapped (the step a test makes fail)."""
+        with open(path, "wb") as f:
+            f.truncate(nbytes)
+        return _map(path, nbytes)
+
+    def _create(self, path: str, nbytes: int) -> torch.Tensor:
+        try:
+            return self.new_local(path, nbytes)
+        except BaseException:
+            _unlink(path)
+            raise
 
     def _allocate_bytes(self, nbytes: int) -> tuple[torch.Tensor, list[torch.Tensor], str]:
         path = os.path.join(_SHM_DIR, f"telefuser-ulysses-{uuid.uuid4().hex}")
-        local, peers, error = None, [], None
+        local = agreed_step(
+            self.channel, "host shared-memory allocation", lambda: self._create(path, nbytes), lambda _: _unlink(path)
+        )
+        paths = self.channel.gather(path, "host shared-memory names")
         try:
-            with open(path, "wb") as f:
-                f.truncate(nbytes)
-            local = _map(path, nbytes)
-        except OSError as exc:
-            error = f"rank {self.rank} could not create {path}: {exc}"
-        paths = gather_from_ranks(None if error else path, self.group)  # every rank joins, failed or not
-        if error is None and None not in paths:
-            try:
-                peers = [local if p == self.rank else _map(path_p, nbytes) for p, path_p in enumerate(paths)]
-            except (OSError, RuntimeError) as exc:
-                error = f"rank {self.rank} could not map a peer buffer: {exc}"
-        try:
-            agree_on_setup(error, self.group, "host shared-memory mapping")
-        except Exception:
-            if os.path.exists(path):
-                os.unlink(path)
-            raise
-        # The agreement above ran after every rank mapped every file: the names can go, the mappings stay valid.
-        os.unlink(path)
+            peers = agreed_step(
+                self.channel,
+                "host shared-memory mapping",
+                lambda: [local if p == self.rank else _map(path_p, nbytes) for p, path_p in enumerate(paths)],
+            )
+        finally:
+            # Every rank mapped every file (or all gave up together): the names can go, the mappings stay valid.
+            _unlink(path)
         return local, peers, path
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> PeerBuffers:
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         raw, peers, path = self._allocate_bytes(nbytes)
         self._live.add(path)
         local = raw.view(dtype).view(shape)
@@ -68,10 +80,10 @@ class HostSharedMemoryMapping:
 
     def allocate_flags(self, bits: int) -> PeerBuffers:
         dtype = flag_dtype(bits)
-        world = dist.get_world_size(self.group)
+        world = self.channel.world_size
         buffers = self.allocate((world,), dtype)
         buffers.local.zero_()
-        dist.barrier(group=self.group)  # nobody publishes before every rank zeroed its flags
+        self.channel.barrier("host flags zeroed")  # nobody publishes before every rank zeroed its flags
         buffers.peers = [p.view(dtype) for p in buffers.peers]
         return buffers
 
@@ -79,5 +91,5 @@ class HostSharedMemoryMapping:
     def live_buffers(self) -> int:
         return len(self._live)
 
-    def close(self) -> None:
+    def close(self, agreed: bool = False) -> None:
         self._live.clear()

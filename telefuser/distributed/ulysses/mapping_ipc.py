@@ -1,57 +1,89 @@
 """Peer buffers through legacy CUDA IPC handles (tf-kernel's ipc_* ops).
 
-Each rank allocates its buffer with torch's allocator, exports an IPC handle (plus the buffer's offset inside its
-allocation), all ranks exchange the handles over the group, and each opens its peers' handles. This works across
-processes that share one GPU too, which is how it is tested on a one-GPU machine. Release closes only the handles this
-rank opened; the owner's tensor goes back to torch's allocator.
+Each rank allocates its buffer, exports an IPC handle (plus the buffer's offset inside its allocation), all ranks
+exchange the handles and each opens its peers' handles. This works across processes that share one GPU too, which is
+how it is tested on a one-GPU machine. Every step is agreed (`agreed_step`): an out-of-memory or a failed export or
+open on one rank makes every rank undo its part and raise the same CopyEngineSetupError.
+
+Lifetime. A peer writes into this rank's exported buffers until it has synchronized its own copy stream, which this
+rank cannot see. Handing such a buffer back to torch's caching allocator while a peer may still write would corrupt
+whatever tensor the allocator puts there next. So exported memory is released only at an agreed point -- an
+eviction or a `reset()`, both after every rank quiesced -- and a local `close()` parks it instead (`parked_bytes`):
+it stays allocated, out of the allocator's reach, until the process exits. Handles this rank opened are closed at
+once on close: this rank's own copies are finished by then.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
-import torch.distributed as dist
 
-from ..agreement import gather_from_ranks
-from .peer_mapping import PeerBuffers, agree_on_setup, flag_dtype
+from ..agreement import first_error
+from .peer_mapping import CopyEngineSetupError, PeerBuffers, agreed_step, flag_dtype, short_error
+
+# Exported buffers of closed mappings: a peer may still write into them, so the allocator must not reuse them.
+_PARKED: list[torch.Tensor] = []
+_PARKED_LOCK = threading.Lock()
+
+
+def parked_bytes() -> int:
+    """Bytes of exported device memory held back from the allocator until exit (closed, not agreed-released)."""
+    with _PARKED_LOCK:
+        return sum(t.numel() * t.element_size() for t in _PARKED)
 
 
 class CudaIpcMapping:
     name = "ipc"
 
-    def __init__(self, group: dist.ProcessGroup, ops, device: torch.device):
-        self.group = group
-        self.rank = dist.get_rank(group)
+    def __init__(self, channel, ops, device: torch.device):
+        self.channel = channel
+        self.rank = channel.rank
         self.ops = ops
         self.device = device
         self._opened: set[int] = set()
+        self._exported: dict[int, torch.Tensor] = {}  # id -> this rank's buffers that peers can write into
 
-    def _share(self, local: torch.Tensor) -> list[int]:
+    def new_local(self, shape: tuple[int, ...], dtype: torch.dtype, zeroed: bool) -> torch.Tensor:
+        """This rank's buffer (the step a test makes fail with an injected out-of-memory)."""
+        if zeroed:
+            local = torch.zeros(shape, dtype=dtype, device=self.device)
+            torch.cuda.synchronize(self.device)  # zeros are in memory before any peer can publish
+            return local
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _share(self, local: torch.Tensor, nbytes: int) -> list[int]:
         error, handle = None, None
         try:
             handle = bytes(self.ops.ipc_get_handle(local).tolist())
-        except RuntimeError as exc:
-            error = f"rank {self.rank} could not export an IPC handle: {exc}"
-        handles = gather_from_ranks(handle, self.group)  # every rank joins, failed or not
-        pointers: list[int] = []
-        if error is None and None not in handles:
+        except Exception as exc:
+            error = f"rank {self.rank}: could not export an IPC handle: {short_error(exc)}"
+        entries = self.channel.gather((error, handle), "setup: CUDA IPC export")
+        agreed = first_error([e for e, _ in entries])
+        if agreed is not None:
+            raise CopyEngineSetupError(f"CUDA IPC export failed: {agreed}")
+
+        def open_all() -> list[int]:
+            pointers: list[int] = []
             try:
-                for p, h in enumerate(handles):
+                for p, (_, h) in enumerate(entries):
                     if p == self.rank:
                         pointers.append(local.data_ptr())
                     else:
-                        ptr = self.ops.ipc_open_handle(torch.tensor(list(h), dtype=torch.uint8))
-                        self._opened.add(ptr)
-                        pointers.append(ptr)
-            except RuntimeError as exc:
-                error = f"rank {self.rank} could not open a peer's IPC handle: {exc}"
-        try:
-            agree_on_setup(error, self.group, "CUDA IPC mapping")
-        except Exception:
-            self._close_pointers([p for i, p in enumerate(pointers) if i != self.rank])
-            raise
-        return pointers
+                        pointers.append(self.ops.ipc_open_handle(torch.tensor(list(h), dtype=torch.uint8), nbytes))
+                        self._opened.add(pointers[-1])
+            except BaseException:
+                self._close_pointers([q for i, q in enumerate(pointers) if i != self.rank])
+                raise
+            return pointers
+
+        return agreed_step(
+            self.channel,
+            "CUDA IPC open",
+            open_all,
+            lambda ptrs: self._close_pointers([q for i, q in enumerate(ptrs) if i != self.rank]),
+        )
 
     def _close_pointers(self, pointers: list[int]) -> None:
         for ptr in pointers:
@@ -59,20 +91,34 @@ class CudaIpcMapping:
                 self._opened.discard(ptr)
                 self.ops.ipc_close_handle(ptr)
 
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, zeroed: bool) -> PeerBuffers:
+        local = agreed_step(self.channel, "CUDA IPC allocation", lambda: self.new_local(shape, dtype, zeroed))
+        nbytes = math.prod(shape) * dtype.itemsize
+        pointers = self._share(local, nbytes)  # raises on every rank together; `local` is then simply dropped
+        self._exported[id(local)] = local
+        opened = [p for i, p in enumerate(pointers) if i != self.rank]
+
+        def release() -> None:  # called at an agreed point only (eviction after a quiesce barrier)
+            self._close_pointers(opened)
+            self._exported.pop(id(local), None)
+
+        return PeerBuffers(local, pointers, nbytes, release)
+
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> PeerBuffers:
-        local = torch.empty(shape, dtype=dtype, device=self.device)
-        pointers = self._share(local)
-        peers_opened = [p for i, p in enumerate(pointers) if i != self.rank]
-        nbytes = math.prod(shape) * local.element_size()
-        return PeerBuffers(local, pointers, nbytes, lambda: self._close_pointers(peers_opened))
+        return self._allocate(shape, dtype, zeroed=False)
 
     def allocate_flags(self, bits: int) -> PeerBuffers:
-        world = dist.get_world_size(self.group)
-        local = torch.zeros(world, dtype=flag_dtype(bits), device=self.device)
-        torch.cuda.synchronize(self.device)  # zeros are in memory before any peer can publish
-        pointers = self._share(local)
-        peers_opened = [p for i, p in enumerate(pointers) if i != self.rank]
-        return PeerBuffers(local, pointers, local.numel() * local.element_size(), lambda: self._close_pointers(peers_opened))
+        return self._allocate((self.channel.world_size,), flag_dtype(bits), zeroed=True)
 
-    def close(self) -> None:
+    @property
+    def exported_buffers(self) -> int:
+        return len(self._exported)
+
+    def close(self, agreed: bool = False) -> None:
+        """Close the handles this rank opened. Exported buffers are dropped when every rank is known to be done with
+        them (`agreed`), else parked until the process exits."""
         self._close_pointers(list(self._opened))
+        exported, self._exported = list(self._exported.values()), {}
+        if not agreed and exported:
+            with _PARKED_LOCK:
+                _PARKED.extend(exported)

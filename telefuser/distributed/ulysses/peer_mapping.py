@@ -1,22 +1,24 @@
 """How copy-engine backends obtain peer buffers: the one thing the transports differ in.
 
 A `PeerMapping` allocates, collectively over the group, one buffer per rank and gives every rank an address for each
-peer's buffer. The engine only ever sees `PeerBuffers`: its local tensor, one opaque destination per rank (a device
+peer's buffer. Its collective steps go through the communicator's `ControlChannel`. The engine only ever sees `PeerBuffers`: its local tensor, one opaque destination per rank (a device
 pointer for CUDA, a tensor for host memory) and a `release()` that undoes the local side of the mapping.
 
-Setup is agreed: every rank reports success or its error and all ranks raise the same `CopyEngineSetupError` when
-any rank failed, so the communicator can fall back (or refuse) on every rank together.
+Setup is agreed, step by step: every local action that can fail (an allocation, an export, a mapping, a constructor)
+runs inside `agreed_step`, which reports its outcome through the channel before any rank goes on, and all ranks
+raise the same `CopyEngineSetupError` when any rank failed. So an out-of-memory on one rank falls back (or refuses) on
+every rank together instead of leaving its peers in the next exchange.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
-import torch.distributed as dist
 
-from ..agreement import first_error, gather_from_ranks
+T = TypeVar("T")
 
 
 class CopyEngineSetupError(RuntimeError):
@@ -47,11 +49,38 @@ class PeerMapping(Protocol):
     def close(self) -> None: ...
 
 
-def agree_on_setup(local_error: str | None, group: dist.ProcessGroup, what: str) -> None:
+def agree_on_setup(local_error: str | None, channel, what: str) -> None:
     """Raise CopyEngineSetupError on every rank if `local_error` is set on any rank."""
-    error = first_error(gather_from_ranks(local_error, group))
+    error = channel.agree(local_error, f"setup: {what}")
     if error is not None:
         raise CopyEngineSetupError(f"{what} failed: {error}")
+
+
+def short_error(exc: BaseException) -> str:
+    """One line for an agreed message (an out-of-memory error carries the allocator's whole report)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def agreed_step(channel, what: str, action: Callable[[], T], undo: Callable[[T], None] | None = None) -> T:
+    """Run `action()` on this rank and agree on every rank's outcome before anyone goes on.
+
+    Any exception of the action (an out-of-memory, a CUDA error, a missing operator) becomes this rank's reported
+    error; if any rank failed, every rank undoes its own successful action and raises the same CopyEngineSetupError."""
+    result, error = None, None
+    try:
+        result = action()
+    except Exception as exc:
+        error = f"rank {channel.rank}: {short_error(exc)}"
+    agreed = channel.agree(error, f"setup: {what}")
+    if agreed is not None:
+        if error is None and undo is not None:
+            try:
+                undo(result)
+            except Exception:
+                pass
+        raise CopyEngineSetupError(f"{what} failed: {agreed}")
+    return result
 
 
 def flag_dtype(bits: int) -> torch.dtype:

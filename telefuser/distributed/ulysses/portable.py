@@ -1,6 +1,9 @@
 """The portable Ulysses transport: one `all_to_all_single` per tensor (NCCL on GPUs, gloo on CPU).
 
-It uses torch's functional collectives, so the same code runs eagerly and inside `torch.compile`. The exchange
+Eagerly it calls the process group's `alltoall_base` with a per-operation timeout, so a peer that never joins (it died,
+raised, or runs a different call sequence) gives a `UlyssesTimeoutError` after the communicator's timeout instead of the
+process group's (gloo raises it; NCCL's watchdog enforces it and ends the process). Inside `torch.compile` or a CUDA
+graph capture it uses torch's functional collectives, which both can trace. The exchange
 buffer is laid out destination-major, ``[W, B, S, Hl, D]`` for scatter, so that chunk p of the flat send buffer is
 exactly what peer p needs; the received buffer is ``[W(source), B, S, Hl, D]``, which for B == 1 already *is* the
 final ``[B, W*S, Hl, D]`` output and needs no relayout.
@@ -8,16 +11,23 @@ final ``[B, W*S, Hl, D]`` output and needs no relayout.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from .layout import Direction, UlyssesPlan
+from .primitives import UlyssesTimeoutError
+
+
+class UlyssesGroupOutOfStepError(UlyssesTimeoutError):
+    """A collective of the process group was abandoned after its timeout: the group's collective order is broken."""
 
 
 def _pack(x: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
     """Destination-major send buffer: chunk p is what peer p receives."""
-    b, s, hl, d, w = plan.batch, plan.local_seq, plan.heads_per_rank, plan.head_dim, plan.world_size
+    s, hl, w = plan.local_seq, plan.heads_per_rank, plan.world_size
     if plan.direction is Direction.SCATTER:
         # [B, S, W*Hl, D] -> [W, B, S, Hl, D]; one copy, also for strided q/k/v views.
         return x.unflatten(2, (w, hl)).permute(2, 0, 1, 3, 4).contiguous()
@@ -45,17 +55,31 @@ def _group_handles_device(group: dist.ProcessGroup, device: torch.device) -> boo
 class PortableTransfer:
     """An `all_to_all_single` in flight; `result()` waits for it and returns the final layout."""
 
-    def __init__(self, pending: torch.Tensor, plan: UlyssesPlan, device: torch.device):
+    def __init__(self, pending, plan: UlyssesPlan, device: torch.device, work=None, what: str = "", timeout_s=None):
         self._pending = pending
+        self._work = work
         self._plan = plan
         self._device = device
+        self._what = what
+        self._timeout_s = timeout_s
         self._output: torch.Tensor | None = None
 
     def result(self) -> torch.Tensor:
         if self._output is None:
-            recv = funcol.wait_tensor(self._pending)
+            if self._work is not None:
+                try:
+                    self._work.wait()
+                except RuntimeError as exc:
+                    raise UlyssesGroupOutOfStepError(
+                        f"the portable all_to_all of {self._what} did not complete (timeout {self._timeout_s:g}s): a "
+                        f"peer died, raised, or runs a different call sequence; the process group is out of step now "
+                        f"({str(exc).splitlines()[0][:200]})"
+                    ) from exc
+                recv = self._pending
+            else:
+                recv = funcol.wait_tensor(self._pending)
             self._output = _unpack(recv, self._plan).to(self._device, non_blocking=True)
-            self._pending = None
+            self._pending = self._work = None
         return self._output
 
 
@@ -64,19 +88,33 @@ class PortableBackend:
 
     name = "portable"
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, timeout_s: float = 600.0):
         self.group = group
+        self.timeout_s = timeout_s
+
+    def can_capture(self, device: torch.device) -> bool:
+        """Whether a CUDA graph capture can record this exchange (it needs the group's backend on the device)."""
+        return _group_handles_device(self.group, device)
 
     def start(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None = None) -> PortableTransfer:
         send = _pack(x, plan)
         if not _group_handles_device(self.group, send.device):
             # A gloo-only group with device tensors (several processes sharing one GPU in tests): stage on the host.
             send = send.cpu()
-        recv = funcol.all_to_all_single(send.flatten(), None, None, self.group)
-        return PortableTransfer(recv, plan, x.device)
+        traced = torch.compiler.is_compiling() or (send.is_cuda and torch.cuda.is_current_stream_capturing())
+        if traced:
+            recv = funcol.all_to_all_single(send.flatten(), None, None, self.group)
+            return PortableTransfer(recv, plan, x.device)
+        flat = send.flatten()
+        recv = torch.empty_like(flat)
+        opts = dist.AllToAllOptions()
+        opts.timeout = timedelta(seconds=self.timeout_s)
+        work = self.group.alltoall_base(recv, flat, [], [], opts)
+        what = f"{plan.direction.value}_heads(tag={tag!r})"
+        return PortableTransfer(recv, plan, x.device, work=work, what=what, timeout_s=self.timeout_s)
 
     def complete_group(self) -> None:
         """Each all_to_all completes on its own; a group needs no extra handshake here."""
 
-    def close(self) -> None:
+    def close(self, agreed: bool = False) -> None:
         """Nothing is cached."""

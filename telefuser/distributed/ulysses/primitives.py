@@ -1,13 +1,16 @@
 """The device primitives the copy-engine engine is written against.
 
 `CudaPrimitives` issues tf-kernel's pitched copies and stream-memory handshake on a high-priority CUDA stream, with
-CUDA events for readiness and completion. `HostPrimitives` does the same work synchronously on CPU shared memory, so
-the engine's state machine runs unchanged in CI. The engine never calls CUDA or tf-kernel directly.
+CUDA events for readiness and completion. One scatter call is one driver-facing call: `copy_2d_batch` records the
+readiness event on the caller's stream, makes the copy stream wait on it and submits every peer's pitched copy as one
+batch (`cudaMemcpy3DBatchAsync` where the runtime has it). `HostPrimitives` does the same work synchronously on CPU
+shared memory, so the engine's state machine runs unchanged in CI. The engine never calls CUDA or tf-kernel directly.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,7 +19,8 @@ from .layout import PitchedCopy
 
 
 class UlyssesTimeoutError(RuntimeError):
-    """A peer did not complete a grouped handshake in time (it died, or raised before submitting)."""
+    """A peer did not complete a grouped handshake or a control exchange in time (it died, raised before submitting
+    its part, or is running a different call sequence)."""
 
 
 class HostPrimitives:
@@ -24,13 +28,21 @@ class HostPrimitives:
 
     name = "host"
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, notices: Callable[[], str] | None = None):
         self.timeout_s = timeout_s
+        self._notices = notices or (lambda: "")
 
     def new_stream(self, high_priority: bool) -> None:
         return None
 
-    def record_ready(self, stream) -> None:
+    def copy_list(self, peers: list, capacity: int, geometries) -> list:
+        return [(peers[peer], capacity, pc) for peer, pc in geometries]
+
+    def submit(self, src: torch.Tensor, copies: list, stream) -> None:
+        for dst, capacity, pc in copies:
+            self.copy_2d(src, dst, capacity, pc, stream)
+
+    def record_reached(self, stream) -> None:
         return None
 
     def record_completion(self, stream) -> None:
@@ -43,6 +55,9 @@ class HostPrimitives:
         return None
 
     def synchronize(self, stream) -> None:
+        return None
+
+    def close(self) -> None:
         return None
 
     def copy_2d(self, src: torch.Tensor, dst: torch.Tensor, capacity: int, pc: PitchedCopy, stream) -> None:
@@ -58,7 +73,9 @@ class HostPrimitives:
             rows = torch.as_strided(flat, (pc.height, pc.width), (pc.src_pitch, 1), s0)
             torch.as_strided(dst, (pc.height, pc.width), (pc.dst_pitch, 1), d0).copy_(rows)
 
-    def handshake(self, peer_flags: list[torch.Tensor], local_flags: torch.Tensor, rank: int, epoch: int, stream, bits: int) -> None:
+    def handshake(
+        self, peer_flags: list[torch.Tensor], local_flags: torch.Tensor, rank: int, epoch: int, stream, bits: int
+    ) -> None:
         for p, flags in enumerate(peer_flags):
             if p != rank:
                 flags[rank] = epoch
@@ -70,9 +87,19 @@ class HostPrimitives:
             if time.monotonic() > deadline:
                 raise UlyssesTimeoutError(
                     f"rank {rank}: peers {behind} did not complete handshake epoch {epoch} within "
-                    f"{self.timeout_s:g}s (a peer died or raised before submitting its part of the group)"
+                    f"{self.timeout_s:g}s (a peer died, raised before submitting its part of the group, or is running "
+                    "a different call sequence)" + self._notices()
                 )
             time.sleep(0.0005)
+
+
+def _raw_stream_getter(device: torch.device) -> Callable[[], int]:
+    """The current stream's cudaStream_t as an int, without building a torch.cuda.Stream object per call."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
 class CudaPrimitives:
@@ -80,26 +107,44 @@ class CudaPrimitives:
 
     name = "cuda"
 
-    def __init__(self, ops: Any):
+    def __init__(self, ops: Any, device: torch.device):
         self.ops = ops  # torch.ops.tf_kernel
-        self._ready = torch.cuda.Event()  # re-recorded per call: a wait captures the record that precedes it
+        self.device = device
+        self._caller_stream = _raw_stream_getter(device)
+        # One raw event, re-recorded per call: a stream wait captures the record that precedes it.
+        self._ready_event = int(ops.event_create())
+        self._copy_stream: torch.cuda.Stream | None = None
+        self._copy_stream_handle = 0
 
     def new_stream(self, high_priority: bool) -> torch.cuda.Stream:
         # Lower numbers are higher priorities; the copy stream gets the highest so its tiny copy and memop
         # commands are not queued behind compute launches.
         least, greatest = torch.cuda.Stream.priority_range()
-        return torch.cuda.Stream(priority=greatest if high_priority else least)
+        stream = torch.cuda.Stream(device=self.device, priority=greatest if high_priority else least)
+        self._copy_stream, self._copy_stream_handle = stream, int(stream.cuda_stream)
+        return stream
 
-    def record_ready(self, stream: torch.cuda.Stream) -> None:
-        """The copy stream waits until the caller's stream has produced everything submitted so far."""
-        self._ready.record(torch.cuda.current_stream())
-        stream.wait_event(self._ready)
+    def copy_list(self, peers: list[int], capacity: int, geometries) -> list[int]:
+        """The flat argument list of one call's copies into these peer buffers (cached per target and plan): per
+        copy, the destination address and capacity, then the geometry's fields in their declared order."""
+        flat: list[int] = []
+        for peer, pc in geometries:
+            flat += (peers[peer], capacity, *pc.values)
+        return flat
+
+    def submit(self, src: torch.Tensor, copies: list[int], stream: torch.cuda.Stream) -> None:
+        """Readiness (the copy stream waits for everything the caller's stream has queued) and every copy, in one op."""
+        self.ops.copy_2d_batch(src, copies, self._copy_stream_handle, self._caller_stream(), self._ready_event)
+
+    def record_reached(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        """Marks the moment the copy stream reaches a handshake: the watchdog's clock starts there."""
+        return stream.record_event()
 
     def record_completion(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
         return stream.record_event()
 
     def caller_wait(self, event: torch.cuda.Event) -> None:
-        torch.cuda.current_stream().wait_event(event)
+        torch.cuda.current_stream(self.device).wait_event(event)
 
     def protect_input(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
         tensor.record_stream(stream)  # the allocator must not reuse the input before its copies finish
@@ -107,11 +152,20 @@ class CudaPrimitives:
     def synchronize(self, stream: torch.cuda.Stream) -> None:
         stream.synchronize()
 
-    def copy_2d(self, src: torch.Tensor, dst_ptr: int, capacity: int, pc: PitchedCopy, stream: torch.cuda.Stream) -> None:
-        self.ops.copy_2d(
-            src, pc.src_offset, pc.src_pitch, pc.src_batch_stride, dst_ptr, capacity, pc.dst_offset, pc.dst_pitch,
-            pc.dst_batch_stride, pc.width, pc.height, pc.batch, stream.cuda_stream,
-        )
+    def close(self) -> None:
+        if self._ready_event:
+            event, self._ready_event = self._ready_event, 0
+            self.ops.event_destroy(event)
 
-    def handshake(self, peer_flags: list[int], local_flags: torch.Tensor, rank: int, epoch: int, stream, bits: int) -> None:
-        self.ops.stream_handshake(peer_flags, local_flags.data_ptr(), rank, len(peer_flags), epoch, stream.cuda_stream, bits)
+    def copy_2d(
+        self, src: torch.Tensor, dst_ptr: int, capacity: int, pc: PitchedCopy, stream: torch.cuda.Stream
+    ) -> None:
+        v = pc.values
+        self.ops.copy_2d(src, *v[:3], dst_ptr, capacity, *v[3:], stream.cuda_stream)
+
+    def handshake(
+        self, peer_flags: list[int], local_flags: torch.Tensor, rank: int, epoch: int, stream, bits: int
+    ) -> None:
+        self.ops.stream_handshake(
+            peer_flags, local_flags.data_ptr(), rank, len(peer_flags), epoch, stream.cuda_stream, bits
+        )
