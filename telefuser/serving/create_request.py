@@ -2,7 +2,8 @@
 
 Every failure is a `RequestError` with the HTTP status and a message meant for the user:
 400 for bodies that cannot be read at all (bad JSON, bad multipart, bad base64, bytes that are not an image),
-413 for oversized bodies, 415 for other content types, 422 for readable requests with wrong or missing fields.
+413 for oversized bodies, 415 for other content types, 422 for readable requests with wrong or missing fields, text
+that is not valid Unicode, or an image past `max_image_pixels` (read from its header, before it is decoded).
 Multipart is parsed here with the standard library because python-multipart is not a dependency.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -19,19 +19,20 @@ from typing import Any
 import numpy as np
 
 from .envelope import CODECS
+from .http_errors import RequestError
+from .limits import Limit
 from .protocol import check_config
+from .request_body import json_object, parse_json
+
+__all__ = ["CreateRequest", "RequestError", "decode_image", "json_object", "parse_create_request", "parse_multipart"]
 
 FIELDS = ("prompt", "image", "config", "codec")
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_IMAGE_SIDE = 8192
+DEFAULT_IMAGE_PIXELS = Limit("max_image_pixels", 40_000_000, "--max-image-pixels", "service default")
 MAX_PROMPT_CHARS = 10_000
+MAX_FORM_PARTS = 64  # a form has a handful of fields; more is not a client of ours
 _DATA_URL = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,")
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 @dataclass
@@ -42,7 +43,7 @@ class CreateRequest:
     codec: str | None
 
 
-def parse_create_request(content_type: str, body: bytes) -> CreateRequest:
+def parse_create_request(content_type: str, body: bytes, image_pixels: Limit = DEFAULT_IMAGE_PIXELS) -> CreateRequest:
     mime = content_type.split(";", 1)[0].strip().lower()
     if mime == "multipart/form-data":
         fields = _fields_from_multipart(content_type, body)
@@ -52,7 +53,8 @@ def parse_create_request(content_type: str, body: bytes) -> CreateRequest:
         raise RequestError(415, f"unsupported content type {mime!r}; send application/json or multipart/form-data")
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
-        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(FIELDS)}")
+        named = ", ".join(repr(name)[:40] for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise RequestError(422, f"unknown field(s) {named}; allowed: {', '.join(FIELDS)}")
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError(422, "'prompt' is required: a non-empty string")
@@ -66,31 +68,40 @@ def parse_create_request(content_type: str, body: bytes) -> CreateRequest:
     elif not isinstance(image, bytes):
         raise RequestError(422, f"'image' must be a base64 string, got {type(image).__name__}")
     codec = fields.get("codec")
-    if codec is not None and codec not in CODECS:
-        raise RequestError(422, f"'codec' must be one of {', '.join(CODECS)}, got {codec!r}")
+    if codec is not None and (not isinstance(codec, str) or codec not in CODECS):
+        raise RequestError(422, f"'codec' must be one of {', '.join(CODECS)}, got {repr(codec)[:40]}")
     try:
         config = check_config(fields.get("config") or {})
     except ValueError as exc:
         raise RequestError(422, f"invalid config: {exc}") from None
-    return CreateRequest(prompt=prompt, image=decode_image(image), config=config, codec=codec)
+    return CreateRequest(prompt=prompt, image=decode_image(image, image_pixels), config=config, codec=codec)
 
 
-def decode_image(data: bytes) -> np.ndarray:
+def decode_image(data: bytes, pixels: Limit = DEFAULT_IMAGE_PIXELS) -> np.ndarray:
+    """uint8 HxWx3. The size is read from the header and checked before any pixel is decoded (a small file can
+    declare a huge canvas); the decoded array is checked against that header afterwards."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise RequestError(400, "'image' is empty")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format not in IMAGE_FORMATS:
-                raise RequestError(400, f"image format {img.format} is not accepted; send {', '.join(IMAGE_FORMATS)}")
-            if max(img.size) > MAX_IMAGE_SIDE:
-                raise RequestError(400, f"image is {img.size[0]}x{img.size[1]}; the largest side allowed is {MAX_IMAGE_SIDE}")
-            return np.asarray(img.convert("RGB")).copy()
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
+            width, height = img.size
+            if width * height > pixels.value:
+                raise pixels.refusal(f"'image' is {width}x{height} = {width * height:,} pixels (read from its header)")
+            if max(width, height) > MAX_IMAGE_SIDE:
+                raise RequestError(422, f"'image' is {width}x{height}; the largest side allowed is {MAX_IMAGE_SIDE}")
+            array = np.asarray(img.convert("RGB")).copy()
     except RequestError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except Image.DecompressionBombError as exc:  # Pillow's own check, for canvases far past ours, fires in open()
+        raise pixels.refusal(f"'image' declares a canvas too large to decode ({exc})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, TypeError, EOFError) as exc:
         raise RequestError(400, f"'image' could not be decoded as {'/'.join(IMAGE_FORMATS)}: {exc}") from None
+    if array.dtype != np.uint8 or array.shape != (height, width, 3):
+        raise RequestError(400, f"'image' decoded to {array.dtype} {array.shape}, not the {width}x{height} RGB its "
+                                "header declares")  # fmt: skip
+    return array
 
 
 def _b64decode(text: str) -> bytes:
@@ -99,19 +110,6 @@ def _b64decode(text: str) -> bytes:
         return base64.b64decode(re.sub(r"\s+", "", text), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise RequestError(400, f"'image' is not valid base64: {exc}") from None
-
-
-def json_object(body: bytes, example: str) -> dict[str, Any]:
-    """A request body that must be one JSON object; 400 with a reason (and `example` when it is empty) otherwise."""
-    if not body.strip():
-        raise RequestError(400, f"empty request body; send a JSON object such as {example}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"malformed JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, f"the JSON body must be an object, got {type(data).__name__}")
-    return data
 
 
 def _fields_from_json(body: bytes) -> dict[str, Any]:
@@ -131,10 +129,7 @@ def _fields_from_multipart(content_type: str, body: bytes) -> dict[str, Any]:
         except UnicodeDecodeError:
             raise RequestError(400, f"form field {name!r} is not UTF-8 text") from None
         if name == "config":
-            try:
-                fields[name] = json.loads(text) if text.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise RequestError(400, f"form field 'config' is not valid JSON: {exc}") from None
+            fields[name] = parse_json(text, what="form field 'config'") if text.strip() else {}
         else:
             fields[name] = text
     return fields
@@ -149,6 +144,8 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, st
     chunks = body.split(delimiter)
     if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
         raise RequestError(400, "malformed multipart body: missing the closing boundary")
+    if len(chunks) - 2 > MAX_FORM_PARTS:
+        raise RequestError(400, f"malformed multipart body: {len(chunks) - 2} parts; at most {MAX_FORM_PARTS}")
     out: dict[str, tuple[bytes, str | None]] = {}
     for raw in chunks[1:-1]:
         if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):

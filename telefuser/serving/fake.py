@@ -153,6 +153,8 @@ class FakeSessionFactory:
         self.metadata = {
             "model": "fake (deterministic test pattern)",
             "weights": "none (fake model)",
+            "native_resolution": "832x480",  # LingBot-World v2's canvas, which the fake imitates
+            "device": "cpu",
             "resolutions": ["832x480", "640x368", "416x240", "320x192"],
             "fps": self.defaults["fps"],
             "max_sessions": max_sessions,
@@ -182,6 +184,12 @@ class FakeSessionFactory:
                 )
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"image must be uint8 HxWx3, got {image.dtype} {tuple(image.shape)}")
+
+    def memory_estimate(self, config: dict[str, Any]) -> dict[str, int]:
+        """The scene it pans (one frame) and a chunk of frames with its rolled copies."""
+        width, height = parse_resolution(config["resolution"])
+        frame = width * height * 3
+        return {"scene": frame, "chunk frames": 2 * max(self.chunk_frames) * frame}
 
     def create(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> FakeSession:
         self.validate(image, prompt, config)

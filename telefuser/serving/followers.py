@@ -47,6 +47,8 @@ class FollowingFactory:
         self._halt = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, args=(heartbeat_s,), name="tf-follow-heartbeat", daemon=True)
         self._heartbeat.start()
+        if callable(getattr(factory, "memory_estimate", None)):  # local arithmetic on rank 0: nothing is broadcast
+            self.memory_estimate = factory.memory_estimate
 
     @property
     def metadata(self) -> dict[str, Any]:

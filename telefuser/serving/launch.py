@@ -1,18 +1,22 @@
 """What `serve` and `serve-stream` share: one HTTP server until a signal, and the torchrun control plane.
 
 Rank 0 runs the app on a socket it binds itself (so `--port 0` works and the log names the real port); Ctrl-C and
-SIGTERM both end it gracefully. Under torchrun the other ranks follow rank 0's model calls over a CPU (gloo) group
+SIGTERM both end it gracefully. WebSocket frames are capped at `WS_MAX_BYTES` by the server (a client's message is
+a few hundred bytes), access logs hide `token=` values, and binding beyond loopback without an API key is warned
+about: anyone who reaches the port can then queue work. Under torchrun the other ranks follow rank 0's model calls over a CPU (gloo) group
 and leave only when rank 0 broadcasts stop, never in the middle of a collective.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
 from collections.abc import Callable
 
 log = logging.getLogger("telefuser.serving")
+WS_MAX_BYTES = 64 << 10  # a larger client frame closes the connection (1009) before the app reads it
 
 
 def _raise_system_exit(signum, frame) -> None:
@@ -23,10 +27,17 @@ def serve_until_stopped(app, *, host: str, port: int, log_level: str, describe: 
     """Serve `app` on host:port until Ctrl-C or SIGTERM, then shut down gracefully. `describe` ends the log line."""
     import uvicorn
 
+    from .auth import RedactTokens
     from .local_server import make_server
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            lifespan="on")
+                            lifespan="on", ws_max_size=WS_MAX_BYTES)
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(RedactTokens())
+    keys = getattr(getattr(app, "state", None), "api_keys", None)
+    if not _loopback(host) and not (keys is not None and keys.enabled):
+        log.warning("listening on %s without an API key: anyone who can reach this port can queue work; set "
+                    "TELEFUSER_API_KEY (or --api-key) and put TLS in front (see the README)", host)
     server = make_server(config)
     previous = signal.getsignal(signal.SIGTERM)
     try:
@@ -47,6 +58,15 @@ def serve_until_stopped(app, *, host: str, port: int, log_level: str, describe: 
             sock.close()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def control_group():

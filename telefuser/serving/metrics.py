@@ -74,13 +74,16 @@ class StreamMetrics:
             ("backpressure_seconds_total", "Time the generator waited for a full delivery queue (lossless mode)."),
             ("controls_total", "Control messages accepted."),
             ("control_errors_total", "Control messages rejected."),
+            ("client_messages_dropped_total", "WebSocket messages dropped unread: over the rate limit."),
+            ("notices_dropped_total", "Status events dropped: the consumer had max_notices unread."),
             ("delivery_acks_total", "Delivery acks at the end of a stream: match, mismatch or missing."),
         ):
             self._counters[name] = {}
             self._help[name] = text
         for zero in ("sessions_created_total", "chunks_generated_total", "chunks_sent_total", "chunks_dropped_total",
                      "frames_generated_total", "frames_sent_total", "frames_dropped_total", "bytes_sent_total",
-                     "encode_seconds_total", "backpressure_seconds_total", "controls_total", "control_errors_total"):
+                     "encode_seconds_total", "backpressure_seconds_total", "controls_total", "control_errors_total",
+                     "client_messages_dropped_total", "notices_dropped_total"):
             self._counters[zero][()] = 0.0  # always exported, so a scraper can diff from the first scrape
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:

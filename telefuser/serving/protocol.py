@@ -34,6 +34,7 @@ ALLOWED_KEYS: tuple[str, ...] = tuple(KEY_BINDINGS)
 # The request config a session may carry; anything else is rejected so that typos never pass silently.
 CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps", "frame_policy")
 FRAME_POLICIES: tuple[str, ...] = ("strict", "truncate")
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
 _RESOLUTION = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 
 
@@ -68,12 +69,16 @@ class SessionFactory(Protocol):
 
     def create(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> StreamSession: ...
 
+    # Optional: `memory_estimate(config) -> {term: bytes}` (latents, KV window, activations, decode...) for a
+    # validated config; with it the service refuses sessions that cannot fit the device (stream_limits.py).
+    # Optional metadata: "native_resolution" (the canvas the model was trained at), "device", "chunk_frames".
+
 
 def parse_resolution(value: Any) -> tuple[int, int]:
     """'832x480' -> (832, 480); ValueError with the accepted form otherwise."""
     match = _RESOLUTION.match(value) if isinstance(value, str) else None
     if not match:
-        raise ValueError(f"resolution must be a string 'WIDTHxHEIGHT' such as '832x480', got {value!r}")
+        raise ValueError(f"resolution must be a string 'WIDTHxHEIGHT' such as '832x480', got {_short(value)}")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -83,22 +88,24 @@ def check_config(config: Any) -> dict[str, Any]:
         raise ValueError(f"config must be a JSON object, got {type(config).__name__}")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(CONFIG_KEYS)}")
+        named = ", ".join(_short(key, 40) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise ValueError(f"unknown config key(s) {named}; allowed: {', '.join(CONFIG_KEYS)}")
     out = dict(config)
-    if "seed" in out and (not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or out["seed"] < 0):
-        raise ValueError(f"seed must be a non-negative integer, got {out['seed']!r}")
+    if "seed" in out and (not isinstance(out["seed"], int) or isinstance(out["seed"], bool)
+                          or not 0 <= out["seed"] <= MAX_SEED):  # fmt: skip
+        raise ValueError(f"seed must be an integer between 0 and {MAX_SEED}, got {_short(out['seed'])}")
     if "resolution" in out:
         parse_resolution(out["resolution"])
     if "num_frames" in out and out["num_frames"] is not None:
         n = out["num_frames"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"num_frames must be a positive integer (or null for an open-ended stream), got {n!r}")
+            raise ValueError(f"num_frames must be a positive integer (or null for an open-ended stream), got {_short(n)}")
     if "fps" in out:
         fps = out["fps"]
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 120:
-            raise ValueError(f"fps must be a number in (0, 120], got {fps!r}")
+            raise ValueError(f"fps must be a number in (0, 120], got {_short(fps)}")
     if "frame_policy" in out and out["frame_policy"] not in FRAME_POLICIES:
-        raise ValueError(f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {out['frame_policy']!r}")
+        raise ValueError(f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {_short(out['frame_policy'])}")
     return out
 
 
@@ -109,7 +116,13 @@ def normalize_keys(keys: Any) -> list[str]:
     out = set()
     for key in keys:
         name = key.upper() if isinstance(key, str) and len(key) == 1 else key
-        if name not in KEY_BINDINGS:
-            raise ValueError(f"unknown key {key!r}; allowed keys: {', '.join(ALLOWED_KEYS)}")
+        if not isinstance(name, str) or name not in KEY_BINDINGS:
+            raise ValueError(f"unknown key {_short(key)}; allowed keys: {', '.join(ALLOWED_KEYS)}")
         out.add(name)
     return sorted(out, key=ALLOWED_KEYS.index)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr() for a message, cut short: a refusal must not echo a client's megabyte back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections import OrderedDict
@@ -16,17 +17,20 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .create_request import CreateRequest, RequestError
+from .create_request import CreateRequest
+from .http_errors import RequestError
+from .limits import LimitSet
 from .metrics import StreamMetrics
 from .protocol import SessionFactory
 from .session import SessionRuntime, StreamSettings
+from .stream_limits import check_stream_config, delivery_bytes
 
 log = logging.getLogger("telefuser.serving")
 
 
 class SessionRegistry:
-    def __init__(self, factory: SessionFactory, settings: StreamSettings, metrics: StreamMetrics):
-        self.factory, self.settings, self.metrics = factory, settings, metrics
+    def __init__(self, factory: SessionFactory, settings: StreamSettings, metrics: StreamMetrics, limits: LimitSet):
+        self.factory, self.settings, self.metrics, self.limits = factory, settings, metrics, limits
         # Model calls block (GPU work, or the followers' broadcast): one thread per session slot plus create/validate.
         self.executor = ThreadPoolExecutor(max_workers=settings.max_sessions + 2, thread_name_prefix="tf-stream")
         self.live: dict[str, SessionRuntime] = {}
@@ -65,9 +69,12 @@ class SessionRegistry:
             raise RequestError(503, "the service is shutting down")
         config = self.effective_config(request.config)
         try:
-            await self.run_blocking(self.factory.validate, request.image, request.prompt, config)
-        except ValueError as exc:
+            check_stream_config(self.limits, config)  # cheap bounds first: nothing is planned past them
+            await self.run_blocking(self._validate, request, config)
+        except (ValueError, RequestError) as exc:
             self.metrics.inc("sessions_rejected_total", reason="invalid")
+            if isinstance(exc, RequestError):
+                raise
             raise RequestError(422, f"invalid request: {exc}") from None
         if self.slots_in_use >= self.settings.max_sessions:
             self.metrics.inc("sessions_rejected_total", reason="capacity")
@@ -80,16 +87,25 @@ class SessionRegistry:
         # Shielded: if the HTTP request goes away mid-create, the session still registers and the idle reaper frees it.
         return await asyncio.shield(self._create(request, config))
 
+    def _validate(self, request: CreateRequest, config: dict[str, Any]) -> None:
+        """The model's own checks, then its memory estimate against the session's share of the device."""
+        self.factory.validate(request.image, request.prompt, config)
+        estimate = getattr(self.factory, "memory_estimate", None)
+        if callable(estimate) and self.limits.value("max_session_memory_bytes") is not None:
+            terms = dict(estimate(config))
+            chunk = int((self.factory.metadata.get("chunk_frames") or {}).get("later", 16))
+            terms["delivery"] = delivery_bytes(config, chunk, self.settings.buffer_chunks)
+            self.limits.check_memory(terms, f"a {config.get('resolution')} session", "max_session_memory_bytes")
+
     async def _create(self, request: CreateRequest, config: dict[str, Any]) -> SessionRuntime:
         try:
             model = await self.run_blocking(self.factory.create, request.image, request.prompt, config)
         except ValueError as exc:
             self.metrics.inc("sessions_rejected_total", reason="invalid")
             raise RequestError(422, f"invalid request: {exc}") from None
-        except Exception as exc:
-            log.exception("session creation failed")
+        except Exception:
             self.metrics.inc("sessions_rejected_total", reason="error")
-            raise RequestError(500, f"session creation failed: {type(exc).__name__}: {exc}") from None
+            raise  # a server fault: logged with the request id, answered with a generic 500
         finally:
             self._reserved -= 1
         runtime = SessionRuntime(
@@ -104,6 +120,7 @@ class SessionRegistry:
             on_released=self._released,
             on_closed=self._closed,
         )
+        runtime.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
         self.live[runtime.id] = runtime
         self._holding.add(runtime.id)
         self.metrics.inc("sessions_created_total")

@@ -44,6 +44,8 @@ class StreamSettings:
     keepalive_s: float = 15.0  # SSE comment interval
     max_body_bytes: int = 32 << 20
     finished_history: int = 256  # closed sessions kept for status / late acks
+    max_frames: int | None = None  # an open-ended session ends (reason "frame_limit") once it has made this many
+    max_notices: int = 64  # status events queued for one consumer; more are dropped (a client that never reads)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -155,6 +157,7 @@ class SessionRuntime:
         self.acked_frames: int | None = None
         self.ack_event = asyncio.Event()
         self.close_reason: str | None = None
+        self.stream_token: str | None = None  # set by the registry; a query token for this session's stream
         self.model_released = False
         self._task: asyncio.Task | None = None
         self._inflight: asyncio.Future | None = None
@@ -251,15 +254,21 @@ class SessionRuntime:
         self.keys = list(keys)
         applies = self.next_index
         self.metrics.inc("controls_total")
-        self.notices.put_nowait(
-            Notice({"type": "status", "stage": "control_state", "keys": self.keys, "applies_from_chunk": applies})
-        )
+        self._notify({"type": "status", "stage": "control_state", "keys": self.keys, "applies_from_chunk": applies})
         return applies
 
     def client_error(self, message: str) -> None:
         """A bad client message: reported as a non-fatal error event; the stream goes on."""
         self.metrics.inc("control_errors_total")
-        self.notices.put_nowait(Notice({"type": "status", "stage": "error", "message": message, "fatal": False}))
+        self._notify({"type": "status", "stage": "error", "message": message, "fatal": False})
+
+    def _notify(self, payload: dict[str, Any]) -> None:
+        """Queue a non-final status event, unless the consumer already has `max_notices` unread: a client that floods
+        controls without reading must not grow the server's memory. Final notices (closed, fatal errors) always go."""
+        if self.notices.qsize() >= self.settings.max_notices:
+            self.metrics.inc("notices_dropped_total")
+            return
+        self.notices.put_nowait(Notice(payload))
 
     def record_ack(self, published_frames: int) -> bool:
         if self.published_frames is None:
@@ -300,6 +309,9 @@ class SessionRuntime:
             while True:
                 if self.stop_requested:
                     reason = "stopped"
+                    break
+                if self.total_chunks is None and self.settings.max_frames is not None and first_frame >= self.settings.max_frames:
+                    reason = "frame_limit"  # an open-ended session, at the service's max_frames
                     break
                 if self.total_chunks is not None and index >= self.total_chunks:
                     break

@@ -1,9 +1,10 @@
 """The streaming service as a FastAPI app: HTTP session API, per-session WebSocket and SSE, metrics, web page.
 
     GET    /v1/service/health                  {"status": "ok", "sessions_in_use", "max_sessions", ...}
-    GET    /v1/service/metadata                model metadata, limits, keys, config keys, codecs
+    GET    /v1/service/metadata                model metadata, limits (and where they came from), keys, codecs
     GET    /v1/service/metrics                 Prometheus text format
     POST   /v1/stream/sessions                 JSON {"prompt","image"(base64),"config"?,"codec"?} or multipart -> 201
+    GET    /v1/stream/sessions                 live and recently closed sessions
     GET    /v1/stream/sessions/{id}            counters, ack state
     DELETE /v1/stream/sessions/{id}            204; frees the slot
     POST   /v1/stream/sessions/{id}/control    {"keys": [...]} (for SSE clients; WebSocket clients send it inline)
@@ -14,14 +15,17 @@
     GET    /                                   the web client (static/)
 
 All state lives in the SessionRegistry stored on `app.state.stream`; the lifespan starts its reaper and closes every
-session on shutdown.
+session on shutdown. With API keys (auth.py) every route but health, the page and its static files needs
+`Authorization: Bearer <key>`; a session's WebSocket and SSE stream also open with `?token=<its stream token>`
+(in the create reply's URLs) or `?token=<key>`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
 import logging
+import re
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,17 +35,29 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from .create_request import RequestError, parse_create_request
+from .auth import ApiKeyMiddleware, ApiKeys
+from .client_messages import BURST, MAX_MESSAGE_BYTES, RATE
+from .create_request import parse_create_request
 from .envelope import CODECS
+from .http_errors import RequestError, ServerFaultMiddleware, error_response
 from .metrics import CONTENT_TYPE, StreamMetrics
 from .protocol import ALLOWED_KEYS, CONFIG_KEYS, KEY_BINDINGS, SessionFactory, normalize_keys
 from .registry import SessionRegistry
+from .request_body import json_object, read_body
 from .session import SessionRuntime, StateError, StreamSettings
 from .sse_consumer import sse_stream
+from .stream_limits import StreamLimitFlags, derive_stream_limits
 from .ws_consumer import serve_websocket
 
 log = logging.getLogger("telefuser.serving")
 STATIC_DIR = Path(__file__).with_name("static")
+SMALL_BODY_BYTES = 64 << 10  # control / ack bodies
+_STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events)$")
+
+
+def _public(path: str) -> bool:
+    """No key needed: health, and the web page with its static files (they hold no data and start no work)."""
+    return path in ("/v1/service/health", "/") or path.startswith("/static/")
 
 
 def create_stream_app(
@@ -56,15 +72,19 @@ def create_stream_app(
     idle_timeout_s: float = 120.0,
     keepalive_s: float = 15.0,
     max_body_bytes: int = 32 << 20,
+    limits: StreamLimitFlags | None = None,
+    api_keys: ApiKeys | None = None,
 ) -> FastAPI:
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
+    limit_set = derive_stream_limits(factory, max_sessions=max_sessions, max_body_bytes=max_body_bytes, flags=limits)
     settings = StreamSettings(
         max_sessions=max_sessions, delivery_mode=delivery_mode, buffer_chunks=buffer_chunks, codec=codec,
         jpeg_quality=jpeg_quality, ack_timeout_s=ack_timeout_s, idle_timeout_s=idle_timeout_s,
-        keepalive_s=keepalive_s, max_body_bytes=max_body_bytes,
+        keepalive_s=keepalive_s, max_body_bytes=max_body_bytes, max_frames=limit_set.value("max_frames"),
     )  # fmt: skip
-    registry = SessionRegistry(factory, settings, StreamMetrics())
+    registry = SessionRegistry(factory, settings, StreamMetrics(), limit_set)
+    keys = api_keys or ApiKeys()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -78,6 +98,20 @@ def create_stream_app(
     # No /docs: Swagger UI would load from a CDN, and the service must work offline.
     app = FastAPI(title="TeleFuser stream service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.stream = registry
+    app.state.api_keys = keys
+
+    def stream_token_ok(path: str, token: str) -> bool:
+        match = _STREAM_PATH.match(path)
+        if match is None:
+            return False
+        if keys.matches(token):
+            return True
+        runtime = registry.get(match.group(1))
+        expected = runtime.stream_token if runtime is not None else None
+        return expected is not None and hmac.compare_digest(expected.encode(), token.encode("utf-8", "surrogatepass"))
+
+    app.add_middleware(ApiKeyMiddleware, keys=keys, public=_public, query_token_ok=stream_token_ok)
+    app.add_middleware(ServerFaultMiddleware, logger=log)  # outermost: request ids, and a 401 gets one too
     _add_service_routes(app, registry)
     _add_session_routes(app, registry)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -87,11 +121,6 @@ def create_stream_app(
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     return app
-
-
-def _error(status: int, detail: str) -> JSONResponse:
-    headers = {"Retry-After": "5"} if status in (429, 503) else None
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 def _add_service_routes(app: FastAPI, registry: SessionRegistry) -> None:
@@ -104,15 +133,20 @@ def _add_service_routes(app: FastAPI, registry: SessionRegistry) -> None:
         return JSONResponse(body, status_code=503 if registry.shutting_down else 200)
 
     @app.get("/v1/service/metadata")
-    async def metadata() -> dict[str, Any]:
+    async def metadata(request: Request) -> dict[str, Any]:
         return {
             "service": "telefuser-stream",
             "model": getattr(registry.factory, "metadata", {}),
             "limits": {
                 "max_sessions": settings.max_sessions, "buffer_chunks": settings.buffer_chunks,
-                "delivery_mode": settings.delivery_mode, "max_body_bytes": settings.max_body_bytes,
-                "ack_timeout_s": settings.ack_timeout_s, "idle_timeout_s": settings.idle_timeout_s,
-            },  # fmt: skip
+                "delivery_mode": settings.delivery_mode, "ack_timeout_s": settings.ack_timeout_s,
+                "idle_timeout_s": settings.idle_timeout_s, **registry.limits.values(),
+                "ws_message_bytes": MAX_MESSAGE_BYTES, "ws_messages_per_s": RATE, "ws_message_burst": BURST,
+                "max_notices": settings.max_notices,
+            },
+            "limit_sources": registry.limits.sources(),
+            "auth": {"api_key_required": request.app.state.api_keys.enabled, "scheme": "Bearer",
+                     "stream_query_token": True},
             "keys": {"allowed": list(ALLOWED_KEYS), "bindings": KEY_BINDINGS},
             "config_keys": list(CONFIG_KEYS),
             "codecs": list(CODECS),
@@ -147,41 +181,43 @@ def _add_session_routes(app: FastAPI, registry: SessionRegistry) -> None:
         return runtime
 
     async def json_body(request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"malformed JSON body: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the JSON body must be an object")
-        return body
+        body = await read_body(request, SMALL_BODY_BYTES)
+        return json_object(body, '{"keys": ["W"]}') if body.strip() else {}
 
     @app.exception_handler(RequestError)
     async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return _error(exc.status, exc.detail)
+        return error_response(exc.status, exc.detail, headers=exc.headers)
 
-    @app.post("/v1/stream/sessions", status_code=201)
-    async def create_session(request: Request) -> JSONResponse:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > settings.max_body_bytes:
-            raise RequestError(413, f"request body is {length} bytes; the limit is {settings.max_body_bytes}")
-        body = await request.body()
-        if len(body) > settings.max_body_bytes:
-            raise RequestError(413, f"request body is {len(body)} bytes; the limit is {settings.max_body_bytes}")
-        parsed = await run_in_threadpool(parse_create_request, request.headers.get("content-type", ""), body)
-        runtime = await registry.create(parsed)
+    def urls(request: Request, runtime: SessionRuntime) -> dict[str, str]:
         base = str(request.base_url).rstrip("/")
         ws_base = ("wss" + base[5:]) if base.startswith("https") else ("ws" + base[4:])
         path = f"/v1/stream/sessions/{runtime.id}"
+        query = f"?token={runtime.stream_token}" if request.app.state.api_keys.enabled else ""
+        return {"ws_url": f"{ws_base}{path}/ws{query}", "sse_url": f"{base}{path}/events{query}",
+                "ws_path": f"{path}/ws{query}", "sse_path": f"{path}/events{query}"}  # fmt: skip
+
+    @app.post("/v1/stream/sessions", status_code=201)
+    async def create_session(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_body_bytes)
+        image_pixels = registry.limits["max_image_pixels"]
+        parsed = await run_in_threadpool(parse_create_request, request.headers.get("content-type", ""), body,
+                                         image_pixels)  # fmt: skip
+        runtime = await registry.create(parsed)
         return JSONResponse(
             {
-                "session_id": runtime.id, "ws_url": f"{ws_base}{path}/ws", "sse_url": f"{base}{path}/events",
-                "ws_path": f"{path}/ws", "sse_path": f"{path}/events", "total_chunks": runtime.total_chunks,
+                "session_id": runtime.id, **urls(request, runtime), "total_chunks": runtime.total_chunks,
                 "total_frames": runtime.total_frames, "fps": runtime.fps, "resolution": runtime.resolution,
                 "config": runtime.config, "codec": runtime.codec, "delivery_mode": settings.delivery_mode,
                 "buffer_chunks": settings.buffer_chunks, "keys": list(ALLOWED_KEYS),
             },  # fmt: skip
             status_code=201,
         )
+
+    @app.get("/v1/stream/sessions")
+    async def list_sessions() -> dict[str, Any]:
+        live = [s.describe() for s in registry.live.values()]
+        finished = [s.describe() for s in reversed(registry.finished.values())]
+        return {"object": "list", "data": live + finished, "live": len(live), "finished": len(finished)}
 
     @app.get("/v1/stream/sessions/{session_id}")
     async def session_status(session_id: str) -> dict[str, Any]:

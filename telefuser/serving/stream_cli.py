@@ -17,9 +17,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .auth import add_auth_args, keys_from_args
 from .envelope import CODECS
 from .launch import control_group, follow_until_stopped, serve_until_stopped
+from .limits import add_canvas_limit_args
 from .protocol import SessionFactory
+from .stream_limits import StreamLimitFlags
 
 log = logging.getLogger("telefuser.serving")
 FactoryBuilder = Callable[[argparse.Namespace], SessionFactory]
@@ -50,7 +53,8 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
         description="Streaming service: rank 0 serves HTTP, other torchrun ranks follow its model calls.",
     )
     g = p.add_argument_group("service")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (default) serves this machine only; see the README "
+                                                       "before exposing a service")
     g.add_argument("--port", type=int, default=8088)
     g.add_argument("--max-sessions", type=int, default=None,
                    help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1")
@@ -62,8 +66,17 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
     g.add_argument("--idle-timeout", type=float, default=120.0, help="close sessions nobody attaches to within this")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    add_auth_args(g)
+    g.add_argument("--max-body-mib", type=float, default=32.0, help="largest create request (the image is in it)")
     g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
     g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
+    lim = add_canvas_limit_args(p, "canvas")
+    lim.add_argument("--max-frames", type=int, default=None,
+                     help="frames per session; open-ended sessions end there (default: 10 minutes at the model fps)")
+    lim.add_argument("--max-session-memory-gib", type=float, default=None,
+                     help="estimated memory one session may take (default: free device memory / max sessions)")
+    lim.add_argument("--max-image-pixels", type=int, default=None,
+                     help="uploaded image, checked before decoding (default: 40 megapixels)")
     m = p.add_argument_group("model (handed to the model factory)")
     m.add_argument("--config", choices=("tiny", "official"), default="official")
     m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
@@ -83,6 +96,7 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
 def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    keys_from_args(args)  # a malformed key fails now, not after the model is loaded
     factory = build_fake_factory(args) if args.fake else (builder or build_factory)(args)
     following = None
     if world > 1:
@@ -100,10 +114,15 @@ def _serve(args: argparse.Namespace, factory: SessionFactory, following) -> int:
     from .stream_app import create_stream_app
 
     max_sessions = args.max_sessions or int(factory.metadata.get("max_sessions") or 1)
+    limits = StreamLimitFlags(
+        max_width=args.max_width, max_height=args.max_height, max_pixels=args.max_pixels, max_frames=args.max_frames,
+        max_session_memory_gib=args.max_session_memory_gib, max_image_pixels=args.max_image_pixels,
+    )  # fmt: skip
     app = create_stream_app(
         factory, max_sessions=max_sessions, delivery_mode=args.delivery_mode, buffer_chunks=args.buffer_chunks,
         codec=args.codec, jpeg_quality=args.jpeg_quality, ack_timeout_s=args.ack_timeout,
-        idle_timeout_s=args.idle_timeout,
+        idle_timeout_s=args.idle_timeout, max_body_bytes=int(args.max_body_mib * 2**20), limits=limits,
+        api_keys=keys_from_args(args),
     )  # fmt: skip
     try:
         serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -13,7 +13,8 @@ import logging
 
 from fastapi import WebSocket
 
-from .client_messages import handle_client_message
+from .client_messages import MessageBudget, receive_client_message
+from .http_errors import request_id_of
 from .registry import SessionRegistry
 from .session import ChunkItem, DoneItem, Notice, SessionRuntime, StateError
 
@@ -63,15 +64,18 @@ async def serve_websocket(websocket: WebSocket, registry: SessionRegistry, sessi
 
 
 async def _read(websocket: WebSocket, runtime: SessionRuntime, registry: SessionRegistry) -> None:
+    budget = MessageBudget()
     try:
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 break
-            if message.get("text") is None:
-                runtime.client_error("binary messages are not accepted; send JSON text")
-                continue
-            handle_client_message(runtime, message["text"])
+            try:
+                receive_client_message(runtime, message, budget)
+            except Exception:  # our fault, not the client's: log it, tell the client, keep streaming
+                request_id = request_id_of(websocket.scope)
+                log.exception("session %s: request %s: handling a client message failed", runtime.id, request_id)
+                runtime.client_error(f"internal error handling that message (request id {request_id})")
     except Exception as exc:
         log.debug("session %s: websocket reader ended: %r", runtime.id, exc)
     finally:
@@ -82,4 +86,4 @@ async def _read(websocket: WebSocket, runtime: SessionRuntime, registry: Session
 async def _refuse(websocket: WebSocket, message: str, code: int) -> None:
     with contextlib.suppress(Exception):
         await websocket.send_json({"type": "status", "stage": "error", "fatal": True, "message": message})
-        await websocket.close(code=code, reason=message[:120])
+        await websocket.close(code=code, reason=message.encode()[:120].decode("utf-8", "ignore"))  # 123 bytes at most

@@ -1,8 +1,10 @@
 """The web client in headless Chromium (Debian's, driven by playwright) against the fake model.
 
-It starts a session from the page, waits for frames on the canvas, holds W and checks that the page shows the
-server's acknowledgement and that the model received the key from the acknowledged chunk on, plays to the end and
-checks the delivery ack. A screenshot goes to the test's tmp dir and, when TELEFUSER_ARTIFACTS is set, there too.
+The service requires an API key: the page first says so, then takes the key from its field (HTTP calls send it as
+a bearer header, the WebSocket opens with the session's stream token). It starts a session from the page, waits
+for frames on the canvas, holds W and checks that the page shows the server's acknowledgement and that the model
+received the key from the acknowledged chunk on, plays to the end and checks the delivery ack. A screenshot goes to
+the test's tmp dir and, when TELEFUSER_ARTIFACTS is set, there too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from telefuser.serving.auth import ApiKeys
 from telefuser.serving.fake import FakeSessionFactory
 from telefuser.serving.local_server import serve_in_thread
 from telefuser.serving.stream_app import create_stream_app
@@ -23,6 +26,7 @@ CHROMIUM_ARGS = [
     "--disable-sync", "--no-first-run",
 ]  # fmt: skip
 NUM_FRAMES = 13 + 16 * 5  # 6 chunks
+API_KEY = "browser-test-key"
 
 
 def _launch(playwright):
@@ -36,7 +40,7 @@ def test_page_streams_plays_and_acknowledges_controls(tmp_path):
     # About real time (16 frames per 0.5 s against 24 FPS playback), so the key press lands while chunks are still
     # being generated, as with the real model.
     fake = FakeSessionFactory(delay_s=0.5, defaults={"resolution": "320x192", "num_frames": NUM_FRAMES, "fps": 24})
-    app = create_stream_app(fake, max_sessions=1, ack_timeout_s=5.0)
+    app = create_stream_app(fake, max_sessions=1, ack_timeout_s=5.0, api_keys=ApiKeys([API_KEY]))
     shot = tmp_path / "stream_page.png"
     with serve_in_thread(app) as base, sync_api.sync_playwright() as playwright:
         browser = _launch(playwright)
@@ -45,7 +49,11 @@ def test_page_streams_plays_and_acknowledges_controls(tmp_path):
             page_errors: list[str] = []
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
             page.goto(base + "/")
+            page.wait_for_function("document.getElementById('model-info').dataset.auth === 'required'")
+            page.fill("#api-key", API_KEY)
+            page.dispatch_event("#api-key", "change")
             page.wait_for_function("document.querySelector('#resolution').options.length > 0")
+            assert page.get_attribute("#model-info", "data-auth") == "accepted"
             assert page.input_value("#resolution") == "320x192" and page.input_value("#num-frames") == str(NUM_FRAMES)
             page.click("#start")
             page.wait_for_function("window.tfStream.drawn >= 5", timeout=20_000)

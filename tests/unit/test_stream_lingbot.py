@@ -94,3 +94,36 @@ def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
     communicator.backend_name = "ce-ipc"  # what the first exchange on a shared GPU selects
     factory.warmup_s = 1.5
     assert factory.metadata["ulysses_transport"] == "ce-ipc" and factory.metadata["warmup_s"] == 1.5
+
+
+def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
+    """The kv_window term is the bytes the session's cache really holds (layers' K/V, scratch pair, text K/V)."""
+    factory = build_lingbot_factory(_args())
+    config = {**factory.defaults, "resolution": "96x64"}
+    estimate = factory.memory_estimate(config)
+    session = factory.create(np.full((64, 96, 3), 9, np.uint8), "a barn", config)
+    try:
+        cache = session._session._dit_session  # the DiT's per-session state (kv_cache.LingBotSession)
+        tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)] + [cache._scratch.k, cache._scratch.v]
+        tensors += [t for pair in cache.cross_kv for t in pair]
+        assert estimate["kv_window"] == sum(t.numel() * t.element_size() for t in tensors)  # bytes: exact
+    finally:
+        session.close()
+    assert set(estimate) == {"kv_window", "latents", "activations", "decode"} and min(estimate.values()) > 0
+    bigger = factory.memory_estimate({**config, "resolution": "192x128"})
+    assert all(bigger[k] > estimate[k] for k in estimate)  # every term grows with the canvas
+
+
+def test_the_tiny_model_service_refuses_a_session_past_its_memory_share():
+    from telefuser.serving.stream_limits import StreamLimitFlags
+
+    factory = build_lingbot_factory(_args())
+    app = create_stream_app(factory, max_sessions=1, limits=StreamLimitFlags(max_session_memory_gib=0.05))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, trust_env=False) as http:
+        meta = http.get("/v1/service/metadata").json()
+        assert meta["model"]["native_resolution"] == "832x480" and meta["limits"]["max_width"] == 1664
+        r = http.post("/v1/stream/sessions", json={"prompt": "x", "image": _png(), "config": {"resolution": "640x480"}})
+        assert r.status_code == 422 and "max_session_memory_bytes=51.2 MiB" in r.json()["detail"], r.text
+        assert "kv_window" in r.json()["detail"] and "decode" in r.json()["detail"]
+        ok = http.post("/v1/stream/sessions", json={"prompt": "x", "image": _png()})
+        assert ok.status_code == 201, ok.text

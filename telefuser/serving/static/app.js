@@ -5,6 +5,10 @@
 //   "TFCH" | uint32 BE header length | JSON header {chunk, first_frame, frames, width, height, fps, codec, sizes, crc32}
 //   | frame 0 bytes | frame 1 bytes | ...      (jpeg/png: image files; raw: RGB24)
 // Text messages are status events {"type":"status","stage":...}.
+//
+// API key: when the server requires one, HTTP calls send "Authorization: Bearer <key>" (the key comes from the
+// API key field or the page's #api_key=... fragment, which never reaches the server, and stays in sessionStorage);
+// the WebSocket opens with the session's stream token that the create reply puts in ws_path.
 "use strict";
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -34,10 +38,33 @@
 
   function setState(s) { st.state = s; $("stat-state").textContent = s; }
 
+  // ---- API key -----------------------------------------------------------------------------------------------
+  const fromFragment = new URLSearchParams(location.hash.slice(1)).get("api_key");
+  if (fromFragment) {
+    sessionStorage.setItem("tfApiKey", fromFragment);
+    history.replaceState(null, "", location.pathname + location.search); // out of the address bar
+  }
+  $("api-key").value = sessionStorage.getItem("tfApiKey") || "";
+
+  function authFetch(url, options = {}) {
+    const key = $("api-key").value.trim();
+    const headers = { ...(options.headers || {}) };
+    if (key) headers.Authorization = `Bearer ${key}`;
+    return fetch(url, { ...options, headers });
+  }
+
   // ---- metadata ----------------------------------------------------------------------------------------------
   async function loadMetadata() {
     try {
-      const meta = await (await fetch("/v1/service/metadata")).json();
+      const response = await authFetch("/v1/service/metadata");
+      if (response.status === 401) {
+        $("model-info").textContent = "this server requires an API key: enter it below";
+        $("model-info").dataset.auth = "required";
+        $("api-key").focus();
+        return;
+      }
+      const meta = await response.json();
+      $("model-info").dataset.auth = meta.auth && meta.auth.api_key_required ? "accepted" : "none";
       const model = meta.model || {};
       const defaults = model.defaults || {};
       $("model-info").textContent = `${model.model || "model"} · weights: ${model.weights || "?"} · ` +
@@ -100,7 +127,7 @@
     };
     let reply;
     try {
-      const r = await fetch("/v1/stream/sessions", {
+      const r = await authFetch("/v1/stream/sessions", {
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       });
       reply = await r.json();
@@ -288,7 +315,7 @@
   $("session-form").addEventListener("submit", start);
   $("stop").addEventListener("click", () => { send({ type: "stop" }); log("stop requested"); });
   $("end").addEventListener("click", async () => {
-    if (st.sessionId) await fetch(`/v1/stream/sessions/${st.sessionId}`, { method: "DELETE" });
+    if (st.sessionId) await authFetch(`/v1/stream/sessions/${st.sessionId}`, { method: "DELETE" });
     if (st.ws) st.ws.close();
     log("session ended");
   });
@@ -297,6 +324,10 @@
     if (file) $("image-preview").src = URL.createObjectURL(file);
   });
   canvas.addEventListener("click", () => canvas.focus());
+  $("api-key").addEventListener("change", () => {
+    sessionStorage.setItem("tfApiKey", $("api-key").value.trim());
+    loadMetadata();
+  });
 
   loadMetadata();
   setInterval(updateStats, 250);

@@ -1,0 +1,48 @@
+"""How much memory a service may promise to requests: read once at start-up, after the model is loaded.
+
+On CUDA it is the device's free memory (`torch.cuda.mem_get_info`: the weights are already resident); on a CPU it
+is the host's available memory. A tenth is kept back for the allocator's fragmentation and the service itself.
+Requests are then checked against their own estimate (latents, KV window, activations, decode: the model adapter
+computes it from the plan), so a request that cannot fit is refused with a 422 instead of taking the process down.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+HEADROOM = 0.9
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    bytes: int
+    source: str  # what was measured, for /v1/service/metadata
+
+
+def available_memory(device: str | None) -> MemoryBudget:
+    """HEADROOM x the free memory of `device` ("cuda", "cuda:1", "cpu", None = cpu)."""
+    if device and str(device).startswith("cuda"):
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return MemoryBudget(int(free * HEADROOM), f"{HEADROOM:g} x free memory of {device} at start-up "
+                                                   f"({free / GIB:.1f} of {total / GIB:.1f} GiB)")  # fmt: skip
+    free = _host_available()
+    return MemoryBudget(
+        int(free * HEADROOM), f"{HEADROOM:g} x available host memory at start-up ({free / GIB:.1f} GiB)"
+    )
+
+
+def _host_available() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil arrives with accelerate; the page count is the fallback
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def gib(value: float | None) -> int | None:
+    return None if value is None else int(value * GIB)
