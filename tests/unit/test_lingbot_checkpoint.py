@@ -1,4 +1,6 @@
-"""Loading a LingBot-World v2 transformer written in the official layout (config.json + transformers/ shards)."""
+"""Loading a LingBot-World v2 transformer: the official layout (config.json + transformers/ shards) read back exactly,
+and what a diffusers-format directory cannot map refused by name. Faithfulness to diffusers' reference model (files
+written from *its* tensors) is in test_lingbot_faithfulness.py."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import save_file
 
 from telefuser.models.lingbot_world_v2 import (
     RANDOM_WEIGHTS,
     CheckpointError,
+    LingBotConfigError,
     LingBotWorldV2Config,
     build_random_lingbot_dit,
     keeps_fp32,
@@ -127,10 +131,7 @@ def test_a_config_that_does_not_match_the_weights_is_refused(source, tmp_path):
         load_lingbot_dit(weights, device="cpu")
 
 
-def test_diffusers_format_and_missing_files_are_refused(source, tmp_path):
-    write_official_checkpoint(source, tmp_path, extra={"condition_embedder.time_proj.weight": torch.zeros(2)})
-    with pytest.raises(CheckpointError, match="diffusers-format transformer"):
-        load_lingbot_dit(tmp_path, device="cpu")
+def test_missing_files_are_refused(source, tmp_path):
     with pytest.raises(CheckpointError, match="no LingBot transformer weights"):
         load_lingbot_dit(tmp_path / "nowhere", device="cpu")
     empty = tmp_path / "no_config"
@@ -138,6 +139,98 @@ def test_diffusers_format_and_missing_files_are_refused(source, tmp_path):
     (empty / "config.json").unlink()
     with pytest.raises(CheckpointError, match="no config.json"):
         load_lingbot_dit(empty, device="cpu")
+
+
+# -- what a diffusers-format directory cannot map is refused by name ---------------------------------------------------
+def _diffusers_names(model) -> dict:
+    """Our tensors under diffusers' Wan names (diffusers' converter), the camera layers under their own."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return convert_wan_transformer_to_diffusers(state)
+
+
+def _write_diffusers_dir(root: Path, tensors: dict, config: dict) -> Path:
+    weights = root / "transformer"
+    weights.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights / "diffusion_pytorch_model.safetensors"))
+    (weights / "config.json").write_text(json.dumps(config))
+    (root / "model_index.json").write_text("{}")
+    return weights
+
+
+def _diffusers_config(config: LingBotWorldV2Config, **overrides) -> dict:
+    payload = {"_class_name": "WanTransformer3DModel", "patch_size": list(config.patch_size),
+               "num_attention_heads": config.num_heads, "attention_head_dim": config.head_dim,
+               "in_channels": config.in_dim, "out_channels": config.out_dim, "text_dim": config.text_dim,
+               "freq_dim": config.freq_dim, "ffn_dim": config.ffn_dim, "num_layers": config.num_layers,
+               "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": config.eps, "image_dim": None,
+               "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None}
+    return {**payload, **overrides}
+
+
+def test_the_diffusers_config_maps_onto_the_original_keys():
+    cfg = LingBotWorldV2Config.tiny()
+    mapped = LingBotWorldV2Config.from_dict(_diffusers_config(cfg, out_channels=None))
+    assert mapped == LingBotWorldV2Config(**{**cfg.to_dict(), "text_len": 512, "local_attn_size": 18,
+                                             "sink_size": 6, "out_dim": cfg.in_dim})  # out_channels or in_channels
+    official = LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config()))
+    assert official == LingBotWorldV2Config()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"image_dim": 1280}, r"image_dim=1280: a CLIP image branch .* LingBot-World v2 has none"),
+    ({"added_kv_proj_dim": 64}, r"image key/value projections"),
+    ({"pos_embed_seq_len": 514}, r"learned position embedding"),
+    ({"qk_norm": "rms_norm"}, r"qk_norm='rms_norm'; LingBot-World v2 normalises Q and K over all heads"),
+    ({"dim": 64}, r"mixes diffusers-format keys with original ones \(dim\)"),
+])
+def test_a_diffusers_config_that_cannot_map_is_refused(overrides, match):
+    with pytest.raises(LingBotConfigError, match=match):
+        LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config.tiny(), **overrides))
+    with pytest.raises(LingBotConfigError, match="diffusers-format transformer config missing required keys: ffn_dim"):
+        LingBotWorldV2Config.from_dict({"in_channels": 36, "num_attention_heads": 4, "attention_head_dim": 16,
+                                        "num_layers": 2})
+
+
+def test_a_wan_image_branch_a_camera_less_wan_and_mixed_names_are_refused(source, tmp_path):
+    cfg = source.config
+    tensors = _diffusers_names(source)
+    image = {"condition_embedder.image_embedder.norm1.weight": torch.ones(4),
+             "blocks.0.attn2.add_k_proj.weight": torch.ones(cfg.dim, 4)}
+    _write_diffusers_dir(tmp_path / "i2v", {**tensors, **image}, _diffusers_config(cfg))
+    with pytest.raises(CheckpointError, match=r"has a CLIP image branch \(blocks.0.attn2.add_k_proj.weight, "
+                                              r"condition_embedder.image_embedder.norm1.weight\): a Wan 2.1 I2V"):
+        load_lingbot_dit(tmp_path / "i2v", device="cpu")
+    plain = {k: v for k, v in tensors.items() if "cam" not in k and "c2ws" not in k}
+    _write_diffusers_dir(tmp_path / "plain", plain, _diffusers_config(cfg))
+    with pytest.raises(CheckpointError, match=r"has no camera layers .*a plain Wan transformer"):
+        load_lingbot_dit(tmp_path / "plain", device="cpu")
+    mixed = {**tensors, "blocks.0.self_attn.q.weight": torch.ones(cfg.dim, cfg.dim)}
+    _write_diffusers_dir(tmp_path / "mixed", mixed, _diffusers_config(cfg))
+    with pytest.raises(CheckpointError, match=r"mixes diffusers' Wan tensor names .* with the original ones "
+                                              r"\(blocks.0.self_attn.q.weight\)"):
+        load_lingbot_dit(tmp_path / "mixed", device="cpu")
+    write_official_checkpoint(source, tmp_path / "orig", extra={"condition_embedder.time_proj.weight": torch.ones(2)})
+    with pytest.raises(CheckpointError, match=r"mixes diffusers' Wan tensor names \(condition_embedder.time_proj"):
+        load_lingbot_dit(tmp_path / "orig", device="cpu")
+
+
+def test_a_diffusers_directory_names_its_missing_and_unknown_tensors(source, tmp_path):
+    tensors = _diffusers_names(source)
+    del tensors["blocks.1.attn2.norm_k.weight"]
+    tensors["blocks.0.cam_plucker_proj.weight"] = torch.ones(2)  # another project's name for a camera layer
+    _write_diffusers_dir(tmp_path, tensors, _diffusers_config(source.config))
+    with pytest.raises(CheckpointError, match=r"1 missing: blocks.1.attn2.norm_k.weight; "
+                                              r"1 unexpected: blocks.0.cam_plucker_proj.weight"):
+        load_lingbot_dit(tmp_path, device="cpu")
+
+
+def test_a_bf16_load_of_a_diffusers_directory_keeps_the_fp32_regions(source, tmp_path):
+    _write_diffusers_dir(tmp_path, _diffusers_names(source), _diffusers_config(source.config))
+    model = load_lingbot_dit(tmp_path, device="cpu", dtype=torch.bfloat16)
+    expected = source.state_dict()
+    for key, value in model.state_dict().items():
+        assert value.dtype == (torch.float32 if keeps_fp32(key) else torch.bfloat16), key
+        assert torch.equal(value, expected[key]), key  # the source is bf16/fp32 already: read back exactly
 
 
 def test_random_weights_say_so(caplog):

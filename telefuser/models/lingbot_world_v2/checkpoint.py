@@ -1,4 +1,5 @@
-"""Loading the official LingBot-World v2 causal-fast transformer, and building a seeded random one.
+"""Loading the LingBot-World v2 causal-fast transformer (original or diffusers layout), and building a seeded random
+one.
 
 Layout (``lingbot-world-v2-14b-causal-fast``): ``config.json`` (the `WanModelFast` constructor arguments) in the
 model root or in the weights directory, and ``transformers/`` holding safetensors shards
@@ -6,9 +7,14 @@ model root or in the weights directory, and ``transformers/`` holding safetensor
 ``model.safetensors.index.json``). Tensor names are the original Wan/LingBot names, equal to this model's state-dict
 names (``blocks.N.self_attn.q.weight``, ``patch_embedding_wancamctrl.weight`` ...).
 
-The diffusers-format repository (``robbyant/lingbot-world-v2-14b-causal-fast-diffusers``) renames the Wan part
-(``condition_embedder.*``, ``attn1.to_q`` ...) and its camera-module names are not confirmed, so it is refused with
-a clear error rather than guessed at.
+Diffusers-format directories load too (``model_index.json`` + ``transformer/`` with ``config.json`` and
+``diffusion_pytorch_model*.safetensors``): their config is mapped by `LingBotWorldV2Config.from_dict`, and their
+tensors may carry either layout's names. The ``...-diffusers`` LingBot releases store the original names (as vLLM-Omni
+and FastVideo load them); a directory written by diffusers' ``WanTransformer3DModel.save_pretrained`` carries
+diffusers' Wan names (``condition_embedder.*``, ``blocks.N.attn1.to_q`` ...), which are mapped with diffusers' own
+Wan converter (``convert_wan_transformer_to_diffusers``, applied to this model's names), and the camera layers keep
+their original names there (the converter leaves them alone). What cannot map is refused by name: a CLIP image
+branch, a Wan transformer without camera layers, names of both layouts in one directory.
 
 The model is built on the meta device and filled shard by shard, one tensor at a time, directly in its target
 device and dtype; the host never holds more than one tensor.
@@ -16,6 +22,7 @@ device and dtype; the host never holds more than one tensor.
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 from pathlib import Path
@@ -47,6 +54,12 @@ CAMERA_KEY = "patch_embedding_wancamctrl.weight"
 # The streaming window the v2 pipeline runs (config.json describes training and may say -1 = unbounded).
 V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE = 18, 6
 _DIFFUSERS_MARKERS = ("condition_embedder.", ".attn1.", ".attn2.", "scale_shift_table", "proj_out.")
+_ORIGINAL_MARKERS = ("text_embedding.", "time_projection.", ".self_attn.", ".cross_attn.", "head.head.")
+# Wan 2.1 I2V's image branch, in either layout: the CLIP image embedder and cross-attention's image K/V.
+_IMAGE_BRANCH_PREFIXES = ("img_emb.", "condition_embedder.image_embedder.")
+_IMAGE_BRANCH_PARTS = (".k_img.", ".v_img.", ".norm_k_img.", ".add_k_proj.", ".add_v_proj.", ".norm_added_k.")
+_CAMERA_MODULES = ("patch_embedding_wancamctrl.", "c2ws_hidden_states_layer", ".cam_injector_layer",
+                   ".cam_scale_layer.", ".cam_shift_layer.")
 
 
 class CheckpointError(RuntimeError):
@@ -79,13 +92,69 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     return weights, config
 
 
-# -- checks ---------------------------------------------------------------------------------------------------------
-def check_layout(keys: set[str], source: Path) -> None:
-    diffusers = sorted(k for k in keys if any(marker in k for marker in _DIFFUSERS_MARKERS))
-    if diffusers:
+# -- tensor names ---------------------------------------------------------------------------------------------------
+def diffusers_names(names: list[str]) -> dict[str, str]:
+    """Our (original) tensor name -> diffusers' ``WanTransformer3DModel`` name, by diffusers' own Wan converter run on
+    the names (the camera layers come back unchanged: the converter has no rule for them)."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    converted = convert_wan_transformer_to_diffusers({name: name for name in names})
+    ours = {original: theirs for theirs, original in converted.items()}
+    if len(ours) != len(names) or len(converted) != len(names):
+        raise CheckpointError("diffusers' Wan converter does not map this model's tensor names one to one")
+    return ours
+
+
+def file_names_to_ours(keys: set[str], ours: list[str], source: Path) -> dict[str, str]:
+    """File tensor name -> our name, for either layout; refuses by name what cannot map onto LingBot-World v2."""
+    image = sorted(k for k in keys if k.startswith(_IMAGE_BRANCH_PREFIXES) or any(p in k for p in _IMAGE_BRANCH_PARTS))
+    if image:
         raise CheckpointError(
-            f"{source} is a diffusers-format transformer ({few(diffusers, 3)}); only the original LingBot layout "
-            "(patch_embedding, blocks.N.self_attn.q, ..., patch_embedding_wancamctrl) is supported"
+            f"{source} has a CLIP image branch ({few(image, 3)}): a Wan 2.1 I2V transformer, not LingBot-World v2 "
+            "(which conditions on the image latent only)"
+        )
+    diffusers = sorted(k for k in keys if any(marker in k for marker in _DIFFUSERS_MARKERS))
+    original = sorted(k for k in keys if any(marker in k for marker in _ORIGINAL_MARKERS))
+    if diffusers and original:
+        raise CheckpointError(
+            f"{source} mixes diffusers' Wan tensor names ({few(diffusers, 2)}) with the original ones "
+            f"({few(original, 2)}); a checkpoint must use one layout"
+        )
+    if not any(any(marker in k for marker in _CAMERA_MODULES) for k in keys):
+        raise CheckpointError(
+            f"{source} has no camera layers ({CAMERA_KEY}, c2ws_hidden_states_layer1/2, blocks.N.cam_*): a plain Wan "
+            "transformer, not the LingBot-World v2 camera model"
+        )
+    if not diffusers:
+        return {name: name for name in ours}
+    log.info("%s: diffusers' Wan tensor names, mapped with diffusers' Wan converter", source)
+    return {theirs: name for name, theirs in diffusers_names(ours).items()}
+
+
+class _AssignByOurNames:
+    """`load_shards` assigns each tensor under the file's name; this hands it to the model under ours."""
+
+    def __init__(self, model: LingBotWorldV2DiT, ours: dict[str, str]):
+        self.model, self.ours = model, ours
+
+    def load_state_dict(self, state: dict, *, strict: bool, assign: bool):
+        return self.model.load_state_dict({self.ours[k]: v for k, v in state.items()}, strict=strict, assign=assign)
+
+
+# -- checks ---------------------------------------------------------------------------------------------------------
+def note_declared_window(config_path: Path, local_attn_size: int, sink_size: int) -> None:
+    """The diffusers-format LingBot configs declare the window their pipeline streams with (the v2 release: 18
+    frames, 9 of them sink, blocks of 3); the window run here is the loader's arguments, so say when they differ."""
+    payload = json.loads(config_path.read_text(encoding="utf-8"))
+    if "sliding_window_num_frames" not in payload:
+        return
+    window = payload.get("local_attn_size", -1)
+    declared = (payload["sliding_window_num_frames"] if window == -1 else window, payload.get("sink_size", 0))
+    if declared != (local_attn_size, sink_size):
+        log.warning(
+            "%s declares a streaming window of %d frames with %d sink frames (blocks of %s frames); running "
+            "local_attn_size=%d, sink_size=%d as the loader was asked", config_path, *declared,
+            payload.get("num_frames_per_block", "?"), local_attn_size, sink_size,
         )
 
 
@@ -114,9 +183,10 @@ def load_lingbot_dit(
     local_attn_size: int = V2_LOCAL_ATTN_SIZE,
     sink_size: int = V2_SINK_SIZE,
 ) -> LingBotWorldV2DiT:
-    """Load the official transformer onto `device`: `dtype` for the blocks, fp32 for the time embedding,
-    modulation tables and head. The streaming window comes from the arguments (v2: 18 frames, 6 sink), not from
-    config.json. With a mesh, the model comes back with `enable_parallel(mesh)` applied."""
+    """Load the transformer (original layout or a diffusers-format directory) onto `device`: `dtype` for the
+    blocks, fp32 for the time embedding, modulation tables and head. The streaming window comes from the arguments
+    (v2: 18 frames, 6 sink), not from config.json. With a mesh, the model comes back with `enable_parallel(mesh)`
+    applied."""
     weights_dir, config_path = find_checkpoint(path)
     try:
         config = LingBotWorldV2Config.from_json(config_path).with_window(local_attn_size, sink_size)
@@ -125,18 +195,21 @@ def load_lingbot_dit(
     shards = list_shards(weights_dir, index_names=INDEX_NAMES, pattern="*.safetensors", error=CheckpointError)
     device = torch.device(device)
 
+    note_declared_window(config_path, local_attn_size, sink_size)
+
     found = locate_keys(shards)
-    check_layout(set(found), weights_dir)
     if CAMERA_KEY in found:
         with safe_open(str(found[CAMERA_KEY]), framework="pt") as f:
             check_camera_channels(tuple(f.get_slice(CAMERA_KEY).get_shape()), config)
 
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
-    expected = model.state_dict(keep_vars=True)
+    meta = model.state_dict(keep_vars=True)
+    ours = file_names_to_ours(set(found), list(meta), weights_dir)  # file name -> ours
+    expected = {theirs: meta[name] for theirs, name in ours.items()}
     check_keys(set(expected), set(found), weights_dir, model_label="LingBot DiT", error=CheckpointError)
-    load_shards(model, shards, expected, device=device, dtype_for=partial(target_dtype, dtype=dtype),
-                error=CheckpointError)
+    load_shards(_AssignByOurNames(model, ours), shards, expected, device=device,
+                dtype_for=lambda key: target_dtype(ours[key], dtype), error=CheckpointError)
     finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
     if mesh is not None:

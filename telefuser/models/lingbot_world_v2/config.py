@@ -4,6 +4,11 @@ The field names are those of the official `WanModelFast` constructor (``in_dim, 
 out_dim, num_heads, num_layers, local_attn_size, sink_size, qk_norm, cross_attn_norm, eps`` ...). The defaults are
 the 14B LingBot-World v2 causal-fast values, and `local_attn_size` / `sink_size` default to the streaming window the
 v2 pipeline uses (18 latent frames of KV, the first 6 pinned). `tiny()` is a CPU-sized variant for tests.
+
+A diffusers-format transformer config (``in_channels``, ``num_attention_heads``, ``attention_head_dim`` ... as
+diffusers' ``WanTransformer3DModel`` and the ``...-diffusers`` LingBot releases write it) is read too: its keys are
+mapped onto these (``dim = num_attention_heads * attention_head_dim``), and the Wan-family parts LingBot-World v2 does
+not have (a CLIP image branch, learned position embeddings, per-head Q/K norms) are refused by name.
 """
 
 from __future__ import annotations
@@ -20,6 +25,20 @@ log = logging.getLogger(__name__)
 REQUIRED_KEYS = ("in_dim", "dim", "ffn_dim", "num_heads", "num_layers")
 # Keys only the diffusers-format transformer config carries (robbyant/...-diffusers, FastVideo exports).
 DIFFUSERS_KEYS = ("in_channels", "num_attention_heads", "attention_head_dim", "out_channels")
+# The diffusers keys that fix weight shapes (the others default to the same values in both layouts).
+DIFFUSERS_REQUIRED_KEYS = ("in_channels", "num_attention_heads", "attention_head_dim", "ffn_dim", "num_layers")
+# diffusers key -> ours, where only the name differs.
+DIFFUSERS_RENAMES = {"in_channels": "in_dim", "out_channels": "out_dim", "num_attention_heads": "num_heads"}
+# Keys both layouts spell alike.
+SHARED_KEYS = ("patch_size", "text_dim", "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "eps",
+               "local_attn_size", "sink_size", "model_type", "text_len", "control_type")
+# Wan-family parts a diffusers config can switch on and LingBot-World v2 does not have (their value must be null).
+DIFFUSERS_ABSENT_PARTS = {
+    "image_dim": "a CLIP image branch (Wan 2.1 I2V)",
+    "added_kv_proj_dim": "image key/value projections in cross-attention (Wan 2.1 I2V)",
+    "pos_embed_seq_len": "a learned position embedding (Wan FLF2V)",
+}
+ACROSS_HEADS_QK_NORM = "rms_norm_across_heads"  # diffusers' name for RMSNorm over all heads, the released Q/K norm
 
 CAMERA_CHANNELS = 6  # Plucker-style rays: origin (3) + direction (3) per pixel
 VAE_STRIDE_PIXELS = 64  # one latent pixel covers an 8x8 pixel block: 64 values per ray channel
@@ -101,13 +120,9 @@ class LingBotWorldV2Config(ReleasedConfig):
     # -- construction -------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, payload: dict, *, source: str = "config") -> "LingBotWorldV2Config":
-        """Refuses the diffusers-format transformer config, then reads as `ReleasedConfig.from_dict`."""
-        diffusers = [key for key in DIFFUSERS_KEYS if key in payload]
-        if diffusers:
-            raise LingBotConfigError(
-                f"{source} is a diffusers-format transformer config ({', '.join(diffusers)}); only the original "
-                "LingBot layout (in_dim, dim, num_heads, ...) is supported"
-            )
+        """Reads the original keys as `ReleasedConfig.from_dict`; a diffusers-format config is mapped first."""
+        if is_diffusers_config(payload):
+            payload = original_keys_from_diffusers(payload, source=source)
         return super().from_dict(payload, source=source)
 
     def with_window(self, local_attn_size: int, sink_size: int) -> "LingBotWorldV2Config":
@@ -120,3 +135,41 @@ class LingBotWorldV2Config(ReleasedConfig):
         base = dict(text_len=8, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2,
                     local_attn_size=4, sink_size=1)
         return cls(**{**base, **overrides})
+
+
+# -- the diffusers-format transformer config ------------------------------------------------------------------------
+def is_diffusers_config(payload: dict) -> bool:
+    return any(key in payload for key in DIFFUSERS_KEYS)
+
+
+def original_keys_from_diffusers(payload: dict, *, source: str = "config") -> dict:
+    """A diffusers-format transformer config in the original key names. Keys this DiT does not use
+    (``rope_max_seq_len``, ``num_frames_per_block`` ...) are passed on, so `from_dict` reports them as ignored."""
+    mixed = sorted(k for k in ("in_dim", "dim", "num_heads", "out_dim") if k in payload)
+    if mixed:
+        raise LingBotConfigError(f"{source} mixes diffusers-format keys with original ones ({', '.join(mixed)})")
+    missing = [key for key in DIFFUSERS_REQUIRED_KEYS if key not in payload]
+    if missing:
+        raise LingBotConfigError(
+            f"{source} is a diffusers-format transformer config missing required keys: {', '.join(missing)}"
+        )
+    present = [f"{key}={payload[key]!r}: {part}" for key, part in DIFFUSERS_ABSENT_PARTS.items()
+               if payload.get(key) is not None]
+    if present:
+        raise LingBotConfigError(
+            f"{source} describes a Wan model with " + "; ".join(present) + ". LingBot-World v2 has none of these"
+        )
+    qk_norm = payload.get("qk_norm", ACROSS_HEADS_QK_NORM)
+    if qk_norm != ACROSS_HEADS_QK_NORM:
+        raise LingBotConfigError(
+            f"{source} has qk_norm={qk_norm!r}; LingBot-World v2 normalises Q and K over all heads "
+            f"({ACROSS_HEADS_QK_NORM!r})"
+        )
+    mapped = {"dim": int(payload["num_attention_heads"]) * int(payload["attention_head_dim"]), "qk_norm": True}
+    mapped.update({ours: payload[theirs] for theirs, ours in DIFFUSERS_RENAMES.items() if theirs in payload})
+    if mapped.get("out_dim") is None:  # diffusers: out_channels = out_channels or in_channels
+        mapped["out_dim"] = payload["in_channels"]
+    mapped.update({key: payload[key] for key in SHARED_KEYS if key in payload})
+    handled = {*DIFFUSERS_RENAMES, *SHARED_KEYS, *DIFFUSERS_ABSENT_PARTS, "attention_head_dim", "qk_norm"}
+    mapped.update({key: value for key, value in payload.items() if key not in handled})
+    return mapped
