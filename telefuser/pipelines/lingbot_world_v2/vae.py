@@ -16,13 +16,73 @@ front; the latents equal a one-shot encode (tested). TeleFuser's realtime VAE st
 Official weights: ``Wan2.1_VAE.pth`` (Wan's own module names) is mapped with diffusers'
 ``convert_wan_vae_to_diffusers`` and loaded strictly; missing, unexpected or mis-shaped tensors are an error that
 lists them.
+
+The streams drive diffusers' private internals (the per-conv cache count, the encoder's and decoder's cached
+forwards; `vae_parallel` also rewraps the decoder's conv and attention modules), tested with diffusers
+``>=0.42.1,<0.43``: `check_stream_internals` names what an installed diffusers lacks before anything runs, and
+warns when the version is outside the tested range.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from pathlib import Path
 
 import torch
+from packaging.specifiers import SpecifierSet
+
+log = logging.getLogger(__name__)
+
+TESTED_DIFFUSERS = ">=0.42.1,<0.43"  # the range pyproject pins; the private internals below were read there
+# Cached forwards the streams call, and the arguments they pass.
+_CACHED_FORWARDS = {
+    "WanEncoder3d": ("feat_cache", "feat_idx"),
+    "WanDecoder3d": ("feat_cache", "feat_idx", "first_chunk"),
+}
+_MODULE_CLASSES = ("WanCausalConv3d", "WanAttentionBlock")  # what vae_parallel rewraps
+_MODEL_PARTS = ("encoder", "decoder", "quant_conv", "post_quant_conv")
+
+
+class DiffusersVersionError(RuntimeError):
+    """The installed diffusers lacks the private AutoencoderKLWan internals the VAE streams drive."""
+
+
+def check_stream_internals(model=None) -> list[str]:
+    """Raise `DiffusersVersionError` naming every private piece of diffusers' Wan VAE the streams need and the
+    installed diffusers lacks (`model`: an ``AutoencoderKLWan`` instance, whose attributes are checked too). Returns
+    warnings (also logged): a diffusers outside the tested range that has every piece may still behave otherwise."""
+    import diffusers
+    from diffusers.models.autoencoders import autoencoder_kl_wan as wan_vae
+
+    version = getattr(diffusers, "__version__", "unknown")
+    lacking = []
+    for name, arguments in _CACHED_FORWARDS.items():
+        cls = getattr(wan_vae, name, None)
+        if cls is None:
+            lacking.append(f"class {name}")
+            continue
+        parameters = inspect.signature(cls.forward).parameters
+        lacking += [f"{name}.forward({arg}=...)" for arg in arguments if arg not in parameters]
+    lacking += [f"class {name}" for name in _MODULE_CLASSES if not hasattr(wan_vae, name)]
+    if model is not None:
+        counts = getattr(model, "_cached_conv_counts", None)
+        if not isinstance(counts, dict) or not {"encoder", "decoder"} <= set(counts):
+            lacking.append("AutoencoderKLWan._cached_conv_counts['encoder'/'decoder']")
+        lacking += [f"AutoencoderKLWan.{part}" for part in _MODEL_PARTS if not hasattr(model, part)]
+    if lacking:
+        raise DiffusersVersionError(
+            f"diffusers {version} lacks what the LingBot VAE streams drive: {', '.join(lacking)}. They use "
+            f"AutoencoderKLWan's private internals as of diffusers {TESTED_DIFFUSERS}; install "
+            f"'diffusers{TESTED_DIFFUSERS}'"
+        )
+    if not SpecifierSet(TESTED_DIFFUSERS).contains(version, prereleases=True):
+        message = (f"diffusers {version} is outside the range the LingBot VAE streams were tested with "
+                   f"({TESTED_DIFFUSERS}); the private AutoencoderKLWan internals they drive are present, but may "
+                   "behave otherwise")
+        log.warning(message)
+        return [message]
+    return []
 
 # Wan 2.1 VAE architecture (diffusers' AutoencoderKLWan defaults, written out so a change there cannot move us).
 OFFICIAL_VAE_CONFIG = dict(
@@ -38,6 +98,7 @@ class WanVideoVAE:
     """The VAE plus its latent normalisation; fp32 by default (the reference runs the VAE in fp32)."""
 
     def __init__(self, model, *, description: str) -> None:
+        check_stream_internals(model)
         self.model = model.eval().requires_grad_(False)
         self.description = description
         param = next(model.parameters())
