@@ -72,7 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(not the model, no camera)")
     p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="DiT and text encoder dtype (the VAE is float32); default bfloat16 on CUDA, float32 on CPU")
+                   help="DiT and text encoder dtype; default bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--vae-dtype", choices=list(DTYPES), default="float32",
+                   help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
+    p.add_argument("--warmup", action="store_true",
+                   help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm")
     p.add_argument("--output", type=Path, default=Path("outputs/lingbot_world_v2/i2v.mp4"))
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -103,8 +107,13 @@ def main(argv=None) -> None:
     rank = mesh.rank if mesh is not None else 0
 
     pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, dit=args.dit, device=device,
-                                  dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl)
+                                  dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
+                                  vae_dtype=DTYPES[args.vae_dtype])
     try:
+        if args.warmup:
+            seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)
+            if rank == 0:
+                print(f"warm-up session: {seconds:.1f} s", flush=True)
         with pipe.start(image, args.prompt, seed=args.seed, resolution=args.resolution, num_frames=args.num_frames,
                         fps=args.fps, frame_policy=args.frame_policy) as session:
             frames = []
@@ -139,6 +148,8 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "attn_impl": args.attn_impl,
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
+            "vae_dtype": args.vae_dtype,
+            "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",
             "dit": args.dit,
         },

@@ -54,6 +54,20 @@ def test_summary_on_known_numbers():
     assert s["phase_mean_seconds"]["dit_s"] == pytest.approx(0.625)
 
 
+def test_phase_means_include_every_phase_and_add_up_to_the_mean_chunk():
+    ms = [_measure(i, 16, 1.0 + i) for i in range(4)]
+    for m in ms[1:]:
+        m["phases"]["condition_s"] = 0.25
+        m["compute_seconds"] += 0.25
+    ms[2]["phases"]["halo_s"] = 0.5  # a phase only one chunk ran counts 0 in the others
+    ms[2]["compute_seconds"] += 0.5
+    s = summarize(ms)
+    means = s["phase_mean_seconds"]
+    assert list(means) == ["condition_s", "dit_s", "kv_update_s", "decode_s", "convert_s", "halo_s"]
+    assert sum(means.values()) == pytest.approx(s["chunk_seconds"]["mean"])
+    assert "condition_s" not in summarize(ms[:1] + [_measure(1, 16, 1.0)])["phase_mean_seconds"]
+
+
 def test_p90_is_an_index_not_an_interpolation():
     values = [float(v) for v in range(10, 0, -1)]  # 10 values, unsorted
     out = seconds_summary(values)

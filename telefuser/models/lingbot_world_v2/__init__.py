@@ -21,11 +21,12 @@ from .checkpoint import (
     load_lingbot_dit,
 )
 from .config import LingBotConfigError, LingBotWorldV2Config
-from .dit import LingBotWorldV2DiT, keeps_fp32
+from .dit import CameraModulation, LingBotWorldV2DiT, keeps_fp32
 from .kv_cache import LingBotSession, SessionError, WindowPlan
 
 __all__ = [
     "RANDOM_WEIGHTS",
+    "CameraModulation",
     "CameraState",
     "CheckpointError",
     "ControlSteps",

@@ -63,8 +63,9 @@ class _ProjectedAttention(nn.Module):
 
 
 class CausalSelfAttention(_ProjectedAttention):
-    def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext) -> torch.Tensor:
-        """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype)."""
+    def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext, *, kv_only: bool = False) -> torch.Tensor | None:
+        """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype); with `kv_only`, None: the chunk's K/V
+        reach the window and the attention, whose output nobody reads, is skipped."""
         b, s, _ = x.shape
         heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
         comm = ctx.communicator
@@ -84,6 +85,8 @@ class CausalSelfAttention(_ProjectedAttention):
         cos, sin = ctx.rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
+        if kv_only:
+            return None
         with record_function("ulysses.attention"):
             o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
         if padded_rows > n:

@@ -56,18 +56,34 @@ class LingBotBlock(nn.Module):
         self.cam_scale_layer = nn.Linear(dim, dim)
         self.cam_shift_layer = nn.Linear(dim, dim)
 
+    def camera_scale_shift(self, cam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This block's camera scale and shift ``[B, S_local, dim]`` from the chunk's embedded rays: four d x d
+        linears that depend on neither t nor x, so a chunk computes them once for all of its forwards."""
+        c = run_linear(self.cam_injector_layer2, F.silu(run_linear(self.cam_injector_layer1, cam))) + cam
+        return run_linear(self.cam_scale_layer, c), run_linear(self.cam_shift_layer, c)
+
     def forward(
-        self, x: torch.Tensor, t_mod: torch.Tensor, cam: torch.Tensor | None, layer: int, ctx: ChunkContext
-    ) -> torch.Tensor:
-        """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; cam ``[B, S_local, dim]`` or None."""
+        self,
+        x: torch.Tensor,
+        t_mod: torch.Tensor,
+        camera: tuple[torch.Tensor, torch.Tensor] | None,
+        layer: int,
+        ctx: ChunkContext,
+        *,
+        kv_only: bool = False,
+    ) -> torch.Tensor | None:
+        """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; camera: this block's (scale, shift) or None.
+        With `kv_only` the block commits its K/V and returns None: nothing after the window is needed."""
         mod = (self.modulation.float() + t_mod).unsqueeze(1)  # [B, 1, 6, dim]: the same for every row
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(2)
         dtype = self.ffn[0].weight.dtype  # the linears' dtype; the residual stream stays fp32
-        y = self.self_attn(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx)
+        y = self.self_attn(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx,
+                           kv_only=kv_only)
+        if y is None:
+            return None
         x = gated_residual(x, y, gate_msa)
-        if cam is not None:
-            c = run_linear(self.cam_injector_layer2, F.silu(run_linear(self.cam_injector_layer1, cam))) + cam
-            x = camera_modulate(x, run_linear(self.cam_scale_layer, c), run_linear(self.cam_shift_layer, c))
+        if camera is not None:
+            x = camera_modulate(x, *camera)
         normed = layer_norm_to(x, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype) \
             if isinstance(self.norm3, FP32LayerNorm) else x
         x = residual_add(x, self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl))

@@ -14,6 +14,8 @@ are all-gathered, so every rank returns the full prediction. Every rank must cal
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,6 +33,15 @@ from .kv_cache import LingBotSession, SessionError
 from .rope import chunk_rope
 
 MAX_TIMESTEP = 1000.0
+
+
+@dataclass(frozen=True)
+class CameraModulation:
+    """One chunk's camera conditioning, computed once for all of its forwards (`LingBotWorldV2DiT.camera_modulation`):
+    each block's (scale, shift) ``[B, S_local, dim]`` for this rank's rows of a chunk of `tokens` tokens."""
+
+    tokens: int
+    per_block: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
 def keeps_fp32(name: str) -> bool:
@@ -113,12 +124,23 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
 
     # -- one chunk ------------------------------------------------------------------------------------------------
     @torch.no_grad()
+    def camera_modulation(self, camera: torch.Tensor) -> CameraModulation:
+        """Every block's camera scale and shift for one chunk, from its camera features (either form accepted by
+        `forward_chunk`). They depend on neither t nor the latents, so the chunk's five forwards share them: pass the
+        result as `camera`. Under Ulysses, call it on every rank with the same features."""
+        tokens = self._camera_tokens(camera)
+        rank, world = self._ulysses_coordinates()
+        rows, padded = rank_rows(tokens.shape[1], rank, world)
+        cam = self._embed_camera(take_rows(tokens, rows, padded))
+        return CameraModulation(tokens.shape[1], tuple(block.camera_scale_shift(cam) for block in self.blocks))
+
+    @torch.no_grad()
     def forward_chunk(
         self,
         session: LingBotSession,
         latents: torch.Tensor,
         t: torch.Tensor,
-        camera: torch.Tensor | None,
+        camera: torch.Tensor | CameraModulation | None,
         *,
         update_cache: bool,
     ) -> torch.Tensor:
@@ -128,9 +150,25 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         t ``[B]``: scheduler timesteps in [0, 1000] (0 for the clean-KV commit); range-checked on the CPU only, so
         a device tensor costs no host sync.
         camera: per-token features ``[B, F*(h/2)*(w/2), 6*64*4]`` (see camera.chunk_camera_features), or the latent
-        grid form ``[B, 6*64, F, h, w]``, or None (no camera injection).
+        grid form ``[B, 6*64, F, h, w]``, or the chunk's `camera_modulation` (the same result, computed once), or
+        None (no camera injection).
         update_cache: False reads the window and leaves the session bit-identical; True also commits this chunk's
         K/V and advances the frame cursor by F."""
+        return self._forward(session, latents, t, camera, update_cache=update_cache, kv_only=False)
+
+    @torch.no_grad()
+    def commit_chunk(
+        self,
+        session: LingBotSession,
+        latents: torch.Tensor,
+        t: torch.Tensor,
+        camera: torch.Tensor | CameraModulation | None,
+    ) -> None:
+        """The clean-KV update: `forward_chunk(..., update_cache=True)` without the work whose result it would
+        discard (the last block after its K/V, and the head). The committed K/V are the same."""
+        self._forward(session, latents, t, camera, update_cache=True, kv_only=True)
+
+    def _forward(self, session, latents, t, camera, *, update_cache: bool, kv_only: bool) -> torch.Tensor | None:
         cfg = self.config
         session.check_open()
         frames, grid_h, grid_w = self._check_chunk(session, latents, t, camera)
@@ -151,7 +189,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         t_emb = run_linear(self.time_embedding[2], F.silu(run_linear(self.time_embedding[0],
                                                                      sinusoidal_embedding(cfg.freq_dim, t)))).float()
         t_mod = run_linear(self.time_projection[1], F.silu(t_emb)).float().unflatten(1, (MODULATION_PARAMS, cfg.dim))
-        cam = self._embed_camera(take_rows(self._camera_tokens(camera), rows, padded)) if camera is not None else None
+        if camera is not None and not isinstance(camera, CameraModulation):
+            camera = self.camera_modulation(camera)
+        per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
 
         ctx = ChunkContext(
             session=session, plan=plan, commit=update_cache, chunk_rows=n,
@@ -159,13 +199,16 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
                             device=latents.device),
             communicator=self.communicator, attn_impl=self.attn_impl,
         )
-        for layer, block in enumerate(self.blocks):
-            x = block(x, t_mod, cam, layer, ctx)
+        last = len(self.blocks) - 1
+        for layer, (block, block_camera) in enumerate(zip(self.blocks, per_block)):
+            x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
+        if update_cache:
+            session.advance(plan, frames)
+        if kv_only:
+            return None
         out = self.head(x, t_emb)
         if world > 1:
             out = _all_gather_rows(out, self.ulysses_group, world)
-        if update_cache:
-            session.advance(plan, frames)
         return unpatchify(out[:, :n], (frames, grid_h, grid_w), cfg.patch_size).contiguous()
 
     def _camera_tokens(self, camera: torch.Tensor) -> torch.Tensor:
@@ -195,7 +238,12 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             problems.append(f"t must be [B={b}], got {tuple(t.shape)}")
         elif t.device.type == "cpu" and not bool(((t >= 0) & (t <= MAX_TIMESTEP)).all()):  # no device sync
             problems.append(f"t must lie in [0, {MAX_TIMESTEP:g}], got {t.tolist()}")
-        if camera is not None:
+        if isinstance(camera, CameraModulation):
+            if camera.tokens != frames * grid_h * grid_w or len(camera.per_block) != len(self.blocks):
+                problems.append(f"the camera modulation was computed for {camera.tokens} tokens and "
+                                f"{len(camera.per_block)} blocks; this chunk has {frames * grid_h * grid_w} tokens and "
+                                f"the model {len(self.blocks)} blocks")
+        elif camera is not None:
             tokens = frames * grid_h * grid_w
             token_form = (b, tokens, cfg.camera_feature_dim)
             grid_form = (b, cfg.camera_feature_dim // cfg.patch_volume, f, h, w)

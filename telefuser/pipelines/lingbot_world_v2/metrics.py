@@ -16,7 +16,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 MEASUREMENT_FIELDS = ("index", "frames", "compute_seconds", "phases")
-PHASES = ("dit_s", "kv_update_s", "decode_s", "convert_s")
+# A chunk's phases in the order they run; condition_s only when the condition is encoded per chunk.
+PHASES = ("condition_s", "dit_s", "kv_update_s", "decode_s", "convert_s")
 
 
 def seconds_summary(values: Sequence[float]) -> dict[str, float] | None:
@@ -53,10 +54,16 @@ def summarize(measurements: Sequence[Mapping]) -> dict:
         "steady_compute_seconds": steady_seconds,
         "steady_compute_fps": steady_frames / steady_seconds if steady and steady_seconds > 0 else None,
         "chunk_seconds": seconds_summary([float(m["compute_seconds"]) for m in steady]),
-        "phase_mean_seconds": {
-            p: statistics.fmean(float(m["phases"].get(p, 0.0)) for m in steady) if steady else None for p in PHASES
-        },
+        "phase_mean_seconds": _phase_means(steady),
     }
+
+
+def _phase_means(steady: Sequence[Mapping]) -> dict[str, float | None]:
+    """Mean seconds of every phase any steady chunk ran (a chunk without it counts 0), so they add up to the mean
+    chunk; the known phases come first, in order, each present even without steady chunks (None then)."""
+    seen = [p for m in steady for p in m["phases"]]
+    names = [p for p in PHASES if p in seen or p != "condition_s"] + sorted(set(seen) - set(PHASES))
+    return {p: statistics.fmean(float(m["phases"].get(p, 0.0)) for m in steady) if steady else None for p in names}
 
 
 def format_summary(summary: Mapping) -> str:

@@ -21,7 +21,7 @@ the whole clip; ``"upfront"`` encodes it all in ``start`` instead (same latents,
         flow = dit.forward_chunk(session, cat([x, y]), t, camera, update_cache=False)
         x0 = x - sigma_x0[step] * flow                                  # float64, back to float32
         if not last: x = (1 - sigma_n[step]) * x0 + sigma_n[step] * randn(generator)
-    dit.forward_chunk(session, cat([x0, y]), 0, camera, update_cache=True)   # clean-KV update
+    dit.commit_chunk(session, cat([x0, y]), 0, camera)                  # clean-KV update
     frames = uint8(vae_decode_stream(x0))                               # 13 frames for chunk 0, 16 after
 
 The DiT therefore sees ``in_dim = 16 (noisy latent) + 4 (mask) + 16 (image latent) = 36`` channels, mask = 1 on
@@ -272,6 +272,8 @@ class LingBotSession:
         else:
             cond = self._condition[:, :, frames_slice]
         camera = self._camera.features(keys, index)
+        if camera is not None:  # the camera's share of every block, once for the chunk's five forwards
+            camera = pipe.dit.camera_modulation(camera)
         for step, t in enumerate(schedule.timesteps):
             flow = pipe.dit.forward_chunk(self._dit_session, torch.cat([x, cond], dim=1), _t(t, device), camera,
                                           update_cache=False)
@@ -280,8 +282,7 @@ class LingBotSession:
                 noise = torch.randn(x0.shape, generator=self._generator, device=device, dtype=x0.dtype)
                 x = renoise(x0, noise, schedule.renoise_sigmas[step])
         clock.lap("dit_s")
-        pipe.dit.forward_chunk(self._dit_session, torch.cat([x0, cond], dim=1), _t(0, device), camera,
-                               update_cache=True)
+        pipe.dit.commit_chunk(self._dit_session, torch.cat([x0, cond], dim=1), _t(0, device), camera)
         clock.lap("kv_update_s")
         pixels = self._decoder.decode(x0)
         clock.lap("decode_s")

@@ -98,6 +98,13 @@ class ToyCausalDiT(nn.Module):
             session.committed_frames = n + frames
         return flow.to(session.dtype)
 
+    def camera_modulation(self, camera_features: torch.Tensor) -> torch.Tensor:
+        return camera_features  # nothing to precompute per chunk
+
+    def commit_chunk(self, session: ToySession, latents: torch.Tensor, t: torch.Tensor,
+                     camera_features: torch.Tensor | None = None) -> None:
+        self.forward_chunk(session, latents, t, camera_features, update_cache=True)
+
     def enable_parallel(self, mesh) -> None:
         self.parallel_mesh = mesh  # every rank computes the same thing; nothing to shard
 

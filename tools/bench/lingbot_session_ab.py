@@ -1,0 +1,196 @@
+"""LingBot-World v2 whole sessions (condition, DiT, KV commit, decode, convert), variants side by side in one run.
+
+    python tools/bench/lingbot_session_ab.py                                   # official sizes on the GPU
+    python tools/bench/lingbot_session_ab.py --config tiny --device cpu --resolution 128x96 --rounds 1
+
+One pipeline (random weights, said so) is built once; every variant is a `WorldSessionPipeline` over the same
+models, so the variants differ only in what they name:
+
+* ``recompute``: the DiT as it ran before the chunk-reuse change: every forward recomputes the camera's share of
+  every block, and the KV commit is a full forward whose prediction is dropped;
+* ``reuse``: the camera modulation once per chunk and the lean commit (`camera_modulation`, `commit_chunk`);
+* ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16.
+
+After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
+variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
+chunk 0 over the steady mean (the service warms up the same way). Quality: the variants that share the fp32 VAE must
+give bit-identical latents and frames (the reuse is the same arithmetic); the bf16 VAE is compared with the fp32
+one by the PSNR of decoding the same latents and by the relative error of the condition latents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline, build_lingbot_pipeline, load_control_trace
+from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
+CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
+VARIANTS = ("recompute", "reuse", "reuse+bf16-vae")
+
+
+class RecomputingDiT:
+    """The DiT as the pipeline drove it before: raw camera features into every forward (each recomputes every
+    block's camera modulation) and a full committing forward for the KV update."""
+
+    def __init__(self, dit):
+        self.dit = dit
+
+    def __getattr__(self, name):
+        return getattr(self.dit, name)
+
+    def camera_modulation(self, camera):
+        return camera
+
+    def commit_chunk(self, session, latents, t, camera):
+        self.dit.forward_chunk(session, latents, t, camera, update_cache=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", choices=["tiny", "official"], default="official")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--resolution", default="832x480")
+    p.add_argument("--num-frames", type=int, default=77)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--output", type=Path, default=None, help="JSON with every session's measurements")
+    args = p.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown or not args.variants:
+        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    return args
+
+
+def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], WanVideoVAE, WanVideoVAE]:
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    base = build_lingbot_pipeline(config=args.config, device=device, dtype=dtype, seed=0)
+    vae32 = base.vae
+    vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
+
+    def pipeline(dit, vae):
+        return WorldSessionPipeline(dit, base.prompt_encoder, vae, device=device, dit_dtype=dtype,
+                                    camera_factory=base.camera_factory, weights=base.weights)
+
+    made = {"recompute": pipeline(RecomputingDiT(base.dit), vae32), "reuse": pipeline(base.dit, vae32),
+            "reuse+bf16-vae": pipeline(base.dit, vae16)}
+    return {name: made[name] for name in args.variants}, vae32, vae16
+
+
+def run_session(pipe, args, trace, image) -> dict:
+    chunks, latents = [], []
+    frames = []
+    with pipe.start(image, "a corridor in an old castle", seed=42, resolution=args.resolution,
+                    num_frames=args.num_frames, frame_policy="truncate", keep_latents=True) as session:
+        for i in range(session.total_chunks):
+            chunk = session.next_chunk(trace.keys_for(i))
+            chunks.append(chunk.measurement)
+            latents.append(chunk.latents)
+            frames.append(chunk.frames)
+        summary = session.summary()
+    return {"summary": summary, "chunks": chunks, "latents": torch.cat(latents, dim=2),
+            "frames": np.concatenate(frames)}
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def vae_quality(vae32: WanVideoVAE, vae16: WanVideoVAE, latents: torch.Tensor, image) -> dict:
+    """Decode the same latents and encode the same condition with both VAEs; fp32 is the reference."""
+    from telefuser.pipelines.lingbot_world_v2.image import image_to_canvas, load_reference_image
+    from telefuser.pipelines.lingbot_world_v2.vae import to_uint8_frames
+
+    device = vae32.device
+    out = {}
+    decoded = []
+    for vae in (vae32, vae16):
+        stream = vae.stream_decoder()
+        decoded.append(to_uint8_frames(stream.decode(latents.to(device))).cpu().numpy())
+        stream.close()
+    out["decode_psnr_db"] = psnr(decoded[1], decoded[0])
+    h, w = (int(v) for v in reversed(latents.shape[-2:]))
+    canvas = image_to_canvas(load_reference_image(image), w * 8, h * 8)
+    cond = [vae.encode_condition(canvas, latents.shape[2]).float() for vae in (vae32, vae16)]
+    out["condition_relative_error"] = ((cond[1] - cond[0]).abs().max() / cond[0].abs().max()).item()
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    trace = load_control_trace(CONTROLS)
+    start = time.perf_counter()
+    variants, vae32, vae16 = build_variants(args)
+    weights = next(iter(variants.values())).weights["summary"]
+    print(f"built the pipeline in {time.perf_counter() - start:.1f} s; weights: {weights} (timings only)", flush=True)
+    for name, pipe in variants.items():
+        seconds = pipe.warm_up(resolution=args.resolution)
+        print(f"warm-up {name}: {seconds:.1f} s", flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            result = run_session(variants[name], args, trace, IMAGE)
+            runs[name].append(result)
+            s = result["summary"]
+            print(f"round {r} {name}: steady {s['steady_compute_fps']:.3f} FPS, chunk 0 {s['first_chunk_seconds']:.3f} s",
+                  flush=True)
+
+    rows, report = [], {"args": {k: str(v) for k, v in vars(args).items()}, "variants": {}}
+    reference = runs[names[0]][0]
+    first_with_vae = {}  # the variants with the same VAE must agree bit for bit with the first of them
+    for name in names:
+        first_with_vae.setdefault(name.endswith("bf16-vae"), name)
+    for name, results in runs.items():
+        fps = [x["summary"]["steady_compute_fps"] for x in results]
+        chunk = [x["summary"]["chunk_seconds"]["mean"] for x in results]
+        first = [x["summary"]["first_chunk_seconds"] for x in results]
+        phases = {p: statistics.fmean(x["summary"]["phase_mean_seconds"][p] or 0.0 for x in results)
+                  for p in results[0]["summary"]["phase_mean_seconds"]}
+        baseline = first_with_vae[name.endswith("bf16-vae")]
+        other = runs[baseline][0]
+        exact = None if baseline == name else bool(torch.equal(results[0]["latents"], other["latents"])
+                                                   and np.array_equal(results[0]["frames"], other["frames"]))
+        rows.append((name, statistics.median(fps), statistics.fmean(chunk), phases, statistics.fmean(first), exact))
+        report["variants"][name] = {"steady_fps": fps, "chunk_mean_s": chunk, "first_chunk_s": first,
+                                    "phase_mean_s": phases, "same_latents_and_frames_as_first_variant": exact,
+                                    "sessions": [{"summary": x["summary"], "chunks": x["chunks"]} for x in results]}
+    phase_names = list(rows[0][3])
+    head = ["variant", "steady FPS", "chunk s", *phase_names, "chunk0/steady", "output vs same-VAE baseline"]
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name, fps, chunk, phases, first, exact in rows:
+        cells = [name, f"{fps:.3f}", f"{chunk:.3f}", *(f"{phases[p]:.3f}" for p in phase_names), f"{first / chunk:.2f}",
+                 "-" if exact is None else ("bit-identical" if exact else "DIFFERENT")]
+        print("| " + " | ".join(cells) + " |")
+    if "reuse+bf16-vae" in variants:
+        quality = vae_quality(vae32, vae16, reference["latents"], IMAGE)
+        report["vae_bf16_quality"] = quality
+        print(f"\nbf16 VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; condition "
+              f"latents relative error {quality['condition_relative_error']:.2e}")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
+    failed = [r[0] for r in rows if r[5] is False]
+    if failed:
+        print(f"error: {failed} changed the output against the baseline with the same VAE", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
