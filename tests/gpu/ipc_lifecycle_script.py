@@ -1,8 +1,14 @@
-"""Two ranks on one GPU: a normal run that must exit cleanly, or a run whose last rank skips its K submission.
+"""Two ranks on the GPU(s), the copy-engine transport under test (TELEFUSER_TEST_GPU_TRANSPORT, default ce-ipc):
 
-    torchrun --standalone --nproc-per-node=2 tests/gpu/ipc_lifecycle_script.py normal|missing-peer
+    torchrun --standalone --nproc-per-node=2 tests/gpu/ipc_lifecycle_script.py normal|missing-peer|backlog
+
+normal: a clean run that must exit without CUDA IPC warnings. missing-peer: the last rank never submits its K, so
+the other rank's watchdog must end it with a clear message after the 3 s timeout. backlog: both ranks queue seconds of
+GPU work ahead of a group, longer than the timeout; the watchdog's clock starts only when the copy stream reaches the
+handshake, so nothing fires.
 """
 
+import os
 import sys
 import time
 
@@ -12,18 +18,22 @@ import torch.distributed as dist
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.distributed.ulysses.copy_engine import CopyEngineOptions
 
+TRANSPORT = os.environ.get("TELEFUSER_TEST_GPU_TRANSPORT", "ce-ipc")
+
 
 def main(mode: str) -> None:
-    torch.cuda.set_device(0)
+    per_rank = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) if per_rank else 0)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    comm = UlyssesCommunicator(transport="ce-ipc", options=CopyEngineOptions(timeout_s=3.0))
+    timeout_s = 2.0 if mode == "backlog" else 3.0
+    comm = UlyssesCommunicator(transport=TRANSPORT, options=CopyEngineOptions(timeout_s=timeout_s))
     x = torch.randn(1, 64, 4 * world, 64, device="cuda", dtype=torch.bfloat16) + rank
     for _ in range(3):  # warm: signatures agreed, targets mapped
         comm.scatter_heads(x, tag="v", barrier=False)
         comm.scatter_heads(x, tag="k").wait()
     torch.cuda.synchronize()
-    assert comm.backend_name == "ce-ipc", comm.backend_name
+    assert comm.backend_name == TRANSPORT, (comm.backend_name, comm.fallback_reasons)
     if mode == "missing-peer":
         comm.scatter_heads(x, tag="v", barrier=False)
         if rank == world - 1:
@@ -33,6 +43,13 @@ def main(mode: str) -> None:
         torch.cuda.synchronize()  # blocks; the watchdog ends the process after 3 s
         print("unexpected: the handshake completed", flush=True)
         return
+    if mode == "backlog":
+        t0 = time.monotonic()
+        torch.cuda._sleep(6_000_000_000)  # about 3 s of GPU time at H200 clocks: 1.5 timeouts before the handshake
+        comm.scatter_heads(x, tag="v", barrier=False)
+        out = comm.scatter_heads(x + 1, tag="k").wait()
+        torch.cuda.synchronize()
+        print(f"backlog rank {rank}: {time.monotonic() - t0:.1f} s, {out.shape}", flush=True)
     comm.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -1,7 +1,9 @@
-"""The CUDA IPC copy-engine transport end to end, with 2 and 4 processes sharing one GPU (gloo control group).
+"""The copy-engine transport end to end on a real GPU, with 2 and 4 processes (gloo control group).
 
-The same rank functions as the CPU protocol suite (tests/transport_cases.py), here with tf-kernel's pitched copies,
-stream-memory handshake and IPC mappings on a real GPU."""
+The same rank functions as the CPU protocol suite (tests/transport_cases.py), here with tf-kernel's batched pitched
+copies, stream-memory handshake and the mapping of the transport under test: CUDA IPC by default (ranks share GPU 0);
+the multi-GPU runner also runs the suite with TELEFUSER_TEST_GPU_PER_RANK=1 and TELEFUSER_TEST_GPU_TRANSPORT=ce-symm
+(Symmetric Memory needs a GPU per rank). Failure injection wraps that transport's own mapping."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ import torch
 
 from tests import transport_cases as cases
 
-# The transport under test: CUDA IPC by default (ranks share GPU 0); the multi-GPU runner also runs the suite with
-# TELEFUSER_TEST_GPU_PER_RANK=1 and TELEFUSER_TEST_GPU_TRANSPORT=ce-symm (Symmetric Memory needs a GPU per rank).
 T, DEV = os.environ.get("TELEFUSER_TEST_GPU_TRANSPORT", "ce-ipc"), "cuda"
 GPU_PER_RANK = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,10 @@ def test_exact_scatter_views_and_gather(gpu_ranks, dtype):
     assert gpu_ranks.run(cases.case_exact_scatter_and_views, T, DEV, dtype) == [T] * gpu_ranks.world_size
 
 
+def test_unreadable_layouts_are_packed_locally(gpu_ranks2):
+    assert gpu_ranks2.run(cases.case_layouts_packed_locally, T, DEV) == [T] * 2
+
+
 def test_64_grouped_iterations_with_rank_skew_reuse_targets(gpu_ranks):
     for distinct, alternates, stats in gpu_ranks.run(cases.case_grouped_reuse_and_stress, T, DEV, 64):
         assert all(len(p) == 2 for p in distinct.values()), distinct
@@ -35,24 +39,130 @@ def test_64_grouped_iterations_with_rank_skew_reuse_targets(gpu_ranks):
 
 
 def test_cache_bound(gpu_ranks2):
-    for (keys, evictions, tags), hit in gpu_ranks2.run(cases.case_cache_bound, T, DEV, 14):
+    for (keys, evictions, tags, _), hit in gpu_ranks2.run(cases.case_cache_bound, T, DEV, 14):
         assert keys == 12 and evictions == 2 and tags == [f"t{i}" for i in range(2, 14)] and hit
 
 
-def test_close_releases_ipc_handles(gpu_ranks2):
-    for _, opened, message in gpu_ranks2.run(cases.case_close_releases, T, DEV):
-        assert opened == 0 and "closed" in message
+def test_cache_byte_bound(gpu_ranks2):
+    for (_, evictions, tags, cached), hit in gpu_ranks2.run(cases.case_cache_bound, T, DEV, 8, max_target_bytes=2048):
+        assert cached <= 2048 and evictions > 0 and tags[-1] == "t7" and hit
 
 
-@pytest.mark.parametrize("fail_call", [1, 2], ids=["at_init", "at_first_grouped_submission"])
+def test_close_releases_what_the_mapping_holds(gpu_ranks2):
+    for name, before, after, message in gpu_ranks2.run(cases.case_close_releases, T, DEV):
+        assert name == T and before > 0 and after == 0 and "closed" in message
+
+
+@pytest.mark.parametrize("fail_call", [1, 2, cases.FIRST_TARGET_CALL], ids=["flags", "probe", "first_target"])
 def test_agreed_fallback(gpu_ranks2, fail_call):
     for name, reasons in gpu_ranks2.run(cases.case_agreed_fallback, T, DEV, fail_call):
         assert name == "portable" and "injected failure" in reasons[T]
 
 
+def test_out_of_memory_on_one_rank_falls_back_on_all(gpu_ranks2):
+    results = gpu_ranks2.run(cases.case_oom_on_one_rank, T, DEV, cases.FIRST_TARGET_CALL, 1)
+    for name, reasons, exact in results:
+        assert name == "portable" and exact and "rank 1: OutOfMemoryError" in reasons[T], reasons
+    assert results[0][1] == results[1][1]
+
+
+def test_probe_wrong_data_falls_back_on_all(gpu_ranks2):
+    for name, reasons, exact in gpu_ranks2.run(cases.case_probe_catches_wrong_data, T, DEV, 1):
+        assert name == "portable" and exact and "probe transfer delivered wrong data from ranks [1]" in reasons[T]
+
+
 def test_failure_after_group_start(gpu_ranks2):
     for message, backend_after, later in gpu_ranks2.run(cases.case_failure_after_group_start, T, DEV):
         assert "after a grouped transfer started" in message and backend_after == T and "failed earlier" in later
+
+
+def test_reset_reopens_the_copy_engine(gpu_ranks2):
+    for failed_on, refused, did_reset, healthy_again, request2 in gpu_ranks2.run(
+        cases.case_reset_reopens_copy_engine, T, DEV
+    ):
+        assert (failed_on, did_reset, healthy_again, request2) == (T, True, False, T) and "failed earlier" in refused
+
+
+def _closed_rank_memory_is_not_reused(ctx):
+    """Rank 0 closes while rank 1 still holds its mapping and writes into rank 0's old target afterwards: the
+    memory must not have gone back to rank 0's allocator (the new tensor there would be overwritten)."""
+    import torch.distributed as dist
+
+    from telefuser.distributed.ulysses.mapping_ipc import parked_bytes
+
+    w, r = ctx.world_size, ctx.rank
+    comm = cases.make_comm(ctx, "ce-ipc", DEV)
+    xs = cases.inputs_for(950, w, (1, 64, 2 * w, 64), torch.float32, DEV)
+    comm.scatter_heads(xs[r], tag="v").wait()
+    torch.cuda.synchronize()
+    backend = comm.scatter_backend
+    key = backend.cached_keys[0]
+    slot = backend._targets[key].slots[0]
+    target_ptr, nbytes = slot.local.data_ptr(), slot.capacity_bytes
+    peer_ptr = slot.peers[0]  # on rank 1: where rank 0's buffer is mapped
+    dist.barrier()
+    result = None
+    if r == 0:
+        comm.close()  # local: rank 1 may still write
+        fresh = [torch.full((nbytes // 4,), 7.0, device="cuda") for _ in range(4)]  # the allocator's next blocks
+        torch.cuda.synchronize()
+    dist.barrier()
+    if r == 1:  # a late write through the still-open mapping into rank 0's old target
+        junk = torch.full((nbytes // 4,), -1.0, device="cuda")
+        backend.prims.copy_2d(junk, peer_ptr, nbytes, _flat(nbytes), backend.stream)
+        backend.stream.synchronize()
+    dist.barrier()
+    if r == 0:
+        torch.cuda.synchronize()
+        intact = all(bool((f == 7.0).all()) for f in fresh)
+        reused = any(f.data_ptr() == target_ptr for f in fresh)
+        result = (intact, reused, parked_bytes() >= nbytes)
+    else:
+        comm.close()
+    dist.barrier()
+    return result
+
+
+def _flat(nbytes):
+    from telefuser.distributed.ulysses.layout import PitchedCopy
+
+    return PitchedCopy(0, nbytes, 0, 0, nbytes, 0, nbytes, 1, 1)
+
+
+@pytest.mark.skipif(T != "ce-ipc", reason="CUDA IPC's own lifetime rule (Symmetric Memory keeps its own)")
+def test_a_local_close_parks_exported_memory_while_peers_may_write(gpu_ranks2):
+    intact, reused, parked = gpu_ranks2.run(_closed_rank_memory_is_not_reused)[0]
+    assert intact and not reused and parked
+
+
+def _graph_capture(ctx):
+    """Under CUDA graph capture the copy engine is never used; on a gloo group nothing can be captured, and the
+    call says why. Eager calls keep working afterwards."""
+    from telefuser.distributed.ulysses import UlyssesInputError
+
+    w, r = ctx.world_size, ctx.rank
+    comm = cases.make_comm(ctx, T, DEV)
+    xs = cases.inputs_for(960, w, (1, 8, 2 * w, 16), torch.bfloat16, DEV)
+    comm.scatter_heads(xs[r]).wait()
+    torch.cuda.synchronize()
+    graph, message = torch.cuda.CUDAGraph(), None
+    try:
+        with torch.cuda.graph(graph):
+            comm.scatter_heads(xs[r]).wait()
+    except UlyssesInputError as exc:
+        message = str(exc)
+    torch.cuda.synchronize()
+    exact = torch.equal(comm.scatter_heads(xs[r]).wait().cpu(), cases.expected_scatter([x.cpu() for x in xs], r))
+    name = comm.backend_name
+    comm.close()
+    return message, exact, name
+
+
+@pytest.mark.skipif(GPU_PER_RANK, reason="with a GPU per rank and NCCL the capture runs on the portable path instead")
+def test_graph_capture_never_runs_on_the_copy_engine(gpu_ranks2):
+    for message, exact, name in gpu_ranks2.run(_graph_capture):
+        assert message is not None and "CUDA graph capture" in message and "NCCL" in message, message
+        assert exact and name == T
 
 
 def _auto_selection(ctx, hide_tf_kernel):
@@ -88,14 +198,21 @@ def test_falls_back_when_operators_are_missing(gpu_ranks2):
 def _run_script(mode: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests/gpu/ipc_lifecycle_script.py"), mode]
+           str(ROOT / "tests/gpu/ipc_lifecycle_script.py"), mode]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_missing_peer_ends_waiting_rank_with_clear_error():
     result = _run_script("missing-peer", timeout=120)
     assert result.returncode != 0
-    assert "handshake epoch 4 did not complete within 3s" in result.stderr, result.stderr[-3000:]
+    # 1 probe + 3 warm groups: the group the last rank never completes is epoch 5
+    assert "handshake epoch 5 did not complete within 3s" in result.stderr, result.stderr[-3000:]
+
+
+def test_gpu_backlog_before_the_handshake_is_not_a_dead_peer():
+    result = _run_script("backlog", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok rank 0" in result.stdout and "ok rank 1" in result.stdout, result.stdout
 
 
 def test_normal_exit_has_no_ipc_warnings():

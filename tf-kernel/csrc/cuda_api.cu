@@ -11,10 +11,12 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace tf_kernel {
 namespace cuda_api {
@@ -79,6 +81,9 @@ TFK_DRIVER_FN(drv_stream_write_value32, "cuStreamWriteValue32", PFN_cuStreamWrit
 TFK_DRIVER_FN(drv_stream_write_value64, "cuStreamWriteValue64", PFN_cuStreamWriteValue64_v11070)
 TFK_DRIVER_FN(drv_stream_wait_value32, "cuStreamWaitValue32", PFN_cuStreamWaitValue32_v11070)
 TFK_DRIVER_FN(drv_stream_wait_value64, "cuStreamWaitValue64", PFN_cuStreamWaitValue64_v11070)
+TFK_DRIVER_FN(drv_stream_batch_memop, "cuStreamBatchMemOp", PFN_cuStreamBatchMemOp_v11070)
+TFK_DRIVER_FN(drv_device_get, "cuDeviceGet", PFN_cuDeviceGet_v2000)
+TFK_DRIVER_FN(drv_device_get_attribute, "cuDeviceGetAttribute", PFN_cuDeviceGetAttribute_v2000)
 
 #undef TFK_DRIVER_FN
 
@@ -147,6 +152,10 @@ int device_of(std::uint64_t address) {
   return attr.device;
 }
 
+// -1: not tried yet; 1: the batched call worked; 0: the runtime/driver refused it, so the per-call path is used.
+std::atomic<int> g_copy_batch_mode{-1};
+std::atomic<int> g_memop_batch_mode{-1};
+
 inline CUstream as_custream(std::uint64_t stream) { return reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(stream)); }
 
 void write_value(CUstream s, std::uint64_t address, std::uint64_t value, int bits, const std::string& what) {
@@ -182,23 +191,153 @@ void wait_value_geq(CUstream s, std::uint64_t address, std::uint64_t value, int 
 
 }  // namespace
 
+namespace {
+
+// One cudaMemcpy2DAsync per batch item; the caller holds the device guard.
+void copy_2d_items(const PitchedCopyArgs& c, cudaStream_t s) {
+  for (std::uint64_t b = 0; b < c.batch; ++b) {
+    const std::uint64_t d = c.dst + b * c.dst_batch_stride;
+    const std::uint64_t sp = c.src + b * c.src_batch_stride;
+    cudaError_t err = cudaMemcpy2DAsync(reinterpret_cast<void*>(d), c.dst_pitch, reinterpret_cast<const void*>(sp),
+                                        c.src_pitch, c.width, c.height, cudaMemcpyDefault, s);
+    if (err != cudaSuccess) {
+      check_cuda(err, "cudaMemcpy2DAsync(batch item " + std::to_string(b) + ", dst=" + hex(d) +
+                          ", dpitch=" + std::to_string(c.dst_pitch) + ", src=" + hex(sp) +
+                          ", spitch=" + std::to_string(c.src_pitch) + ", width=" + std::to_string(c.width) +
+                          ", height=" + std::to_string(c.height) + ")");
+    }
+  }
+}
+
+#if CUDART_VERSION >= 12080
+// The layer height of one side of a 3-D operation covering all batch items, or 0 when its batch stride is not a
+// whole number of pitches at least `height` rows apart (then each batch item is its own operation).
+std::uint64_t layer_rows(std::uint64_t batch_stride, std::uint64_t pitch, std::uint64_t height) {
+  if (pitch == 0 || batch_stride % pitch != 0) return 0;
+  const std::uint64_t rows = batch_stride / pitch;
+  return rows >= height ? rows : 0;
+}
+
+cudaMemcpy3DOperand pointer_operand(std::uint64_t address, std::uint64_t pitch, std::uint64_t rows) {
+  cudaMemcpy3DOperand op{};
+  op.type = cudaMemcpyOperandTypePointer;
+  op.op.ptr.ptr = reinterpret_cast<void*>(address);
+  op.op.ptr.rowLength = pitch;  // pointer operands count bytes: the element size is 1
+  op.op.ptr.layerHeight = rows;
+  return op;
+}
+
+// Every copy in one cudaMemcpy3DBatchAsync; returns the runtime's answer (the caller decides what a refusal means).
+cudaError_t copy_batched(const PitchedCopyArgs* copies, std::size_t count, cudaStream_t s) {
+  std::vector<cudaMemcpy3DBatchOp> ops;
+  ops.reserve(count);
+  auto add = [&](std::uint64_t dst, std::uint64_t src, const PitchedCopyArgs& c, std::uint64_t depth,
+                 std::uint64_t src_rows, std::uint64_t dst_rows) {
+    cudaMemcpy3DBatchOp op{};
+    op.src = pointer_operand(src, c.src_pitch, src_rows);
+    op.dst = pointer_operand(dst, c.dst_pitch, dst_rows);
+    op.extent = make_cudaExtent(c.width, c.height, depth);
+    op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    ops.push_back(op);
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    const PitchedCopyArgs& c = copies[i];
+    const std::uint64_t src_rows = layer_rows(c.src_batch_stride, c.src_pitch, c.height);
+    const std::uint64_t dst_rows = layer_rows(c.dst_batch_stride, c.dst_pitch, c.height);
+    if (c.batch == 1) {
+      add(c.dst, c.src, c, 1, c.height, c.height);
+    } else if (src_rows != 0 && dst_rows != 0) {
+      add(c.dst, c.src, c, c.batch, src_rows, dst_rows);
+    } else {
+      for (std::uint64_t b = 0; b < c.batch; ++b) {
+        add(c.dst + b * c.dst_batch_stride, c.src + b * c.src_batch_stride, c, 1, c.height, c.height);
+      }
+    }
+  }
+#if CUDART_VERSION >= 13000
+  return cudaMemcpy3DBatchAsync(ops.size(), ops.data(), 0, s);
+#else
+  std::size_t fail_index = 0;
+  return cudaMemcpy3DBatchAsync(ops.size(), ops.data(), &fail_index, 0, s);
+#endif
+}
+#endif
+
+}  // namespace
+
+void copy_2d_batch(int device, const PitchedCopyArgs* copies, std::size_t count, std::uint64_t stream,
+                   std::uint64_t wait_stream, std::uint64_t wait_event) {
+  DeviceGuard guard(device);
+  auto s = reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream));
+  if (wait_event != 0) {
+    auto ev = reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(wait_event));
+    auto ws = reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(wait_stream));
+    check_cuda(cudaEventRecord(ev, ws), "cudaEventRecord(readiness event on the caller's stream)");
+    check_cuda(cudaStreamWaitEvent(s, ev, 0), "cudaStreamWaitEvent(copy stream on the readiness event)");
+  }
+  if (count == 0) return;
+#if CUDART_VERSION >= 12080
+  if (g_copy_batch_mode.load() != 0) {
+    const cudaError_t err = copy_batched(copies, count, s);
+    if (err == cudaSuccess) {
+      g_copy_batch_mode.store(1);
+      return;
+    }
+    (void)cudaGetLastError();
+    if (g_copy_batch_mode.load() == 1) check_cuda(err, "cudaMemcpy3DBatchAsync");  // it worked before: a real error
+    g_copy_batch_mode.store(0);  // refused from the start (old driver, unsupported memory): one call per copy
+  }
+#endif
+  for (std::size_t i = 0; i < count; ++i) copy_2d_items(copies[i], s);
+}
+
+int copy_batch_mode() { return g_copy_batch_mode.load(); }
+
+int memop_batch_mode() { return g_memop_batch_mode.load(); }
+
+std::uint64_t event_create(int device) {
+  DeviceGuard guard(device);
+  cudaEvent_t ev = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ev));
+}
+
+void event_destroy(std::uint64_t event) {
+  check_cuda(cudaEventDestroy(reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(event))), "cudaEventDestroy");
+}
+
+std::pair<int, int> stream_memop_support(int device) {
+  DeviceGuard guard(device);
+  ensure_context();
+  int memops32 = 1, memops64 = 0;
+  try {
+    (void)drv_stream_write_value32();
+    (void)drv_stream_wait_value32();
+  } catch (const std::exception&) {
+    memops32 = 0;
+  }
+  CUdevice dev = 0;
+  check_cu(drv_device_get()(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")");
+  check_cu(drv_device_get_attribute()(&memops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev),
+           "cuDeviceGetAttribute(CAN_USE_64_BIT_STREAM_MEM_OPS)");
+  if (memops64 != 0) {
+    try {
+      (void)drv_stream_write_value64();
+      (void)drv_stream_wait_value64();
+    } catch (const std::exception&) {
+      memops64 = 0;
+    }
+  }
+  return {memops32, memops64 != 0 ? 1 : 0};
+}
+
 void copy_2d(int device, std::uint64_t dst, std::uint64_t dst_pitch, std::uint64_t dst_batch_stride,
              std::uint64_t src, std::uint64_t src_pitch, std::uint64_t src_batch_stride, std::uint64_t width,
              std::uint64_t height, std::uint64_t batch, std::uint64_t stream) {
   DeviceGuard guard(device);
   auto s = reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream));
-  for (std::uint64_t b = 0; b < batch; ++b) {
-    const std::uint64_t d = dst + b * dst_batch_stride;
-    const std::uint64_t sp = src + b * src_batch_stride;
-    cudaError_t err = cudaMemcpy2DAsync(reinterpret_cast<void*>(d), dst_pitch, reinterpret_cast<const void*>(sp),
-                                        src_pitch, width, height, cudaMemcpyDefault, s);
-    if (err != cudaSuccess) {
-      check_cuda(err, "cudaMemcpy2DAsync(batch item " + std::to_string(b) + ", dst=" + hex(d) +
-                          ", dpitch=" + std::to_string(dst_pitch) + ", src=" + hex(sp) +
-                          ", spitch=" + std::to_string(src_pitch) + ", width=" + std::to_string(width) +
-                          ", height=" + std::to_string(height) + ")");
-    }
-  }
+  copy_2d_items({dst, dst_pitch, dst_batch_stride, src, src_pitch, src_batch_stride, width, height, batch}, s);
 }
 
 void stream_write_value(std::uint64_t address, std::uint64_t value, std::uint64_t stream, int bits) {
@@ -219,6 +358,31 @@ void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t*
   CUstream s = as_custream(stream);
   // All publishes first, then all waits: no rank waits before it has published, so ranks
   // entering the handshake in any order cannot deadlock each other.
+  if (g_memop_batch_mode.load() != 0 && 2 * count < 256) {  // one driver call; it takes fewer than 256 operations
+    std::vector<CUstreamBatchMemOpParams> ops(2 * count);
+    std::memset(ops.data(), 0, ops.size() * sizeof(CUstreamBatchMemOpParams));
+    for (std::size_t i = 0; i < count; ++i) {
+      auto& w = ops[i].writeValue;
+      w.operation = bits == 32 ? CU_STREAM_MEM_OP_WRITE_VALUE_32 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+      w.address = static_cast<CUdeviceptr>(write_addresses[i]);
+      if (bits == 32) w.value = static_cast<cuuint32_t>(value); else w.value64 = static_cast<cuuint64_t>(value);
+      w.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // a fence first: earlier copies are visible before the value
+      auto& q = ops[count + i].waitValue;
+      q.operation = bits == 32 ? CU_STREAM_MEM_OP_WAIT_VALUE_32 : CU_STREAM_MEM_OP_WAIT_VALUE_64;
+      q.address = static_cast<CUdeviceptr>(wait_addresses[i]);
+      if (bits == 32) q.value = static_cast<cuuint32_t>(value); else q.value64 = static_cast<cuuint64_t>(value);
+      q.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    }
+    const CUresult res = drv_stream_batch_memop()(s, static_cast<unsigned int>(ops.size()), ops.data(), 0);
+    if (res == CUDA_SUCCESS) {
+      g_memop_batch_mode.store(1);
+      return;
+    }
+    if (g_memop_batch_mode.load() == 1 || res != CUDA_ERROR_NOT_SUPPORTED) {
+      check_cu(res, "cuStreamBatchMemOp(" + std::to_string(ops.size()) + " handshake operations)");
+    }
+    g_memop_batch_mode.store(0);  // this driver takes memops one call each
+  }
   for (std::size_t i = 0; i < count; ++i) {
     write_value(s, write_addresses[i], value, bits, "publish to peer " + std::to_string(peers[i]) + " at " + hex(write_addresses[i]));
   }
@@ -253,7 +417,7 @@ std::uint64_t ipc_get_handle(int device, std::uint64_t address, unsigned char* h
   return address - static_cast<std::uint64_t>(base);
 }
 
-std::uint64_t ipc_open_handle(const unsigned char* handle_bytes, std::uint64_t offset) {
+std::uint64_t ipc_open_handle(const unsigned char* handle_bytes, std::uint64_t offset, std::uint64_t nbytes) {
   cudaIpcMemHandle_t handle{};
   std::memcpy(handle.reserved, handle_bytes, kIpcHandleBytes);
   void* base = nullptr;
@@ -269,11 +433,13 @@ std::uint64_t ipc_open_handle(const unsigned char* handle_bytes, std::uint64_t o
     (void)cudaIpcCloseMemHandle(base);
     throw;
   }
-  if (res != CUDA_SUCCESS || offset >= size) {
+  const std::uint64_t span = nbytes == 0 ? 1 : nbytes;
+  if (res != CUDA_SUCCESS || offset >= size || span > size - offset) {
     if (cudaIpcCloseMemHandle(base) != cudaSuccess) (void)cudaGetLastError();
     check_cu(res, "cuMemGetAddressRange(opened IPC mapping " + hex(base_addr) + ")");
-    fail("IPC handle offset " + std::to_string(offset) + " lies outside the opened allocation of " +
-         std::to_string(size) + " bytes (the mapping was closed again)");
+    fail("IPC handle offset " + std::to_string(offset) + " + " + std::to_string(span) +
+         " bytes lies outside the opened allocation of " + std::to_string(size) +
+         " bytes (the mapping was closed again)");
   }
   return base_addr + offset;
 }

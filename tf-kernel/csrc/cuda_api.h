@@ -27,6 +27,36 @@ void copy_2d(int device, std::uint64_t dst, std::uint64_t dst_pitch, std::uint64
              std::uint64_t src, std::uint64_t src_pitch, std::uint64_t src_batch_stride,
              std::uint64_t width, std::uint64_t height, std::uint64_t batch, std::uint64_t stream);
 
+// One pitched copy of copy_2d_batch, in bytes (source and destination are device addresses).
+struct PitchedCopyArgs {
+  std::uint64_t dst, dst_pitch, dst_batch_stride;
+  std::uint64_t src, src_pitch, src_batch_stride;
+  std::uint64_t width, height, batch;
+};
+
+// Optionally (wait_event != 0) records wait_event on wait_stream and makes `stream` wait on it; then submits every
+// copy on `stream`: one cudaMemcpy3DBatchAsync for all of them where the runtime has it (CUDA 12.8+; a copy whose
+// batch strides are whole multiples of its pitches is one 3-D operation, others one operation per batch item),
+// else one cudaMemcpy2DAsync per copy and batch item. The current device is `device` for the duration.
+void copy_2d_batch(int device, const PitchedCopyArgs* copies, std::size_t count, std::uint64_t stream,
+                   std::uint64_t wait_stream, std::uint64_t wait_event);
+
+// Whether copy_2d_batch submitted its last batch with one cudaMemcpy3DBatchAsync (1), fell back to a loop of
+// cudaMemcpy2DAsync because the runtime refused the batched call (0), or has not run yet (-1).
+int copy_batch_mode();
+
+// Whether stream_handshake submitted its last handshake with one cuStreamBatchMemOp (1), per operation (0), or
+// has not run yet (-1).
+int memop_batch_mode();
+
+// cudaEventCreateWithFlags(cudaEventDisableTiming) on `device`; cudaEventDestroy.
+std::uint64_t event_create(int device);
+void event_destroy(std::uint64_t event);
+
+// (32-bit stream memory operations usable, 64-bit ones usable) on `device`: the _v2 entry points resolve, and for
+// 64 bits CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is set.
+std::pair<int, int> stream_memop_support(int device);
+
 // cuStreamWriteValue{32,64}(stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT).
 void stream_write_value(std::uint64_t address, std::uint64_t value, std::uint64_t stream, int bits);
 
@@ -34,7 +64,8 @@ void stream_write_value(std::uint64_t address, std::uint64_t value, std::uint64_
 void stream_wait_value_geq(std::uint64_t address, std::uint64_t value, std::uint64_t stream, int bits);
 
 // Writes `value` to every write_addresses[i], then waits (GEQ) on every wait_addresses[i],
-// all on `stream`. `peers[i]` is only used to name the peer in error messages.
+// all on `stream`: one cuStreamBatchMemOp where the driver takes it, else one memop call each.
+// `peers[i]` is only used to name the peer in error messages.
 void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t* wait_addresses,
                       const std::int64_t* peers, std::size_t count, std::uint64_t value,
                       std::uint64_t stream, int bits);
@@ -48,8 +79,8 @@ std::pair<std::uint64_t, std::uint64_t> address_range(std::uint64_t address);
 std::uint64_t ipc_get_handle(int device, std::uint64_t address, unsigned char* handle_out);
 
 // cudaIpcOpenMemHandle(handle, cudaIpcMemLazyEnablePeerAccess) on the current device;
-// checks that offset lies inside the mapping and returns base + offset.
-std::uint64_t ipc_open_handle(const unsigned char* handle, std::uint64_t offset);
+// checks that [offset, offset + max(nbytes, 1)) lies inside the mapping and returns base + offset.
+std::uint64_t ipc_open_handle(const unsigned char* handle, std::uint64_t offset, std::uint64_t nbytes);
 
 // Resolves the mapping base of `address` and cudaIpcCloseMemHandle(base).
 void ipc_close_handle(std::uint64_t address);

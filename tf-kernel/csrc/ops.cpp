@@ -71,10 +71,6 @@ auto cuda_call(F&& f) -> decltype(f()) {
   }
 }
 
-void check_non_negative(const char* op, const char* name, std::int64_t value) {
-  TFK_CHECK(value >= 0, op, ": ", name, " must be >= 0, got ", value);
-}
-
 void check_stream(const char* op, std::int64_t stream) {
   TFK_CHECK(stream >= 0, op, ": stream must be a cudaStream_t passed as a non-negative int "
               "(torch.cuda.current_stream().cuda_stream; 0 is the legacy default stream), got ", stream);
@@ -125,31 +121,35 @@ std::int64_t copy_extent(const char* op, const char* side, std::int64_t offset, 
 // ---------------------------------------------------------------------------------------
 // copy_2d
 // ---------------------------------------------------------------------------------------
-void copy_2d(const at::Tensor& src, std::int64_t src_offset_bytes, std::int64_t src_pitch_bytes,
-             std::int64_t src_batch_stride_bytes, std::int64_t dst_ptr, std::int64_t dst_capacity_bytes,
-             std::int64_t dst_offset_bytes, std::int64_t dst_pitch_bytes, std::int64_t dst_batch_stride_bytes,
-             std::int64_t width_bytes, std::int64_t height, std::int64_t batch, std::int64_t stream) {
-  constexpr const char* op = "tf_kernel.copy_2d";
-  TFK_CHECK(src.defined(), op, ": src is an undefined tensor");
-  check_non_negative(op, "src_offset_bytes", src_offset_bytes);
-  check_non_negative(op, "src_pitch_bytes", src_pitch_bytes);
-  check_non_negative(op, "src_batch_stride_bytes", src_batch_stride_bytes);
-  check_non_negative(op, "dst_capacity_bytes", dst_capacity_bytes);
-  check_non_negative(op, "dst_offset_bytes", dst_offset_bytes);
-  check_non_negative(op, "dst_pitch_bytes", dst_pitch_bytes);
-  check_non_negative(op, "dst_batch_stride_bytes", dst_batch_stride_bytes);
-  check_non_negative(op, "width_bytes", width_bytes);
-  check_non_negative(op, "height", height);
-  check_non_negative(op, "batch", batch);
-  check_stream(op, stream);
-  TFK_CHECK(dst_ptr > 0, op, ": dst_ptr must be a non-null device address passed as a positive int, got ", dst_ptr);
-  TFK_CHECK(dst_capacity_bytes <= std::numeric_limits<std::int64_t>::max() - dst_ptr, op,
-              ": dst_ptr + dst_capacity_bytes overflows the address space (dst_ptr=", dst_ptr,
+// Validates one pitched copy (every check of copy_2d but the source's device); returns whether it is empty.
+bool check_copy(const char* op, const std::string& which, const at::Tensor& src, std::int64_t src_offset_bytes,
+                std::int64_t src_pitch_bytes, std::int64_t src_batch_stride_bytes, std::int64_t dst_ptr,
+                std::int64_t dst_capacity_bytes, std::int64_t dst_offset_bytes, std::int64_t dst_pitch_bytes,
+                std::int64_t dst_batch_stride_bytes, std::int64_t width_bytes, std::int64_t height,
+                std::int64_t batch) {
+  const std::string w = which.empty() ? std::string() : which + ": ";
+  auto non_negative = [&](const char* name, std::int64_t value) {
+    TFK_CHECK(value >= 0, op, ": ", w, name, " must be >= 0, got ", value);
+  };
+  non_negative("src_offset_bytes", src_offset_bytes);
+  non_negative("src_pitch_bytes", src_pitch_bytes);
+  non_negative("src_batch_stride_bytes", src_batch_stride_bytes);
+  non_negative("dst_capacity_bytes", dst_capacity_bytes);
+  non_negative("dst_offset_bytes", dst_offset_bytes);
+  non_negative("dst_pitch_bytes", dst_pitch_bytes);
+  non_negative("dst_batch_stride_bytes", dst_batch_stride_bytes);
+  non_negative("width_bytes", width_bytes);
+  non_negative("height", height);
+  non_negative("batch", batch);
+  TFK_CHECK(dst_ptr > 0, op, ": ", w, "dst_ptr must be a non-null device address passed as a positive int, got ",
+            dst_ptr);
+  TFK_CHECK(dst_capacity_bytes <= std::numeric_limits<std::int64_t>::max() - dst_ptr, op, ": ", w,
+              "dst_ptr + dst_capacity_bytes overflows the address space (dst_ptr=", dst_ptr,
               ", dst_capacity_bytes=", dst_capacity_bytes, ")");
-  TFK_CHECK(width_bytes <= src_pitch_bytes, op, ": width_bytes (", width_bytes, ") exceeds src_pitch_bytes (",
-              src_pitch_bytes, ")");
-  TFK_CHECK(width_bytes <= dst_pitch_bytes, op, ": width_bytes (", width_bytes, ") exceeds dst_pitch_bytes (",
-              dst_pitch_bytes, ")");
+  TFK_CHECK(width_bytes <= src_pitch_bytes, op, ": ", w, "width_bytes (", width_bytes,
+            ") exceeds src_pitch_bytes (", src_pitch_bytes, ")");
+  TFK_CHECK(width_bytes <= dst_pitch_bytes, op, ": ", w, "width_bytes (", width_bytes,
+            ") exceeds dst_pitch_bytes (", dst_pitch_bytes, ")");
 
   const bool empty = width_bytes == 0 || height == 0 || batch == 0;
   if (!empty) {
@@ -163,35 +163,121 @@ void copy_2d(const at::Tensor& src, std::int64_t src_offset_bytes, std::int64_t 
     const std::int64_t available = storage_bytes - before;
     const std::int64_t src_end = copy_extent(op, "source extent", src_offset_bytes, src_pitch_bytes,
                                              src_batch_stride_bytes, width_bytes, height, batch);
-    TFK_CHECK(src_end <= available, op, ": source read out of bounds: the last byte read ends ", src_end,
+    TFK_CHECK(src_end <= available, op, ": ", w, "source read out of bounds: the last byte read ends ", src_end,
                 " bytes after src.data_ptr() (src_offset_bytes=", src_offset_bytes, " + (batch-1)*src_batch_stride_bytes=",
                 (batch - 1), "*", src_batch_stride_bytes, " + (height-1)*src_pitch_bytes=", (height - 1), "*",
                 src_pitch_bytes, " + width_bytes=", width_bytes, "), but src's storage only has ", available,
                 " bytes from src.data_ptr() on");
     const std::int64_t dst_end = copy_extent(op, "destination extent", dst_offset_bytes, dst_pitch_bytes,
                                              dst_batch_stride_bytes, width_bytes, height, batch);
-    TFK_CHECK(dst_end <= dst_capacity_bytes, op, ": destination write out of bounds: the last byte written ends ",
+    TFK_CHECK(dst_end <= dst_capacity_bytes, op, ": ", w, "destination write out of bounds: the last byte written ends ",
                 dst_end, " bytes after dst_ptr (dst_offset_bytes=", dst_offset_bytes,
                 " + (batch-1)*dst_batch_stride_bytes=", (batch - 1), "*", dst_batch_stride_bytes,
                 " + (height-1)*dst_pitch_bytes=", (height - 1), "*", dst_pitch_bytes, " + width_bytes=", width_bytes,
                 "), but dst_capacity_bytes is ", dst_capacity_bytes);
   }
+  return empty;
+}
+
+std::uint64_t src_address(const char* op, const at::Tensor& src) {
+  const void* src_data = src.const_data_ptr();
+  TFK_CHECK(src_data != nullptr, op, ": src has a null data pointer");
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(src_data));
+}
+
+cuda_api::PitchedCopyArgs copy_args(std::uint64_t src_addr, std::int64_t src_offset_bytes, std::int64_t src_pitch_bytes,
+                                    std::int64_t src_batch_stride_bytes, std::int64_t dst_ptr,
+                                    std::int64_t dst_offset_bytes, std::int64_t dst_pitch_bytes,
+                                    std::int64_t dst_batch_stride_bytes, std::int64_t width_bytes,
+                                    std::int64_t height, std::int64_t batch) {
+  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  return {u(dst_ptr + dst_offset_bytes), u(dst_pitch_bytes), u(dst_batch_stride_bytes),
+          src_addr + u(src_offset_bytes), u(src_pitch_bytes), u(src_batch_stride_bytes),
+          u(width_bytes), u(height), u(batch)};
+}
+
+void copy_2d(const at::Tensor& src, std::int64_t src_offset_bytes, std::int64_t src_pitch_bytes,
+             std::int64_t src_batch_stride_bytes, std::int64_t dst_ptr, std::int64_t dst_capacity_bytes,
+             std::int64_t dst_offset_bytes, std::int64_t dst_pitch_bytes, std::int64_t dst_batch_stride_bytes,
+             std::int64_t width_bytes, std::int64_t height, std::int64_t batch, std::int64_t stream) {
+  constexpr const char* op = "tf_kernel.copy_2d";
+  TFK_CHECK(src.defined(), op, ": src is an undefined tensor");
+  check_stream(op, stream);
+  const bool empty = check_copy(op, "", src, src_offset_bytes, src_pitch_bytes, src_batch_stride_bytes, dst_ptr,
+                                dst_capacity_bytes, dst_offset_bytes, dst_pitch_bytes, dst_batch_stride_bytes,
+                                width_bytes, height, batch);
   // The device check comes after the geometry checks on purpose: CPU-only CI can then
   // exercise every geometry check with a CPU tensor.
   TFK_CHECK(src.is_cuda(), op, ": src must be a CUDA tensor, got a tensor on ", src.device());
   if (empty) return;  // width, height or batch == 0: validated no-op
-  const void* src_data = src.const_data_ptr();
-  TFK_CHECK(src_data != nullptr, op, ": src has a null data pointer");
-
-  const auto src_addr = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(src_data));
+  const auto args = copy_args(src_address(op, src), src_offset_bytes, src_pitch_bytes, src_batch_stride_bytes, dst_ptr,
+                              dst_offset_bytes, dst_pitch_bytes, dst_batch_stride_bytes, width_bytes, height, batch);
   cuda_call([&] {
-    cuda_api::copy_2d(static_cast<int>(src.get_device()), static_cast<std::uint64_t>(dst_ptr + dst_offset_bytes),
-                      static_cast<std::uint64_t>(dst_pitch_bytes), static_cast<std::uint64_t>(dst_batch_stride_bytes),
-                      src_addr + static_cast<std::uint64_t>(src_offset_bytes),
-                      static_cast<std::uint64_t>(src_pitch_bytes), static_cast<std::uint64_t>(src_batch_stride_bytes),
-                      static_cast<std::uint64_t>(width_bytes), static_cast<std::uint64_t>(height),
-                      static_cast<std::uint64_t>(batch), static_cast<std::uint64_t>(stream));
+    cuda_api::copy_2d(static_cast<int>(src.get_device()), args.dst, args.dst_pitch, args.dst_batch_stride, args.src,
+                      args.src_pitch, args.src_batch_stride, args.width, args.height, args.batch,
+                      static_cast<std::uint64_t>(stream));
   });
+}
+
+// copies: 11 ints per copy -- dst_ptr, dst_capacity_bytes, src_offset_bytes, src_pitch_bytes,
+// src_batch_stride_bytes, dst_offset_bytes, dst_pitch_bytes, dst_batch_stride_bytes, width_bytes, height, batch.
+constexpr std::size_t kCopyFields = 11;
+
+void copy_2d_batch(const at::Tensor& src, c10::ArrayRef<std::int64_t> copies, std::int64_t stream,
+                   std::int64_t wait_stream, std::int64_t wait_event) {
+  constexpr const char* op = "tf_kernel.copy_2d_batch";
+  TFK_CHECK(src.defined(), op, ": src is an undefined tensor");
+  TFK_CHECK(copies.size() % kCopyFields == 0, op, ": copies must hold ", kCopyFields,
+            " ints per copy (dst_ptr, dst_capacity_bytes, src_offset_bytes, src_pitch_bytes, src_batch_stride_bytes, "
+            "dst_offset_bytes, dst_pitch_bytes, dst_batch_stride_bytes, width_bytes, height, batch), got ",
+            copies.size(), " ints");
+  check_stream(op, stream);
+  TFK_CHECK(wait_event >= 0, op, ": wait_event must be 0 (none) or a cudaEvent_t from event_create, got ", wait_event);
+  if (wait_event != 0) check_stream(op, wait_stream);
+  const std::size_t count = copies.size() / kCopyFields;
+  std::vector<bool> empty(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::int64_t* c = copies.data() + i * kCopyFields;
+    empty[i] = check_copy(op, "copy " + std::to_string(i), src, c[2], c[3], c[4], c[0], c[1], c[5], c[6], c[7], c[8],
+                          c[9], c[10]);
+  }
+  TFK_CHECK(src.is_cuda(), op, ": src must be a CUDA tensor, got a tensor on ", src.device());
+  std::vector<cuda_api::PitchedCopyArgs> args;
+  args.reserve(count);
+  const std::uint64_t base = count > 0 ? src_address(op, src) : 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (empty[i]) continue;
+    const std::int64_t* c = copies.data() + i * kCopyFields;
+    args.push_back(copy_args(base, c[2], c[3], c[4], c[0], c[5], c[6], c[7], c[8], c[9], c[10]));
+  }
+  cuda_call([&] {
+    cuda_api::copy_2d_batch(static_cast<int>(src.get_device()), args.data(), args.size(),
+                            static_cast<std::uint64_t>(stream), static_cast<std::uint64_t>(wait_stream),
+                            static_cast<std::uint64_t>(wait_event));
+  });
+}
+
+std::int64_t event_create(std::int64_t device) {
+  constexpr const char* op = "tf_kernel.event_create";
+  TFK_CHECK(device >= 0, op, ": device must be a CUDA device index, got ", device);
+  return cuda_call([&] { return static_cast<std::int64_t>(cuda_api::event_create(static_cast<int>(device))); });
+}
+
+void event_destroy(std::int64_t event) {
+  constexpr const char* op = "tf_kernel.event_destroy";
+  TFK_CHECK(event > 0, op, ": event must be a cudaEvent_t returned by event_create, got ", event);
+  cuda_call([&] { cuda_api::event_destroy(static_cast<std::uint64_t>(event)); });
+}
+
+std::tuple<std::int64_t, std::int64_t> stream_memop_support(std::int64_t device) {
+  constexpr const char* op = "tf_kernel.stream_memop_support";
+  TFK_CHECK(device >= 0, op, ": device must be a CUDA device index, got ", device);
+  const auto support = cuda_call([&] { return cuda_api::stream_memop_support(static_cast<int>(device)); });
+  return {support.first, support.second};
+}
+
+std::tuple<std::int64_t, std::int64_t> submission_modes() {
+  return {cuda_api::copy_batch_mode(), cuda_api::memop_batch_mode()};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -285,8 +371,9 @@ at::Tensor ipc_get_handle(const at::Tensor& t) {
   return out;
 }
 
-std::int64_t ipc_open_handle(const at::Tensor& handle) {
+std::int64_t ipc_open_handle(const at::Tensor& handle, std::int64_t nbytes) {
   constexpr const char* op = "tf_kernel.ipc_open_handle";
+  TFK_CHECK(nbytes >= 0, op, ": nbytes must be >= 0 (0: only the offset is checked), got ", nbytes);
   TFK_CHECK(handle.defined(), op, ": handle is undefined");
   TFK_CHECK(handle.device().is_cpu(), op, ": handle must be a CPU tensor, got a tensor on ", handle.device());
   TFK_CHECK(handle.scalar_type() == at::kByte, op, ": handle must have dtype torch.uint8, got ",
@@ -304,7 +391,8 @@ std::int64_t ipc_open_handle(const at::Tensor& handle) {
               ": malformed handle: offset ", offset, " does not fit in int64");
   std::uint8_t raw[cuda_api::kIpcHandleBytes];
   std::memcpy(raw, bytes, sizeof(raw));
-  const std::uint64_t ptr = cuda_call([&] { return cuda_api::ipc_open_handle(raw, offset); });
+  const std::uint64_t ptr =
+      cuda_call([&] { return cuda_api::ipc_open_handle(raw, offset, static_cast<std::uint64_t>(nbytes)); });
   return static_cast<std::int64_t>(ptr);
 }
 
@@ -348,6 +436,12 @@ TORCH_LIBRARY(tf_kernel, m) {
       "int dst_capacity_bytes, int dst_offset_bytes, int dst_pitch_bytes, int dst_batch_stride_bytes, "
       "int width_bytes, int height, int batch, int stream) -> ()",
       &tf_kernel::copy_2d);
+  m.def("copy_2d_batch(Tensor src, int[] copies, int stream, int wait_stream=0, int wait_event=0) -> ()",
+        &tf_kernel::copy_2d_batch);
+  m.def("event_create(int device) -> int", &tf_kernel::event_create);
+  m.def("event_destroy(int event) -> ()", &tf_kernel::event_destroy);
+  m.def("stream_memop_support(int device) -> (int, int)", &tf_kernel::stream_memop_support);
+  m.def("submission_modes() -> (int, int)", &tf_kernel::submission_modes);
   m.def("stream_write_value(int address, int value, int stream, int bits) -> ()", &tf_kernel::stream_write_value);
   m.def("stream_wait_value(int address, int value, int stream, int bits) -> ()", &tf_kernel::stream_wait_value);
   m.def(
@@ -355,7 +449,7 @@ TORCH_LIBRARY(tf_kernel, m) {
       "int bits) -> ()",
       &tf_kernel::stream_handshake);
   m.def("ipc_get_handle(Tensor t) -> Tensor", &tf_kernel::ipc_get_handle);
-  m.def("ipc_open_handle(Tensor handle) -> int", &tf_kernel::ipc_open_handle);
+  m.def("ipc_open_handle(Tensor handle, int nbytes=0) -> int", &tf_kernel::ipc_open_handle);
   m.def("ipc_close_handle(int ptr) -> ()", &tf_kernel::ipc_close_handle);
   m.def("get_address_range(int ptr) -> (int, int)", &tf_kernel::get_address_range);
   m.def("build_info() -> str", &tf_kernel::build_info);

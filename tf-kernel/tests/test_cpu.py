@@ -29,7 +29,13 @@ EXPECTED_SCHEMAS = {
     "stream_handshake": "tf_kernel::stream_handshake(int[] peer_flag_ptrs, int local_flag_ptr, int rank, "
     "int world_size, int epoch, int stream, int bits) -> ()",
     "ipc_get_handle": "tf_kernel::ipc_get_handle(Tensor t) -> Tensor",
-    "ipc_open_handle": "tf_kernel::ipc_open_handle(Tensor handle) -> int",
+    "ipc_open_handle": "tf_kernel::ipc_open_handle(Tensor handle, int nbytes=0) -> int",
+    "copy_2d_batch": "tf_kernel::copy_2d_batch(Tensor src, int[] copies, int stream, int wait_stream=0, "
+    "int wait_event=0) -> ()",
+    "event_create": "tf_kernel::event_create(int device) -> int",
+    "event_destroy": "tf_kernel::event_destroy(int event) -> ()",
+    "stream_memop_support": "tf_kernel::stream_memop_support(int device) -> (int, int)",
+    "submission_modes": "tf_kernel::submission_modes() -> (int, int)",
     "ipc_close_handle": "tf_kernel::ipc_close_handle(int ptr) -> ()",
     "get_address_range": "tf_kernel::get_address_range(int ptr) -> (int, int)",
     "build_info": "tf_kernel::build_info() -> str",
@@ -326,6 +332,57 @@ def test_copy_2d_wrapper_passes_through_validation():
 
 
 # --------------------------------------------------------------------------------------
+# copy_2d_batch: every copy validated like copy_2d, each named by its index
+# --------------------------------------------------------------------------------------
+def _batch_entry(**kw):
+    a = _copy_args(None, **kw)  # (src, src_off, src_pitch, src_bstride, dst, cap, dst_off, dst_pitch, dst_bstride, w, h, b, s)
+    return [a[4], a[5], a[1], a[2], a[3], a[6], a[7], a[8], a[9], a[10], a[11]]
+
+
+def test_copy_2d_batch_validates_each_copy_before_the_device():
+    src = torch.zeros(256, dtype=torch.uint8)
+    good = _batch_entry()
+    with pytest.raises(RuntimeError, match=r"tf_kernel.copy_2d_batch: src must be a CUDA tensor, got a tensor on cpu"):
+        torch.ops.tf_kernel.copy_2d_batch(src, good + good, 0)
+    with pytest.raises(RuntimeError, match=r"copy 1: height must be >= 0, got -1"):
+        torch.ops.tf_kernel.copy_2d_batch(src, good + _batch_entry(height=-1), 0)
+    with pytest.raises(RuntimeError, match=r"copy 0: source read out of bounds"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry(height=5) + good, 0)
+    with pytest.raises(RuntimeError, match=r"copy 1: destination write out of bounds"):
+        torch.ops.tf_kernel.copy_2d_batch(src, good + _batch_entry(dst_capacity_bytes=100), 0)
+    with pytest.raises(RuntimeError, match=r"copy 0: width_bytes \(65\) exceeds src_pitch_bytes \(64\)"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry(width_bytes=65), 0)
+
+
+def test_copy_2d_batch_argument_shape_and_streams():
+    src = torch.zeros(256, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=r"copies must hold 11 ints per copy .* got 10 ints"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry()[:10], 0)
+    with pytest.raises(RuntimeError, match=r"stream must be a cudaStream_t passed as a non-negative int.*got -2"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry(), -2)
+    with pytest.raises(RuntimeError, match=r"wait_event must be 0 \(none\) or a cudaEvent_t"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry(), 0, 0, -5)
+    with pytest.raises(RuntimeError, match=r"stream must be a cudaStream_t.*got -1"):
+        torch.ops.tf_kernel.copy_2d_batch(src, _batch_entry(), 0, -1, FAKE_PTR)
+
+
+def test_submission_helpers_validate_and_report():
+    assert all(m in (-1, 0, 1) for m in torch.ops.tf_kernel.submission_modes())
+    with pytest.raises(RuntimeError, match=r"event_create: device must be a CUDA device index, got -1"):
+        torch.ops.tf_kernel.event_create(-1)
+    with pytest.raises(RuntimeError, match=r"event_destroy: event must be a cudaEvent_t returned by event_create"):
+        torch.ops.tf_kernel.event_destroy(0)
+    with pytest.raises(RuntimeError, match=r"stream_memop_support: device must be a CUDA device index, got -3"):
+        torch.ops.tf_kernel.stream_memop_support(-3)
+
+
+@no_cuda
+def test_memop_support_without_driver_fails_clearly():
+    with pytest.raises(RuntimeError, match=r"tf_kernel: cuda"):
+        torch.ops.tf_kernel.stream_memop_support(0)
+
+
+# --------------------------------------------------------------------------------------
 # stream memory operations
 # --------------------------------------------------------------------------------------
 MEMOPS = ["stream_write_value", "stream_wait_value"]
@@ -445,6 +502,11 @@ def test_ipc_open_handle_wrong_device_dtype_size():
     for n in (0, 64, 71, 73):
         with pytest.raises(RuntimeError, match=rf"handle must have exactly 72 bytes .* got {n}"):
             tf_kernel.ipc_open_handle(torch.ones(n, dtype=torch.uint8))
+
+
+def test_ipc_open_handle_nbytes_must_be_non_negative():
+    with pytest.raises(RuntimeError, match=r"tf_kernel.ipc_open_handle: nbytes must be >= 0"):
+        torch.ops.tf_kernel.ipc_open_handle(_valid_looking_handle(offset=8), -1)
 
 
 def test_ipc_open_handle_malformed():

@@ -43,7 +43,10 @@ from .ops import (  # noqa: E402
     OP_NAMES,
     build_info,
     copy_2d,
+    copy_2d_batch,
     driver_version,
+    event_create,
+    event_destroy,
     get_address_range,
     ipc_close_handle,
     ipc_get_handle,
@@ -51,8 +54,10 @@ from .ops import (  # noqa: E402
     ipc_open_handle,
     runtime_version,
     stream_handshake,
+    stream_memop_support,
     stream_wait_value,
     stream_write_value,
+    submission_modes,
 )
 
 
@@ -119,7 +124,10 @@ __all__ = [
     "capabilities",
     "check_build_compatibility",
     "copy_2d",
+    "copy_2d_batch",
     "driver_version",
+    "event_create",
+    "event_destroy",
     "get_address_range",
     "ipc_close_handle",
     "ipc_get_handle",
@@ -128,6 +136,8 @@ __all__ = [
     "ops",
     "runtime_version",
     "stream_handshake",
+    "stream_memop_support",
     "stream_wait_value",
     "stream_write_value",
+    "submission_modes",
 ]

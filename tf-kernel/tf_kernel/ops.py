@@ -24,6 +24,11 @@ __all__ = [
     "StreamLike",
     "build_info",
     "copy_2d",
+    "copy_2d_batch",
+    "event_create",
+    "event_destroy",
+    "stream_memop_support",
+    "submission_modes",
     "driver_version",
     "get_address_range",
     "ipc_close_handle",
@@ -39,6 +44,11 @@ __all__ = [
 #: Every operator this library registers under ``torch.ops.tf_kernel``.
 OP_NAMES: Tuple[str, ...] = (
     "copy_2d",
+    "copy_2d_batch",
+    "event_create",
+    "event_destroy",
+    "stream_memop_support",
+    "submission_modes",
     "stream_write_value",
     "stream_wait_value",
     "stream_handshake",
@@ -138,6 +148,67 @@ def copy_2d(
     )
 
 
+#: Ints per copy in :func:`copy_2d_batch`'s ``copies`` list.
+COPY_FIELDS = 11
+
+
+def copy_2d_batch(
+    src: torch.Tensor,
+    copies: Sequence[int],
+    *,
+    stream: StreamLike = None,
+    wait_stream: StreamLike = None,
+    wait_event: int = 0,
+) -> None:
+    """Several pitched copies from one source in one op, and one driver call where the runtime allows.
+
+    ``copies`` holds :data:`COPY_FIELDS` ints per copy: ``dst_ptr, dst_capacity_bytes, src_offset_bytes,
+    src_pitch_bytes, src_batch_stride_bytes, dst_offset_bytes, dst_pitch_bytes, dst_batch_stride_bytes,
+    width_bytes, height, batch`` -- the arguments of :func:`copy_2d`, validated the same way, each copy named by
+    its index in errors. With ``wait_event`` (a handle from :func:`event_create`), the op first records it on
+    ``wait_stream`` (default: the current stream) and makes ``stream`` wait on it: the copies then read only what
+    ``wait_stream`` has produced. The copies go out as one ``cudaMemcpy3DBatchAsync`` (CUDA 12.8+; a copy whose
+    batch strides are whole numbers of pitches is one 3-D operation) or, where the runtime refuses that, one
+    ``cudaMemcpy2DAsync`` per copy and batch item (:func:`submission_modes` says which ran).
+    """
+    s = _stream_handle(stream, src.device if src.is_cuda else None)
+    ws = _stream_handle(wait_stream, src.device if src.is_cuda else None) if wait_event else 0
+    torch.ops.tf_kernel.copy_2d_batch(src, [int(c) for c in copies], s, ws, int(wait_event))
+
+
+def _device_index(device: Union[None, int, torch.device]) -> int:
+    if device is None:
+        return int(torch.cuda.current_device())
+    if isinstance(device, torch.device):
+        return int(device.index) if device.index is not None else int(torch.cuda.current_device())
+    return int(device)
+
+
+def event_create(device: Union[None, int, torch.device] = None) -> int:
+    """A ``cudaEvent_t`` (timing disabled) on ``device`` (default: the current one), as an int; destroy it with
+    :func:`event_destroy`."""
+    return int(torch.ops.tf_kernel.event_create(_device_index(device)))
+
+
+def event_destroy(event: int) -> None:
+    torch.ops.tf_kernel.event_destroy(int(event))
+
+
+def stream_memop_support(device: Union[None, int, torch.device] = None) -> Tuple[bool, bool]:
+    """(32-bit, 64-bit) stream memory operations usable on ``device``: the driver's _v2 memop entry points resolve,
+    and for 64 bits ``CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`` is set."""
+    memops32, memops64 = torch.ops.tf_kernel.stream_memop_support(_device_index(device))
+    return bool(memops32), bool(memops64)
+
+
+def submission_modes() -> Tuple[int, int]:
+    """(copy_2d_batch, stream_handshake) modes of this process: 1 -- the last call was one batched driver call
+    (``cudaMemcpy3DBatchAsync`` / ``cuStreamBatchMemOp``); 0 -- the runtime refused it, one call per operation;
+    -1 -- not run yet."""
+    copies, memops = torch.ops.tf_kernel.submission_modes()
+    return int(copies), int(memops)
+
+
 def stream_write_value(address: int, value: int, *, bits: int = 64, stream: StreamLike = None) -> None:
     """Enqueue ``cuStreamWrite{32,64}(stream, address, value, CU_STREAM_WRITE_VALUE_DEFAULT)``.
 
@@ -213,19 +284,20 @@ def ipc_handle_offset(handle: torch.Tensor) -> int:
     return int.from_bytes(bytes(handle.reshape(-1)[64:].tolist()), "little")
 
 
-def ipc_open_handle(handle: torch.Tensor, device: Union[None, int, torch.device] = None) -> int:
+def ipc_open_handle(handle: torch.Tensor, device: Union[None, int, torch.device] = None, nbytes: int = 0) -> int:
     """Map a peer allocation: ``cudaIpcOpenMemHandle(..., cudaIpcMemLazyEnablePeerAccess)``.
 
     ``handle`` is the 72-byte CPU uint8 tensor from :func:`ipc_get_handle` (made in another
     process; CUDA refuses to open a handle in the process that exported it). The mapping is
     made on ``device`` (default: the current device) and the returned int is the mapped
     allocation base plus the stored offset, i.e. the peer's ``t.data_ptr()`` in this process.
-    Close it once with :func:`ipc_close_handle`.
+    With ``nbytes``, the mapping must also hold ``[offset, offset + nbytes)`` (else it is closed again
+    and the call raises). Close it once with :func:`ipc_close_handle`.
     """
     if device is None:
-        return int(torch.ops.tf_kernel.ipc_open_handle(handle))
+        return int(torch.ops.tf_kernel.ipc_open_handle(handle, int(nbytes)))
     with torch.cuda.device(device):
-        return int(torch.ops.tf_kernel.ipc_open_handle(handle))
+        return int(torch.ops.tf_kernel.ipc_open_handle(handle, int(nbytes)))
 
 
 def ipc_close_handle(ptr: int) -> None:

@@ -147,6 +147,69 @@ def test_copy_2d_ulysses_inverse_gather(dtype):
         assert torch.equal(finals[p], expected), f"peer {p}"
 
 
+def _scatter_copies(v, W, r, outs, width, S):
+    """copy_2d_batch's list for rank r's scatter of `v` into every peer's output (raw addresses)."""
+    e = v.element_size()
+    flat = []
+    for p in range(W):
+        flat += [outs[p].data_ptr(), outs[p].numel() * e, p * width, v.stride(1) * e, v.stride(0) * e,
+                 r * S * width, width, S * W * width, width, S, v.shape[0]]
+    return flat
+
+
+@pytest.mark.parametrize("layout", ["fused_v_view", "batch_stride_not_a_multiple_of_the_pitch"])
+def test_copy_2d_batch_scatter_matches_torch_indexing(layout):
+    """Every peer's pitched copy of one rank in one op (one cudaMemcpy3DBatchAsync where the runtime has it)."""
+    B, S, H, D, W = 2, 33, 8, 64, 4
+    dtype, hw = torch.bfloat16, H // W
+    torch.manual_seed(1)
+    if layout == "fused_v_view":
+        srcs = [torch.randn(B, S, 3, H, D, device="cuda", dtype=dtype)[:, :, 2] for _ in range(W)]
+    else:  # batch items 8 elements further apart than S rows: the 3-D form does not apply, one op per item
+        srcs = [torch.randn(B * (S * H * D + 8), device="cuda", dtype=dtype).as_strided(
+            (B, S, H, D), (S * H * D + 8, H * D, D, 1)) for _ in range(W)]
+    outs = [torch.full((B, S * W, hw, D), float("nan"), device="cuda", dtype=dtype) for _ in range(W)]
+    width = hw * D * srcs[0].element_size()
+    stream = _side_stream()
+    for r in range(W):
+        tf_kernel.copy_2d_batch(srcs[r], _scatter_copies(srcs[r], W, r, outs, width, S), stream=stream)
+    _finish(stream, "copy_2d_batch scatter")
+    torch.cuda.current_stream().wait_stream(stream)
+    for p in range(W):
+        expected = torch.cat([srcs[r][:, :, p * hw : (p + 1) * hw, :] for r in range(W)], dim=1)
+        assert torch.equal(outs[p], expected), f"peer {p}"
+    mode = tf_kernel.submission_modes()[0]
+    print(f"copy_2d_batch mode: {mode} (1: one cudaMemcpy3DBatchAsync per call; 0: the runtime refused it)")
+    assert mode in (0, 1)
+
+
+def test_copy_2d_batch_reads_only_what_the_caller_stream_produced():
+    """With a readiness event the copies wait for the caller stream: a slow producer still gives the final data."""
+    n = 1 << 16
+    src = torch.zeros(n, device="cuda")
+    dst = torch.full((n,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    producer, copier = torch.cuda.Stream(), torch.cuda.Stream()
+    event = tf_kernel.event_create()
+    try:
+        with torch.cuda.stream(producer):
+            torch.cuda._sleep(20_000_000)  # tens of ms: the copy would read zeros without the wait
+            src.copy_(torch.arange(n, device="cuda", dtype=torch.float32) + 1)
+        copies = [dst.data_ptr(), n * 4, 0, n * 4, 0, 0, n * 4, 0, n * 4, 1, 1]
+        tf_kernel.copy_2d_batch(src, copies, stream=copier, wait_stream=producer, wait_event=event)
+        _finish(copier, "copy_2d_batch after the producer")
+        torch.cuda.synchronize()
+    finally:
+        tf_kernel.event_destroy(event)
+    assert torch.equal(dst, torch.arange(n, device="cuda", dtype=torch.float32) + 1)
+
+
+def test_stream_memop_support_on_gpu():
+    memops32, memops64 = tf_kernel.stream_memop_support()
+    assert memops32, "32-bit stream memory operations unavailable"
+    print(f"64-bit stream memops: {memops64}")
+
+
 def test_copy_2d_batch_zero_is_a_no_op():
     src = torch.randn(4, 16, device="cuda")
     dst = torch.zeros(4, 16, device="cuda")
@@ -304,6 +367,7 @@ def test_handshake_two_ranks_on_one_stream(bits, epochs):
         # Rank 1: publishes into A[1], then waits on B[0] (written by rank 0 just above).
         tf_kernel.stream_handshake(peers, B.data_ptr(), rank=1, epoch=epoch, bits=bits, stream=s)
     _finish(s, f"two-rank handshake, {bits}-bit, epochs {epochs}")
+    assert tf_kernel.submission_modes()[1] in (0, 1)  # one cuStreamBatchMemOp per handshake, or one call per memop
     last = epochs[-1] & mask
     first = ((epochs[0] - 1) & mask) if epochs[0] > 1 else 0
     # Each rank's slot for the peer holds the last epoch; its own slot is never written.
@@ -351,7 +415,12 @@ def test_ipc_open_write_close_from_another_process():
         f"""
         import torch, tf_kernel
         h = torch.tensor(list(bytes.fromhex("{bytes(handle.tolist()).hex()}")), dtype=torch.uint8)
-        ptr = tf_kernel.ipc_open_handle(h)
+        try:
+            tf_kernel.ipc_open_handle(h, nbytes=1 << 40)  # more than the allocation holds past the offset
+            raise SystemExit("an IPC mapping too small for nbytes was accepted")
+        except RuntimeError as exc:
+            assert "lies outside the opened allocation" in str(exc), exc
+        ptr = tf_kernel.ipc_open_handle(h, nbytes={1 << 20})
         base, size = tf_kernel.get_address_range(ptr)
         assert ptr - base == tf_kernel.ipc_handle_offset(h), (ptr, base)
         src = (torch.arange({n}, device="cuda") % 251).to(torch.uint8)
