@@ -2,9 +2,13 @@
 
 The benches compare Ulysses transports in one process (`--transports portable,host-shm`: the portable all-to-all and
 the copy-engine protocol over CPU shared memory); each run must finish on every rank and report both transports with
-positive times. The overlap profiler runs the real LingBot-World v2 attention layer (tiny preset) and must record the
-V-first phase ranges once per call. Pure helpers (argument parsing, per-rank shapes, the transfer/compute split of a
-trace) are checked in-process.
+positive times. Their attention FLOPs by formula (what counts backends outside aten) must equal what torch's
+FlopCounterMode saw dispatched to SDPA on the same rank, Ulysses padding, packed documents and the lean KV commit
+included: integer counts, compared exactly. `vs-diffusers` runs on CPU with every row, diffusers' best settings
+included (regional compilation with the eager backend: the same code path as inductor on the GPU, fast). The overlap
+profiler runs the real LingBot-World v2 attention layer (tiny preset) and must record the V-first phase ranges once
+per call. Pure helpers (argument parsing, per-rank shapes, the transfer/compute split of a trace, the ceilings) are
+checked in-process.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from telefuser.profiling import flop_rates
 from tests.torchrun_launch import run_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +89,11 @@ def test_lingbot_session_compares_transports(tmp_path):
     assert result["steady_dit_seconds_p50"] == result["by_transport"]["portable"]["steady_dit_seconds_p50"]
     assert len(result["chunks"]) == 3 and result["world"] == 2
     assert "Ulysses2: steady DiT per chunk" in out and "vs portable" in out
+    for chunk in result["chunks"]:  # the window grows: chunk 0 attends to itself, chunk 2 to the sink and chunk 1 too
+        assert chunk["attention_tflop_formula"] == chunk["attention_tflop_dispatched"] > 0, chunk
+        assert chunk["tflop_this_rank"] == chunk["tflop_counted"] + chunk["attention_tflop_formula"]
+        assert chunk["of_measured_matmul_ceiling"] is None and chunk["of_datasheet_bf16_dense"] is None  # CPU
+    assert result["chunks"][0]["attention_tflop_formula"] < result["chunks"][2]["attention_tflop_formula"]
 
 
 def test_minimax_compares_transports(tmp_path):
@@ -94,6 +106,7 @@ def test_minimax_compares_transports(tmp_path):
     assert result["seconds_per_call"] == result["by_transport"]["portable"]["seconds_per_call"]
     assert len(result["seconds_all"]) == 2 and result["world"] == 2 and result["tp"] == 1
     assert "MiniMax H3 Ulysses2: DiT time per call" in out
+    assert result["attention_flops_formula"] == result["attention_flops_dispatched"] > 0  # rank 0 holds the prompt
 
 
 def test_minimax_tp2_ulysses2_compares_transports(tmp_path):
@@ -105,6 +118,27 @@ def test_minimax_tp2_ulysses2_compares_transports(tmp_path):
     _check_by_transport(result, "seconds_per_call")
     assert (result["world"], result["tp"], result["ulysses"]) == (4, 2, 2)
     assert "MiniMax H3 TP2+Ulysses2: DiT time per call" in out
+    assert result["attention_flops_formula"] == result["attention_flops_dispatched"] > 0
+
+
+def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
+    output = tmp_path / "vs.json"
+    command = [sys.executable, str(REPO / "tools/bench/lingbot_world_bench.py"), "vs-diffusers", "--config", "tiny",
+               "--device", "cpu", "--resolution", "64x48", "--frames", "2", "--iters", "1", "--compile-backend",
+               "eager", "--output", str(output)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    best = "diffusers best (native SDPA, compile_repeated_blocks (eager backend))"  # cuDNN attention on a GPU
+    assert result["diffusers_best"] == best
+    assert [row["implementation"] for row in result["rows"]] == [
+        "telefuser (cuDNN SDPA first)", "telefuser, eager elementwise chains", "diffusers (torch default SDPA order)",
+        best]
+    for row in result["rows"]:
+        assert row["seconds"] > 0 and row["query_tokens"] == row["key_tokens"] == 2 * (48 // 16) * (64 // 16)
+        assert row["attention_tflop_formula"] == row["attention_tflop_dispatched"] > 0, row
+        assert row["of_measured_matmul_ceiling"] is None  # no ceilings for a CPU
+    assert best in done.stdout and "of measured 786 | of datasheet 989" in done.stdout
 
 
 def test_overlap_profiler_runs_the_lingbot_layer_on_cpu(tmp_path):
@@ -142,6 +176,17 @@ def test_bench_argument_parsing(minimax_bench, lingbot_bench, monkeypatch):
         minimax_bench.parse_args(["--transports", "portable,auto"])
     with pytest.raises(SystemExit):
         lingbot_bench.parse_args(["vs-diffusers", "--ulysses", "2", "--transports", "portable,auto"])
+
+
+def test_rates_give_both_h200_ceilings_and_none_elsewhere():
+    report = flop_rates.rate(393e12, 1.0, "NVIDIA H200")
+    assert report["achieved_tflops"] == 393.0
+    assert report["of_measured_matmul_ceiling"] == 393.0 / 786.0 and report["of_datasheet_bf16_dense"] == 393.0 / 989.0
+    assert flop_rates.describe(report) == "393.0 TFLOP/s (50% of the measured 786, 40% of the datasheet 989)"
+    for device in ("cpu", "NVIDIA A100-SXM4-80GB"):  # no numbers of ours for those
+        other = flop_rates.rate(1e12, 2.0, device)
+        assert other["of_measured_matmul_ceiling"] is None and flop_rates.describe(other) == "0.5 TFLOP/s"
+    assert flop_rates.attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
 
 
 def test_profiler_shapes_and_arguments(profiler):

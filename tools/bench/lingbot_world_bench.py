@@ -8,10 +8,18 @@ one forward side by side with diffusers' WanTransformer3DModel.
         --transports portable,auto                                    # both transports side by side
     python tools/bench/lingbot_world_bench.py session --config tiny --device cpu --resolution 64x48 --chunks 3
 
-session: every chunk is 4 denoising calls that read the KV window plus one clean-KV commit at t=0, exactly the DiT
-work of the session pipeline (no VAE, no text encoder; `examples/lingbot_world_v2/run_i2v.py` times those too). A
-first session counts each call's FLOPs with torch's FlopCounterMode (matmuls and attention as dispatched); a second,
-identical one is timed with synchronized boundaries. Steady figures exclude chunk 0, as the seed defines them.
+session: every chunk is the DiT work of the session pipeline: the camera modulation once, 4 denoising calls that read
+the KV window, and the clean-KV commit at t=0 (`commit_chunk`: the last block stops after its K/V, no head); no VAE,
+no text encoder (`examples/lingbot_world_v2/run_i2v.py` times those too). A first session counts each chunk's FLOPs;
+a second, identical one is timed with synchronized boundaries. Steady figures exclude chunk 0, as the seed defines
+them.
+
+FLOPs (telefuser/profiling/flop_rates.py): matmuls and convolutions as torch's FlopCounterMode sees them dispatched,
+plus attention by formula (4·B·H·Sq·Sk·D per call, from the window plan: self-attention over the window, cross-attention
+over the 512 prompt rows), so backends outside aten (flash-attn-4, SageAttention) are counted like SDPA. With torch
+SDPA the counter's own attention count is reported beside the formula's (they agree; CI checks it). Rates are given
+against both ceilings: the lent H200's measured bf16 matmul rate (786 TFLOP/s) and the H200 datasheet's dense bf16
+(989 TFLOP/s).
 
 session --transports a,b,... (with --ulysses N under torchrun) compares Ulysses transports (auto, portable, ce-symm,
 ce-ipc, host-shm) in one process: the model opens one communicator per transport (in the order given, on every rank
@@ -25,14 +33,21 @@ all its rounds and the ratio to the first transport; "runs on" is the transport 
 vs-diffusers: our DiT (an empty session and one chunk, so queries = keys = the chunk's tokens) against diffusers'
 WanTransformer3DModel built at the same dimensions, timed alternately in one process. diffusers calls torch SDPA with
 torch's default backend order; ours puts cuDNN first and runs its elementwise chains as compiled kernels (ops.fusion).
-diffusers is also run with cuDNN first, so the table separates the attention backend from everything else.
+diffusers is also run with cuDNN first, so the table separates the attention backend from everything else, and at its
+best settings: diffusers' own cuDNN attention backend (`set_attention_backend("_native_cudnn")`) and regional
+compilation (`compile_repeated_blocks`, torch.compile of each WanTransformerBlock), on a second instance sharing the
+same weights (on CPU: diffusers' native SDPA, and `--compile-backend eager` makes a quick smoke run). Every row counts
+its own matmuls as dispatched in an eager call (diffusers recomputes the prompt's cross-attention K/V in every forward;
+ours holds them in the session) and attention by the same formula.
 
-Random bf16 weights (said so). The ceiling is the measured bf16 matmul rate of the lent H200 (786 TFLOP/s).
+Random bf16 weights (said so).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
 import os
 import statistics
@@ -43,7 +58,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from torch.utils.flop_counter import FlopCounterMode
 
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
@@ -51,10 +65,11 @@ from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
+from telefuser.profiling.flop_rates import (
+    NO_ATTENTION_IMPLS, attention_flops, counted_flops, describe, dispatched_attention_flops, flop_counter, rate)
 from telefuser.profiling.transport_ab import (
     TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
 
-MATMUL_CEILING_TFLOPS = 786.0  # bf16 8192^3 on the lent H200 (shared/notes/gpu-facts.md)
 LATENT_FRAMES_PER_CHUNK = 4
 DENOISING_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)  # four reads of the window; the commit runs at t=0
 
@@ -132,24 +147,51 @@ def chunk_inputs(config, runner, width, height, frames, seed):
     return latents, camera, text, (grid_h // 2) * (grid_w // 2)
 
 
+def forward_attention_flops(config, new_rows: int, key_rows: int, world: int, layers: int, attn_impl: str) -> int:
+    """One forward over `layers` blocks on this rank, by formula: self-attention of the chunk's rows over the window
+    (this rank's heads after the Ulysses scatter, the padding rows dropped), cross-attention of this rank's rows
+    (padding included) over the text_len prompt rows with every head."""
+    if attn_impl in NO_ATTENTION_IMPLS:
+        return 0
+    local_rows = -(-new_rows // world)
+    per_layer = (attention_flops(1, config.num_heads // world, new_rows, key_rows, config.head_dim)
+                 + attention_flops(1, config.num_heads, local_rows, config.text_len, config.head_dim))
+    return per_layer * layers
+
+
+def chunk_attention_flops(config, plan, world: int, attn_impl: str) -> int:
+    """A chunk's 4 reads (every block) and its commit (`commit_chunk`: the last block stops after its K/V)."""
+    full = forward_attention_flops(config, plan.new_rows, plan.total, world, config.num_layers, attn_impl)
+    commit = forward_attention_flops(config, plan.new_rows, plan.total, world, config.num_layers - 1, attn_impl)
+    return len(DENOISING_TIMESTEPS) * full + commit
+
+
 def run_session(model, runner, args, width, height, *, count_flops: bool):
     """Per chunk: seconds and (if counted) FLOPs, over args.chunks chunks of one fresh session."""
     config = model.config
     latents, camera, text, tokens_per_frame = chunk_inputs(config, runner, width, height, LATENT_FRAMES_PER_CHUNK, 1)
     session = model.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+    world = session.ulysses_degree
     rows = []
     try:
         for _ in range(args.chunks):
-            counter = FlopCounterMode(display=False) if count_flops else nullcontext()
+            counter = flop_counter() if count_flops else nullcontext()
+            plan = session.plan(LATENT_FRAMES_PER_CHUNK)  # the window this chunk attends to (read-only)
 
-            def chunk():
+            def chunk():  # the pipeline's DiT work for one chunk
+                modulation = model.camera_modulation(camera)
                 for t in DENOISING_TIMESTEPS:
-                    model.forward_chunk(session, latents, torch.full((1,), t), camera, update_cache=False)
-                model.forward_chunk(session, latents, torch.zeros(1), camera, update_cache=True)
+                    model.forward_chunk(session, latents, torch.full((1,), t), modulation, update_cache=False)
+                model.commit_chunk(session, latents, torch.zeros(1), modulation)
 
             with counter:
                 _, seconds = runner.timed(chunk)
-            rows.append({"seconds": seconds, "flops": counter.get_total_flops() if count_flops else None})
+            row = {"seconds": seconds}
+            if count_flops:
+                row.update(counted=counted_flops(counter), attention_dispatched=dispatched_attention_flops(counter),
+                           attention_formula=chunk_attention_flops(config, plan, world, model.attn_impl))
+                row["flops"] = row["counted"] + row["attention_formula"]
+            rows.append(row)
     finally:
         session.close()
     return rows
@@ -218,46 +260,53 @@ def session_mode(args, runner) -> dict:
         row["ratio_to_first"] = row["steady_dit_seconds_p50"] / by_transport[first]["steady_dit_seconds_p50"]
     switch.close()
     timed = sessions[first, variants[0]]
+    device_name = torch.cuda.get_device_name() if runner.on_gpu else "cpu"
     chunks = []
     for index, c in enumerate(counted):
         seconds = statistics.median(rows[index]["seconds"] for rows in timed)  # the one session's, with one round
-        tflops = c["flops"] / seconds / 1e12
         chunks.append({"index": index, "dit_seconds": seconds, "tflop_this_rank": c["flops"] / 1e12,
-                       "achieved_tflops": tflops, "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS})
+                       "tflop_counted": c["counted"] / 1e12, "attention_tflop_formula": c["attention_formula"] / 1e12,
+                       "attention_tflop_dispatched": c["attention_dispatched"] / 1e12,
+                       **rate(c["flops"], seconds, device_name)})
     steady_counted = counted[1:] or counted
-    steady_tflops = (sum(c["flops"] for c in steady_counted) * len(timed) / 1e12
-                     / sum(row["seconds"] for row in steady_rows(timed)))
+    steady = rate(sum(c["flops"] for c in steady_counted) * len(timed),
+                  sum(row["seconds"] for row in steady_rows(timed)), device_name)
     p50, worst, fps = steady_figures(timed)
     result = {
         "mode": "session", "config": args.config, "layers": config.num_layers, "resolution": f"{width}x{height}",
-        "device": torch.cuda.get_device_name() if runner.on_gpu else "cpu", "world": runner.world,
+        "device": device_name, "world": runner.world,
         "ulysses_transport": transport, "weights": "random (no checkpoint)", "weight_init_s": init_s,
         "attn_impl": args.attn_impl, "chunks": chunks,
         "steady_dit_seconds_p50": p50,
         "steady_dit_seconds_max": worst,
         "steady_dit_fps": fps,
-        "steady_achieved_tflops": steady_tflops,
-        "steady_of_matmul_ceiling": steady_tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
+        "steady_achieved_tflops": steady["achieved_tflops"],
+        "steady_of_measured_matmul_ceiling": steady["of_measured_matmul_ceiling"],
+        "steady_of_datasheet_bf16_dense": steady["of_datasheet_bf16_dense"],
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if runner.on_gpu else None,
         "fusion": variants[0],
         "steady_dit_seconds_p50_by_fusion": by_transport[first]["steady_dit_seconds_p50_by_fusion"],
         "transports": transports, "timed_rounds": rounds, "by_transport": by_transport,
     }
-    runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | TFLOP/s | of ceiling")
+    runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | of which attention | TFLOP/s | of measured 786 "
+               "| of datasheet 989")
     for c in chunks:
-        runner.say(f"{c['index']:5d} | {c['dit_seconds']:24.3f} | {c['tflop_this_rank']:17.1f} | "
-                   f"{c['achieved_tflops']:7.1f} | {c['of_matmul_ceiling']:.0%}")
+        runner.say(f"{c['index']:5d} | {c['dit_seconds']:24.3f} | {c['tflop_this_rank']:17.3f} | "
+                   f"{c['attention_tflop_formula']:18.3f} | {c['achieved_tflops']:7.1f} | "
+                   f"{fraction(c['of_measured_matmul_ceiling']):>15s} | {fraction(c['of_datasheet_bf16_dense']):>16s}")
     runner.say(f"LingBot-World v2 DiT ({args.config}, {config.num_layers} layers, random weights) {width}x{height}: "
                f"steady DiT p50 {result['steady_dit_seconds_p50']:.3f} s/chunk -> {result['steady_dit_fps']:.2f} FPS "
-               f"(DiT only), {steady_tflops:.1f} TFLOP/s"
-               + (f" ({steady_tflops / MATMUL_CEILING_TFLOPS:.0%} of {MATMUL_CEILING_TFLOPS:.0f})" if runner.on_gpu else "")
-               + f", Ulysses transport: {transport}, fusion: {variants[0]}")
+               f"(DiT only), {describe(steady)}, Ulysses transport: {transport}, fusion: {variants[0]}")
     if len(variants) > 1:
         runner.say("fusion side by side (steady DiT p50 s/chunk): " + ", ".join(
             f"{v} {t:.3f}" for v, t in result["steady_dit_seconds_p50_by_fusion"].items()))
     if len(transports) > 1:
         runner.say(transport_table(result, args, variants))
     return result
+
+
+def fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def transport_table(result: dict, args, variants: list[str]) -> str:
@@ -309,14 +358,41 @@ def build_diffusers_wan(config: LingBotWorldV2Config, device, dtype):
     return model.eval()
 
 
+def sharing_copy(model):
+    """A second instance of `model` whose parameters and buffers are the same tensors (no second copy of the weights),
+    to be compiled and given another attention backend while `model` stays as it is."""
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def diffusers_best(plain, runner, compile_backend: str):
+    """diffusers at its best settings: its own cuDNN attention backend (on CUDA; its native SDPA on CPU) and
+    regional compilation of the repeated blocks. Returns (label, model)."""
+    best = sharing_copy(plain)
+    backend, attention = ("_native_cudnn", "cuDNN attention") if runner.on_gpu else ("native", "native SDPA")
+    best.set_attention_backend(backend)
+    # set_attention_backend also sets diffusers' process-wide default: pin the plain model to torch's default order
+    plain.set_attention_backend("native")
+    best.compile_repeated_blocks(backend=compile_backend)
+    compiled = "compile_repeated_blocks" + ("" if compile_backend == "inductor" else f" ({compile_backend} backend)")
+    return f"diffusers best ({attention}, {compiled})", best
+
+
+def dense_attention_flops(config, tokens: int, attn_impl: str = "sdpa") -> int:
+    """One forward with an empty window (queries = keys = the chunk's tokens), and the text_len prompt rows."""
+    return forward_attention_flops(config, tokens, tokens, 1, config.num_layers, attn_impl)
+
+
 def vs_diffusers_mode(args, runner) -> dict:
     if runner.world > 1:
         raise SystemExit("vs-diffusers runs on one device; start it without torchrun")
     width, height = parse_resolution(args.resolution)
+    device_name = torch.cuda.get_device_name() if runner.on_gpu else "cpu"
     # a window as long as the longest chunk, no sink: an empty session attends within the chunk, so queries = keys
     base = replace(dit_config(args), local_attn_size=max(args.frames), sink_size=0)
     results = []
     diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
+    best_label, best_model = diffusers_best(diffusers_model, runner, args.compile_backend)
     ours = build_random_lingbot_dit(base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
                                     init_on_device=runner.on_gpu).eval()
     set_fusion(True)
@@ -326,6 +402,7 @@ def vs_diffusers_mode(args, runner) -> dict:
         t = torch.full((1,), 500.0)
         session = ours.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
         cudnn_first = lambda: torch.nn.attention.sdpa_kernel(CUDA_SDPA_PRIORITY, set_priority=True)  # noqa: E731
+
         def ours_eager_chains():
             set_fusion(False)
             try:
@@ -333,58 +410,71 @@ def vs_diffusers_mode(args, runner) -> dict:
             finally:
                 set_fusion(True)
 
+        def run_diffusers(model):
+            return model(hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device),
+                         encoder_hidden_states=text, return_dict=False)
+
+        # name -> (call, eager twin that does the same arithmetic: whose FLOPs are counted, attention impl)
         variants = {
-            "telefuser (cuDNN SDPA first)": lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
-            "telefuser, eager elementwise chains": ours_eager_chains,
-            "diffusers (torch default SDPA order)": lambda: diffusers_model(
-                hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device), encoder_hidden_states=text,
-                return_dict=False),
+            "telefuser (cuDNN SDPA first)": (lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
+                                             ours_eager_chains, args.attn_impl),
+            "telefuser, eager elementwise chains": (ours_eager_chains, ours_eager_chains, args.attn_impl),
+            "diffusers (torch default SDPA order)": (lambda: run_diffusers(diffusers_model),
+                                                     lambda: run_diffusers(diffusers_model), "sdpa"),
         }
         if runner.on_gpu:
             def diffusers_cudnn():
                 with cudnn_first():
-                    return diffusers_model(hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device),
-                                           encoder_hidden_states=text, return_dict=False)
-            variants["diffusers (cuDNN SDPA first)"] = diffusers_cudnn
+                    return run_diffusers(diffusers_model)
+            variants["diffusers (cuDNN SDPA first)"] = (diffusers_cudnn, diffusers_cudnn, "sdpa")
+        variants[best_label] = (lambda: run_diffusers(best_model), lambda: run_diffusers(diffusers_model), "sdpa")
         measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
+        tokens = frames * tokens_per_frame
         with torch.inference_mode():
-            for name, fn in variants.items():
+            for name, (fn, eager_twin, attn_impl) in variants.items():
                 fn()  # warm-up (and compilation)
                 set_fusion(False)  # count in eager mode: the dispatch mode and compiled kernels do not mix
-                with FlopCounterMode(display=False) as counter:
-                    fn()
+                with flop_counter() as counter:
+                    eager_twin()
                 set_fusion(True)
-                measured[name]["flops"] = counter.get_total_flops()
+                measured[name].update(counted=counted_flops(counter),
+                                      attention_dispatched=dispatched_attention_flops(counter),
+                                      attention_formula=dense_attention_flops(config, tokens, attn_impl))
                 if runner.on_gpu:
                     base_mem = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                     fn()
                     measured[name]["peak_gib"] = (torch.cuda.max_memory_allocated() - base_mem) / 2**30
             for _ in range(args.iters):
-                for name, fn in variants.items():
+                for name, (fn, _, _) in variants.items():
                     measured[name]["seconds"].append(runner.timed(fn)[1])
             if args.profile and runner.on_gpu:
-                for name, fn in variants.items():
+                for name, (fn, _, _) in variants.items():
                     print_top_kernels(f"{name}, {frames} latent frames", fn)
         session.close()
-        tokens = frames * tokens_per_frame
         for name, m in measured.items():
             seconds = statistics.median(m["seconds"])
-            tflops = m["flops"] / seconds / 1e12
+            flops = m["counted"] + m["attention_formula"]
             results.append({"implementation": name, "latent_frames": frames, "query_tokens": tokens,
                             "key_tokens": tokens, "seconds": seconds, "seconds_all": m["seconds"],
-                            "tflop": m["flops"] / 1e12, "achieved_tflops": tflops,
-                            "of_matmul_ceiling": tflops / MATMUL_CEILING_TFLOPS if runner.on_gpu else None,
-                            "activation_peak_gib": m["peak_gib"]})
+                            "tflop": flops / 1e12, "tflop_counted": m["counted"] / 1e12,
+                            "attention_tflop_formula": m["attention_formula"] / 1e12,
+                            "attention_tflop_dispatched": m["attention_dispatched"] / 1e12,
+                            **rate(flops, seconds, device_name), "activation_peak_gib": m["peak_gib"]})
     ours.close()
-    runner.say("tokens (Q = K) | implementation                       | s/forward | TFLOP | TFLOP/s | vs telefuser")
+    width = max(len(row["implementation"]) for row in results)
+    runner.say(f"tokens (Q = K) | {'implementation':{width}s} | s/forward |  TFLOP | TFLOP/s | of measured 786 | "
+               "of datasheet 989 | vs telefuser")
     for row in results:
-        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"] and r["implementation"].startswith("telefuser ("))
-        runner.say(f"{row['query_tokens']:14d} | {row['implementation']:36s} | {row['seconds']:9.3f} | "
-                   f"{row['tflop']:6.1f} | {row['achieved_tflops']:7.1f} | {row['seconds'] / ref['seconds']:.2f}x")
+        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"]
+                   and r["implementation"].startswith("telefuser ("))
+        runner.say(f"{row['query_tokens']:14d} | {row['implementation']:{width}s} | {row['seconds']:9.3f} | "
+                   f"{row['tflop']:6.2f} | {row['achieved_tflops']:7.1f} | "
+                   f"{fraction(row['of_measured_matmul_ceiling']):>15s} | "
+                   f"{fraction(row['of_datasheet_bf16_dense']):>16s} | {row['seconds'] / ref['seconds']:.2f}x")
     return {"mode": "vs-diffusers", "config": args.config, "layers": base.num_layers,
-            "resolution": f"{width}x{height}", "device": torch.cuda.get_device_name() if runner.on_gpu else "cpu",
-            "weights": "random (no checkpoint)", "rows": results}
+            "resolution": f"{width}x{height}", "device": device_name,
+            "weights": "random (no checkpoint)", "diffusers_best": best_label, "rows": results}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -398,6 +488,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
                    help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each")
     p.add_argument("--profile", action="store_true", help="vs-diffusers: print each one's top GPU kernels")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="vs-diffusers: torch.compile backend of diffusers' compile_repeated_blocks (eager: CPU smoke)")
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--transports", type=parse_transports, default=None,
                    help=f"session: comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
