@@ -9,13 +9,16 @@
     GET    /v1/models                  the served model (AIPerf's readiness probe)
     GET    /v1/service/health | metadata | metrics
 
-Errors are `{"detail": "<message>"}` with 400/404/409/413/415/422/429/503, as in the streaming service.
-video_protocol.md has the fields. All state is the `VideoQueue` on `app.state.videos`; the lifespan starts its
-worker thread and, on shutdown, cancels what is queued or running and waits for the worker.
+Errors are `{"detail": "<message>"}` with 400/401/404/409/413/415/422/429/503, as in the streaming service; a
+server fault is a generic 500 naming the request id that the log has. video_protocol.md has the fields and limits.
+All state is the `VideoQueue` on `app.state.videos`; the lifespan starts its worker thread and, on shutdown, cancels
+what is queued or running and waits for the worker. With API keys (auth.py) every route but health needs
+`Authorization: Bearer <key>` (what the OpenAI SDK sends).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -26,12 +29,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from .create_request import RequestError
-from .video_jobs import JobStore, VideoJob, new_job_id
+from .auth import ApiKeyMiddleware, ApiKeys
+from .http_errors import RequestError, ServerFaultMiddleware, error_response
+from .request_body import read_body
+from .video_canvas import RESIZE_METHOD
+from .video_jobs import JobStore, VideoJob, encode_record, new_job_id
+from .video_limits import VideoLimitFlags, check_video_plan, derive_video_limits
 from .video_metrics import CONTENT_TYPE, VideoMetrics
 from .video_request import FIELDS, VideoPolicy, VideoRequest, check_plan, parse_video_request
 from .video_runner import VideoPlan, VideoRunner
-from .video_worker import QueueFull, ShuttingDown, VideoQueue
+from .video_worker import QueueFull, ShuttingDown, Unstorable, VideoQueue
 
 log = logging.getLogger("telefuser.serving")
 
@@ -45,9 +52,15 @@ def create_video_app(
     max_steps: int = 1000,
     max_body_bytes: int = 1 << 20,
     shutdown_timeout_s: float = 30.0,
+    limits: VideoLimitFlags | None = None,
+    api_keys: ApiKeys | None = None,
 ) -> FastAPI:
     """`runner` plans and runs jobs (see video_runner.py); finished jobs in `output_dir` are loaded at once."""
-    policy = VideoPolicy.from_runner(runner, max_seconds=max_seconds, max_steps=max_steps)
+    limit_set = derive_video_limits(runner, max_seconds=max_seconds, max_steps=max_steps,
+                                    max_body_bytes=max_body_bytes, flags=limits)  # fmt: skip
+    policy = VideoPolicy.from_runner(runner, max_seconds=max_seconds, max_steps=max_steps,
+                                     max_frames=limit_set.value("max_frames"))  # fmt: skip
+    keys = api_keys or ApiKeys()
     metrics = VideoMetrics()
     queue = VideoQueue(runner, JobStore(output_dir), metrics, max_queue=max_queue)
     started = time.time()
@@ -63,18 +76,29 @@ def create_video_app(
 
     app = FastAPI(title="TeleFuser video service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.videos = queue
+    app.state.api_keys = keys
+    app.add_middleware(ApiKeyMiddleware, keys=keys, public=lambda path: path == "/v1/service/health")
+    app.add_middleware(ServerFaultMiddleware, logger=log)  # outermost: request ids, and a 401 gets one too
 
     @app.exception_handler(RequestError)
     async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return _error(exc.status, exc.detail)
+        return error_response(exc.status, exc.detail, headers=exc.headers)
 
     def validate(content_type: str, body: bytes) -> tuple[VideoRequest, VideoPlan]:
         parsed = parse_video_request(content_type, body, policy)
+        output = parsed.spec.output_dims
+        asked = output or (_dims(parsed.spec.resolution) if isinstance(parsed.spec.resolution, str) else None)
+        if asked is not None:  # the size asked for, before anything is planned; the generated canvas follows
+            name = "size" if "size" in parsed.fields else "resolution"
+            limit_set.check_canvas(*asked, f"'{name}' {asked[0]}x{asked[1]}")
         try:
             plan = runner.plan(parsed.spec)
         except ValueError as exc:
             raise RequestError(422, str(exc)) from None
+        if output is not None:
+            plan = dataclasses.replace(plan, output_width=output[0], output_height=output[1])
         check_plan(parsed, plan)
+        check_video_plan(limit_set, plan, runner)
         return parsed, plan
 
     def describe(request: Request, job_id: str) -> dict[str, Any]:
@@ -92,12 +116,7 @@ def create_video_app(
         if queue.stopping:
             raise RequestError(503, "the server is shutting down")
         try:
-            length = request.headers.get("content-length")
-            if length and length.isdigit() and int(length) > max_body_bytes:
-                raise RequestError(413, f"request body is {length} bytes; the limit is {max_body_bytes}")
-            body = await request.body()
-            if len(body) > max_body_bytes:
-                raise RequestError(413, f"request body is {len(body)} bytes; the limit is {max_body_bytes}")
+            body = await read_body(request, max_body_bytes)
             parsed, plan = await run_in_threadpool(validate, request.headers.get("content-type", ""), body)
         except RequestError as exc:
             metrics.inc("jobs_rejected_total", reason="invalid")
@@ -108,15 +127,18 @@ def create_video_app(
         try:
             record = await run_in_threadpool(queue.submit, job)  # writes the queued record
         except QueueFull as exc:
-            return _error(429, str(exc), retry_after=exc.retry_after_s)
+            return error_response(429, str(exc), retry_after=exc.retry_after_s)
         except ShuttingDown as exc:
             raise RequestError(503, str(exc)) from None
+        except Unstorable as exc:
+            metrics.inc("jobs_rejected_total", reason="invalid")
+            raise RequestError(422, str(exc)) from None
         # The object as submitted ("queued"), even if the worker has already picked the job up.
         return JSONResponse(VideoJob.from_record(record).to_object(record_path=str(queue.store.record_path(job.id))))
 
     @app.get("/v1/videos")
     async def list_videos(request: Request, limit: int = 20, after: str | None = None, order: str = "desc"):
-        if order not in ("asc", "desc") or not 1 <= limit <= 100:
+        if order not in ("asc", "desc") or not 1 <= limit <= 100:  # checked first: nothing is echoed back
             raise RequestError(422, "'order' must be asc or desc and 'limit' between 1 and 100")
         ids = queue.list_ids()
         ids = ids if order == "asc" else ids[::-1]
@@ -127,9 +149,14 @@ def create_video_app(
         data = []
         for job_id in ids[:limit]:
             try:
-                data.append(describe(request, job_id))
+                obj = describe(request, job_id)
+                encode_record(obj)  # one job that cannot be sent must not take the listing down with it
             except RequestError:  # deleted meanwhile
                 continue
+            except ValueError as exc:
+                log.warning("GET /v1/videos: skipping %s, whose object cannot be encoded: %s", job_id, exc)
+                continue
+            data.append(obj)
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None, "has_more": len(ids) > limit}  # fmt: skip
 
@@ -177,8 +204,12 @@ def create_video_app(
         return {
             "service": "telefuser-video",
             "model": runner.metadata,
-            "limits": {"max_queue": max_queue, "max_seconds": max_seconds, "max_steps": max_steps,
-                       "max_body_bytes": max_body_bytes, "size_multiple": policy.size_multiple, "fps": policy.fps},
+            "limits": {"max_queue": max_queue, **limit_set.values(), "size_multiple": policy.size_multiple,
+                       "fps": policy.fps},
+            "limit_sources": limit_set.sources(),
+            "sizes": {"multiple": policy.size_multiple, "off_grid": RESIZE_METHOD,
+                      "rule": "a size off the grid is generated at the grid canvas of nearest aspect, then resized"},
+            "auth": {"api_key_required": keys.enabled, "scheme": "Bearer"},
             "fields": list(FIELDS),
             "defaults": policy.defaults,
             "output_dir": str(queue.store.dir),
@@ -199,6 +230,7 @@ def create_video_app(
     return app
 
 
-def _error(status: int, detail: str, *, retry_after: int | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(retry_after if retry_after is not None else 5)} if status in (429, 503) else None
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+def _dims(size: str) -> tuple[int, int]:
+    width, height = size.lower().split("x")
+    return int(width), int(height)
+

@@ -18,7 +18,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .auth import add_auth_args, keys_from_args
 from .launch import control_group, follow_until_stopped, serve_until_stopped
+from .limits import add_canvas_limit_args
+from .video_limits import VideoLimitFlags
 from .video_runner import VideoRunner
 
 log = logging.getLogger("telefuser.serving")
@@ -47,13 +50,16 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         "serves; other torchrun ranks follow its jobs.",
     )
     g = p.add_argument_group("service")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (default) serves this machine only; see the README "
+                                                       "before exposing a service")
     g.add_argument("--port", type=int, default=8000, help="0 picks a free port (the log names it)")
     g.add_argument("--output-dir", type=Path, default=Path("outputs/videos"),
                    help="MP4s and job records; finished jobs here are served again after a restart")
     g.add_argument("--max-queue", type=int, default=16, help="jobs waiting beyond the running one; more get 429")
     g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
     g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
+    g.add_argument("--max-body-mib", type=float, default=1.0, help="largest request body")
+    add_auth_args(g)
     g.add_argument("--served-model-name", default="MiniMax-H3",
                    help="the name /v1/models lists and a request's 'model' must match (case-insensitive)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -61,6 +67,12 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     g.add_argument("--fake", action="store_true", help="serve a fake model: test pattern + tone, no weights")
     g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
+    lim = add_canvas_limit_args(p, "clip")
+    lim.add_argument("--max-frames", type=int, default=None, help="frames per clip (default: those of --max-seconds)")
+    lim.add_argument("--max-pixel-seconds", type=float, default=None,
+                     help="generated pixels x seconds (default: the model's canvas for --max-seconds)")
+    lim.add_argument("--max-job-memory-gib", type=float, default=None,
+                     help="estimated memory one job may take (default: free device memory after loading)")
     m = p.add_argument_group("model")
     m.add_argument("--config", choices=("tiny", "official"), default="tiny",
                    help="random-weight sizes without --checkpoint (tiny runs on a CPU)")
@@ -88,6 +100,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
 def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    keys_from_args(args)  # a malformed key fails now, not after the model is loaded
     runner = build_fake_runner(args) if args.fake else (builder or build_runner)(args)
     following = None
     if world > 1:
@@ -110,9 +123,14 @@ def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) ->
 def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
     from .video_app import create_video_app
 
+    limits = VideoLimitFlags(
+        max_width=args.max_width, max_height=args.max_height, max_pixels=args.max_pixels, max_frames=args.max_frames,
+        max_pixel_seconds=args.max_pixel_seconds, max_job_memory_gib=args.max_job_memory_gib,
+    )  # fmt: skip
     app = create_video_app(
         runner, output_dir=args.output_dir, max_queue=args.max_queue, max_seconds=args.max_seconds,
-        max_steps=args.max_steps, shutdown_timeout_s=args.shutdown_timeout,
+        max_steps=args.max_steps, max_body_bytes=int(args.max_body_mib * 2**20), shutdown_timeout_s=args.shutdown_timeout,
+        limits=limits, api_keys=keys_from_args(args),
     )  # fmt: skip
     serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
                         describe=f"model: {runner.model}, output: {args.output_dir}")

@@ -16,6 +16,7 @@ import numpy as np
 
 from telefuser.pipelines.minimax_h3.shapes import plan_shape  # imported now, not on the first request
 
+from .video_canvas import write_clip
 from .video_runner import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
 
 FPS = 24
@@ -37,6 +38,8 @@ class FakeVideoRunner:
         self.metadata = {
             "model": model,
             "runner": "fake (test pattern and tone, no weights)",
+            "native_size": "1344x768",  # MiniMax H3's canvas, which the fake imitates
+            "device": "cpu",
             "fps": FPS,
             "sample_rate": SAMPLE_RATE,
             "audio_channels": 2,
@@ -55,6 +58,11 @@ class FakeVideoRunner:
             raise ValueError(f"steps must be >= 2, got {spec.steps}")
         return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
 
+    def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
+        """The rendered clip (frames and two index grids) and its tone."""
+        pixels = plan.width * plan.height
+        return {"frames": plan.frames * pixels * 3 + 2 * pixels * 8, "audio": int(plan.duration_s * SAMPLE_RATE) * 8}
+
     def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
         plan = self.plan(spec)
         with self._lock:
@@ -69,18 +77,14 @@ class FakeVideoRunner:
             hooks.progress(step + 1, plan.dit_calls)
         frames, audio = render(plan, spec.seed)
         inference_s = time.perf_counter() - started
-        mux_s = 0.0
-        if output is not None:
-            from telefuser.media import write_mp4
-
-            t = time.perf_counter()
-            write_mp4(output, frames, FPS, audio, SAMPLE_RATE)
-            mux_s = time.perf_counter() - t
+        mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
+        width, height = spec.output_dims or (plan.width, plan.height)
         return RunOutcome(
             inference_time_s=inference_s, peak_memory_bytes=int(frames.nbytes + audio.nbytes),
-            peak_memory_kind="fake (bytes of the rendered clip)", frames=plan.frames, fps=FPS, width=plan.width,
-            height=plan.height, duration_s=plan.duration_s, audio_channels=2, audio_samples=int(audio.shape[1]),
+            peak_memory_kind="fake (bytes of the rendered clip)", frames=plan.frames, fps=FPS, width=width,
+            height=height, duration_s=plan.duration_s, audio_channels=2, audio_samples=int(audio.shape[1]),
             sample_rate=SAMPLE_RATE, dit_calls=plan.dit_calls, mux_s=mux_s,
+            generated_size=plan.generated_size if spec.output_dims else None,
             timings={"pipeline_s": inference_s, "dit_total_s": plan.dit_calls * self.step_delay_s},
         )  # fmt: skip
 

@@ -92,6 +92,8 @@ class FollowingRunner:
         self._following = FollowingFactory(self._adapter, group, heartbeat_s=heartbeat_s)
         self._lock = threading.Lock()
         self.model, self.metadata = runner.model, runner.metadata
+        if callable(getattr(runner, "memory_estimate", None)):  # arithmetic on rank 0 only: nothing is broadcast
+            self.memory_estimate = runner.memory_estimate
 
     @property
     def pings(self) -> int:

@@ -4,6 +4,10 @@ Layout of `output_dir`: `<id>.mp4` (the clip, once completed) and `<id>.json` (t
 metrics). Both are written to a dot-prefixed temporary name and renamed, so a reader or a crash never sees half a
 file. On start, `JobStore.load()` reads every record back; a job that was queued or in progress when the previous
 server stopped cannot be resumed (its queue and model state are gone), so it is marked failed and said why.
+
+Nothing is stored that cannot be read back: a record is encoded as strict UTF-8 JSON (no lone surrogates, no NaN)
+before it is accepted (`encode_record`), text that came from elsewhere (an exception's message) is made encodable
+first (`encodable_text`), and `load()` skips, with a warning, any record it cannot read, re-encode or describe.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .video_canvas import RESIZE_METHOD
+
 log = logging.getLogger("telefuser.serving")
 
 STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled")
@@ -29,6 +35,16 @@ JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 
 def new_job_id() -> str:
     return f"video_{uuid.uuid4().hex}"
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """Strict UTF-8 JSON of a record or video object; ValueError (UnicodeEncodeError included) when it has none."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def encodable_text(text: str) -> str:
+    """`text` with any lone surrogate spelled out as \\udXXX, so that it can be stored and sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass
@@ -67,6 +83,9 @@ class VideoJob:
     def to_object(self, *, content_url: str | None = None, record_path: str | None = None) -> dict[str, Any]:
         """The OpenAI-style video object (id, object, status, progress, ...) plus this server's extras."""
         plan = self.plan
+        generated = f"{plan['width']}x{plan['height']}"
+        resized = plan.get("output_width") is not None
+        size = f"{plan['output_width']}x{plan['output_height']}" if resized else generated
         obj: dict[str, Any] = {
             "id": self.id,
             "object": "video",
@@ -77,10 +96,12 @@ class VideoJob:
             "expires_at": None,
             "model": self.model,
             "prompt": self.prompt,
-            "size": f"{plan['width']}x{plan['height']}",
+            "size": size,
             "seconds": f"{self.spec['seconds']:g}",
             "error": self.error,
             # extras
+            "generated_size": generated,  # what the model made; differs from size when the clip was resized
+            "resize": RESIZE_METHOD if resized else None,
             "fps": plan["fps"],
             "frames": plan["frames"],
             "duration_s": plan["duration_s"],
@@ -135,13 +156,16 @@ class JobStore:
         return self.dir / f".{job_id}.partial.mp4"  # ends in .mp4: PyAV picks the container from the name
 
     def save(self, record: dict[str, Any]) -> bool:
-        """Write `record` (from `VideoJob.record()`) unless a newer revision is already on disk."""
+        """Write `record` (from `VideoJob.record()`) unless a newer revision is already on disk. A record that is not
+        strict UTF-8 JSON raises ValueError and nothing is written."""
         job_id, revision = record["id"], record["revision"]
+        text = json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        data = text.encode("utf-8")  # before the lock and the file: an unencodable record never reaches the disk
         with self._lock:
             if self._written.get(job_id, -1) >= revision:
                 return False
             tmp = self.dir / f".{job_id}.json.tmp"
-            tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            tmp.write_bytes(data)
             os.replace(tmp, self.record_path(job_id))
             self._written[job_id] = revision
         return True
@@ -171,8 +195,9 @@ class JobStore:
                 continue
             try:
                 job = VideoJob.from_record(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError) as exc:
-                log.warning("video jobs: skipping unreadable record %s: %s", path, exc)
+                encode_record(job.to_object())  # it must describe itself, and encode, before it is listed
+            except Exception as exc:  # noqa: BLE001 - any record we cannot serve is skipped, never fatal
+                log.warning("video jobs: skipping unreadable record %s: %s: %s", path, type(exc).__name__, exc)
                 continue
             if job.id != path.stem or job.status not in STATUSES:
                 log.warning("video jobs: skipping inconsistent record %s", path)

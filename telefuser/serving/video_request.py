@@ -1,9 +1,13 @@
 """Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's default) or urlencoded -> a `VideoSpec`.
 
 Form fields arrive as text, JSON fields as numbers or text; both are coerced the same way. Every failure is a
-`RequestError` (400 unreadable body, 413 too large, 415 other content type, 422 readable but invalid) whose message
-names the field and what is allowed. Whether a size or duration can actually be made is the runner's `plan()`;
-what the service is configured to allow (max seconds, the served model name) is `VideoPolicy`.
+`RequestError` (400 unreadable body, 413 too large, 415 other content type, 422 readable but invalid, text that
+is not valid Unicode included) whose message names the field and what is allowed. Whether a size or duration can
+actually be made is the runner's `plan()`; what the service is configured to allow (max seconds, the served model
+name) is `VideoPolicy`; the bounds derived from the model and the device are video_limits.py's.
+
+A `size` off the model's grid (the OpenAI SDK's 1280x720) is generated on the nearest grid canvas and resized to
+exactly the size asked for (video_canvas.py); the spec carries both.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .create_request import MAX_PROMPT_CHARS, RequestError, json_object, parse_multipart
+from .create_request import MAX_PROMPT_CHARS, parse_multipart
+from .http_errors import RequestError
+from .limits import amount
+from .request_body import json_object
+from .video_canvas import generation_canvas
 from .video_runner import VideoSpec
 
 FIELDS = (
@@ -26,7 +34,8 @@ REFUSED = {
     "image": "image input is not supported: this service is text-to-video+audio only",
 }
 MAX_SEED = 2**63 - 1
-_SIZE = re.compile(r"^\s*(\d+)\s*[xX\u00d7]\s*(\d+)\s*$")
+MIN_SIDE = 16  # of the MP4; it must also be even (H.264 4:2:0)
+_SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX\u00d7]\s*(\d{1,6})\s*$")
 
 
 @dataclass(frozen=True)
@@ -40,14 +49,17 @@ class VideoPolicy:
     max_steps: int = 1000
     guidance: bool = False  # False: the model has no classifier-free guidance (guidance_scale / negative_prompt)
     defaults: dict[str, Any] = field(default_factory=dict)  # size, seconds, steps, seed, aspect_ratio
+    max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
 
     @classmethod
-    def from_runner(cls, runner, *, max_seconds: float, max_steps: int = 1000) -> VideoPolicy:
+    def from_runner(cls, runner, *, max_seconds: float, max_steps: int = 1000,
+                    max_frames: int | None = None) -> VideoPolicy:  # fmt: skip
         meta = runner.metadata
         return cls(
             model=runner.model, max_seconds=float(max_seconds), fps=int(meta.get("fps", 24)),
             size_multiple=int(meta.get("size_multiple", 32)), max_steps=int(max_steps),
             guidance=bool(meta.get("guidance", False)), defaults=dict(meta.get("defaults", {})),
+            max_frames=max_frames,
         )  # fmt: skip
 
 
@@ -93,7 +105,8 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
             raise RequestError(422, reason)
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
-        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(FIELDS)}")
+        named = ", ".join(_short(name, 40) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise RequestError(422, f"unknown field(s) {named}; accepted: {', '.join(FIELDS)}")
     given = {k: v for k, v in raw.items() if v is not None and v != ""}  # null / an empty form field: not given
 
     prompt = given.get("prompt")
@@ -104,23 +117,27 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
 
     model = given.get("model")
     if model is not None and str(model).strip().lower() != policy.model.lower():
-        raise RequestError(422, f"model {model!r} is not served here; this server serves {policy.model!r}")
+        raise RequestError(422, f"model {_short(model)} is not served here; this server serves {policy.model!r}")
 
     _check_guidance(given, policy)
     if "fps" in given:
         fps = _number("fps", given["fps"])
         if fps != policy.fps:
-            raise RequestError(422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {given['fps']!r}")
+            raise RequestError(422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {_short(given['fps'])}")
 
-    resolution, aspect_ratio = _canvas(given, policy)
+    resolution, aspect_ratio, output_size = _canvas(given, policy)
     steps = _steps(given, policy)
     seed = _integer("seed", given.get("seed", policy.defaults.get("seed", 0)))
     if not 0 <= seed <= MAX_SEED:
-        raise RequestError(422, f"'seed' must be between 0 and {MAX_SEED}, got {seed}")
+        raise RequestError(422, f"'seed' must be between 0 and {MAX_SEED}, got {amount(seed)}")
 
     num_frames = _integer("num_frames", given["num_frames"]) if "num_frames" in given else None
     if num_frames is not None and num_frames < 1:
-        raise RequestError(422, f"'num_frames' must be a positive integer, got {num_frames}")
+        raise RequestError(422, f"'num_frames' must be a positive integer, got {amount(num_frames)}")
+    max_frames = policy.max_frames if policy.max_frames is not None else 10**9
+    if num_frames is not None and num_frames > max_frames:
+        raise RequestError(422, f"'num_frames' is {amount(num_frames)}; the limit is max_frames={max_frames:,} "
+                                "(--max-frames)")  # fmt: skip
     if "seconds" in given:
         seconds = _number("seconds", given["seconds"])
     elif num_frames is not None:
@@ -128,12 +145,12 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     else:
         seconds = float(policy.defaults.get("seconds", 5.0))
     if seconds <= 0:
-        raise RequestError(422, f"'seconds' must be positive, got {given.get('seconds')!r}")
+        raise RequestError(422, f"'seconds' must be positive, got {_short(given.get('seconds'))}")
     if seconds > policy.max_seconds:
         raise RequestError(422, f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s")
 
     spec = VideoSpec(prompt=prompt, resolution=resolution, aspect_ratio=aspect_ratio, seconds=float(seconds),
-                     steps=steps, seed=seed)  # fmt: skip
+                     steps=steps, seed=seed, output_size=output_size)  # fmt: skip
     return VideoRequest(spec=spec, model=policy.model, fields=dict(given), num_frames=num_frames)
 
 
@@ -155,19 +172,22 @@ def _check_guidance(given: dict[str, Any], policy: VideoPolicy) -> None:
         raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
 
 
-def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str]:
-    """(resolution, aspect_ratio) for the pipeline: an explicit "WxH", or a short edge with an aspect ratio."""
+def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str, str | None]:
+    """(resolution, aspect_ratio, output_size) for the pipeline: an explicit "WxH" (generated on the nearest grid
+    canvas and resized when it is off the grid), or a short edge with an aspect ratio."""
     if "size" in given and "resolution" in given:
         raise RequestError(422, "give 'size' (WxH) or 'resolution', not both")
     aspect = given.get("aspect_ratio")
     if aspect is not None and not isinstance(aspect, str):
-        raise RequestError(422, f"'aspect_ratio' must be a string such as '16:9', got {aspect!r}")
+        raise RequestError(422, f"'aspect_ratio' must be a string such as '16:9', got {_short(aspect)}")
     value = given.get("size", given.get("resolution"))
     name = "size" if "size" in given else "resolution"
     if value is None:
         value, name = policy.defaults.get("size", "1344x768"), "size"
         if aspect is not None:
             raise RequestError(422, "'aspect_ratio' needs 'resolution' (a short edge in pixels) to apply to")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720', got {_short(value)}")
     text = str(value).strip()
     match = _SIZE.match(text)
     if match:
@@ -177,16 +197,21 @@ def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str]
         width, height = int(match.group(1)), int(match.group(2))
         if width <= 0 or height <= 0:
             raise RequestError(422, f"'{name}' must be positive, got {text!r}")
-        m = policy.size_multiple
-        if width % m or height % m:
-            near = f"{max(m, round(width / m) * m)}x{max(m, round(height / m) * m)}"
-            raise RequestError(422, f"'{name}' {width}x{height} is not divisible by {m} in both dimensions "
-                                    f"(the model's VAE x patch stride); try {near}")  # fmt: skip
-        return f"{width}x{height}", str(policy.defaults.get("aspect_ratio", "16:9"))
-    if name == "size" or not text.isdigit():
+        if width < MIN_SIDE or height < MIN_SIDE or width % 2 or height % 2:
+            raise RequestError(422, f"'{name}' {width}x{height}: both sides must be even (H.264 4:2:0) and at least "
+                                    f"{MIN_SIDE}")  # fmt: skip
+        canvas = generation_canvas(width, height, policy.size_multiple)
+        output = f"{width}x{height}" if canvas != (width, height) else None
+        return f"{canvas[0]}x{canvas[1]}", str(policy.defaults.get("aspect_ratio", "16:9")), output
+    if name == "size" or not text.isdigit() or len(text) > 6:
         alternative = " or a short edge in pixels" if name == "resolution" else ""
-        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1344x768'{alternative}, got {value!r}")
-    return int(text), aspect or str(policy.defaults.get("aspect_ratio", "16:9"))
+        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720'{alternative}, got {_short(value)}")
+    return int(text), aspect or str(policy.defaults.get("aspect_ratio", "16:9")), None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _steps(given: dict[str, Any], policy: VideoPolicy) -> int:
@@ -198,26 +223,30 @@ def _steps(given: dict[str, Any], policy: VideoPolicy) -> int:
         steps = int(policy.defaults.get("steps", 50))
     name = next(iter(values), "num_inference_steps")
     if steps < 2:
-        raise RequestError(422, f"'{name}' must be at least 2 (N steps give N-1 denoising calls), got {steps}")
+        raise RequestError(422, f"'{name}' must be at least 2 (N steps give N-1 denoising calls), got {amount(steps)}")
     if steps > policy.max_steps:
-        raise RequestError(422, f"'{name}' is {steps}; this server allows at most {policy.max_steps}")
+        raise RequestError(422, f"'{name}' is {amount(steps)}; this server allows at most {policy.max_steps}")
     return steps
 
 
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool):
         raise RequestError(422, f"'{name}' must be a number, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str) and len(value) <= 64:
             number = float(value.strip())
-        except ValueError:
-            raise RequestError(422, f"'{name}' must be a number, got {value!r}") from None
-    else:
-        raise RequestError(422, f"'{name}' must be a number, got {type(value).__name__}")
+        elif isinstance(value, str):
+            raise ValueError(value)
+        else:
+            raise RequestError(422, f"'{name}' must be a number, got {type(value).__name__}")
+    except ValueError:
+        raise RequestError(422, f"'{name}' must be a number, got {_short(value)}") from None
+    except OverflowError:  # an integer past a float's range
+        raise RequestError(422, f"'{name}' must be a finite number, got {_short(value)}") from None
     if not math.isfinite(number):
-        raise RequestError(422, f"'{name}' must be a finite number, got {value!r}")
+        raise RequestError(422, f"'{name}' must be a finite number, got {_short(value)}")
     return number
 
 
@@ -225,8 +254,10 @@ def _integer(name: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        if len(value.strip()) > 30:
+            raise RequestError(422, f"'{name}' has {len(value.strip())} digits; no limit here needs more than 20")
         return int(value)  # exact, also past 2**53 (seeds)
     number = _number(name, value)
     if number != int(number):
-        raise RequestError(422, f"'{name}' must be an integer, got {value!r}")
+        raise RequestError(422, f"'{name}' must be an integer, got {_short(value)}")
     return int(number)

@@ -30,18 +30,27 @@ class VideoSpec:
     """One generation request, validated; picklable, so rank 0 can broadcast it to follower ranks."""
 
     prompt: str
-    resolution: int | str  # "WxH" (an explicit canvas) or a short edge in pixels (with aspect_ratio)
+    resolution: int | str  # the canvas to generate: "WxH" (explicit) or a short edge in pixels (with aspect_ratio)
     aspect_ratio: str
     seconds: float
     steps: int  # sigma points (MiniMax convention): steps - 1 DiT calls
     seed: int
+    output_size: str | None = None  # "WxH" to resize and crop the generated frames to (video_canvas.py); None: as made
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VideoSpec:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    @property
+    def output_dims(self) -> tuple[int, int] | None:
+        """(width, height) of output_size, or None."""
+        if self.output_size is None:
+            return None
+        width, height = self.output_size.lower().split("x")
+        return int(width), int(height)
 
 
 @dataclass(frozen=True)
@@ -54,9 +63,16 @@ class VideoPlan:
     fps: int
     duration_s: float  # frames / fps: the model snaps the requested seconds to its frame grid
     dit_calls: int
+    output_width: int | None = None  # set by the service when the clip is resized after generation
+    output_height: int | None = None
 
     @property
     def size(self) -> str:
+        """What the client gets: the output size when resized, else the generated canvas."""
+        return f"{self.output_width or self.width}x{self.output_height or self.height}"
+
+    @property
+    def generated_size(self) -> str:
         return f"{self.width}x{self.height}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -70,7 +86,7 @@ class RunOutcome:
     peak_memory_kind: str  # "cuda_max_memory_allocated" or "process_peak_rss" (see profiling.timing.peak_memory)
     frames: int
     fps: int
-    width: int
+    width: int  # of the MP4 (after any resize)
     height: int
     duration_s: float
     audio_channels: int
@@ -78,7 +94,8 @@ class RunOutcome:
     sample_rate: int
     dit_calls: int
     dit_calls_skipped: int = 0
-    mux_s: float = 0.0
+    mux_s: float = 0.0  # resize (when asked) and MP4 muxing
+    generated_size: str | None = None  # "WxH" the model made, when it differs from width x height
     timings: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)  # the pipeline's own metrics() where it has them
 
@@ -107,6 +124,10 @@ class VideoRunner(Protocol):
     def plan(self, spec: VideoSpec) -> VideoPlan:
         """Validate and size a request; ValueError with a user-facing message when it cannot be made."""
         ...
+
+    # Optional: `memory_estimate(plan) -> {term: bytes}` (latents, activations, decode...) beyond the weights; with it
+    # the service refuses jobs that cannot fit the device (video_limits.py). Optional metadata: "native_size" (the
+    # canvas the model was trained at, "WxH"), "device".
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome: ...
 

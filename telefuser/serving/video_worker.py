@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .video_jobs import FINISHED, JobStore, VideoJob
+from .video_jobs import FINISHED, JobStore, VideoJob, encodable_text, encode_record
 from .video_metrics import VideoMetrics
 from .video_runner import JobCancelled, RunHooks, VideoRunner, VideoSpec
 
@@ -32,6 +32,10 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     pass
+
+
+class Unstorable(ValueError):
+    """A job whose record is not strict UTF-8 JSON: refused before it is queued or written."""
 
 
 class VideoQueue:
@@ -61,7 +65,7 @@ class VideoQueue:
             self._pending.clear()
             self._cond.notify_all()
         for record in records:
-            self.store.save(record)
+            self._persist(record)
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -70,6 +74,10 @@ class VideoQueue:
 
     # -- requests from the app ----------------------------------------------------------------------------------
     def submit(self, job: VideoJob) -> dict[str, Any]:
+        try:
+            encode_record(job.record())  # what cannot be stored and read back is never queued
+        except ValueError as exc:
+            raise Unstorable(f"the request cannot be stored as UTF-8 JSON: {exc}") from None
         with self._cond:
             if self.stopping:
                 self.metrics.inc("jobs_rejected_total", reason="shutting_down")
@@ -85,7 +93,7 @@ class VideoQueue:
             record = job.record()
             self.metrics.inc("jobs_submitted_total")
             self._cond.notify_all()
-        self.store.save(record)
+        self._persist(record)
         return record
 
     def describe(self, job_id: str, **kw: Any) -> dict[str, Any] | None:
@@ -116,7 +124,7 @@ class VideoQueue:
             if job.status == "queued":
                 self._pending.remove(job)
             record = self._cancel_locked(job, reason)
-        self.store.save(record)
+        self._persist(record)
         return "cancelled"
 
     def delete(self, job_id: str) -> bool:
@@ -163,10 +171,10 @@ class VideoQueue:
                 job.status, job.started_at = "in_progress", time.time()
                 job.touch()
                 record = job.record()
-            self.store.save(record)
+            self._persist(record)
             try:
                 self._execute(job)
-            except Exception:  # noqa: BLE001 - the worker must survive anything; _execute already recorded it
+            except Exception:  # the worker must survive anything; _execute already recorded it
                 log.exception("video worker: unexpected error around job %s", job.id)
             finally:
                 with self._cond:
@@ -184,9 +192,9 @@ class VideoQueue:
                 self.store.publish_video(job.id)
         except JobCancelled as exc:
             stopped_at = exc.step
-        except Exception as exc:  # noqa: BLE001 - any model error becomes the job's error, told to the client
+        except Exception as exc:  # any model error becomes the job's error, told to the client
             log.exception("video job %s failed", job.id)
-            error = {"code": "generation_failed", "message": f"{type(exc).__name__}: {exc}"}
+            error = {"code": "generation_failed", "message": encodable_text(f"{type(exc).__name__}: {exc}")}
         finally:
             self.store.discard_partial(job.id)
         with self._cond:
@@ -211,7 +219,15 @@ class VideoQueue:
             record = job.record()
         if discard:
             self.store.video_path(job.id).unlink(missing_ok=True)
-        self.store.save(record)
+        self._persist(record)
+
+    def _persist(self, record: dict[str, Any]) -> None:
+        """Write a record from the worker or a cancel; a failed write (a full disk) is logged, never fatal to the
+        worker: the job's state in memory stays right and the next write retries with a newer revision."""
+        try:
+            self.store.save(record)
+        except Exception:
+            log.exception("video jobs: could not write the record of %s", record.get("id"))
 
     def _progress(self, job: VideoJob, done: int, total: int) -> None:
         percent = min(99, int(100 * done / max(1, total)))  # 100 only once the file is in place

@@ -24,12 +24,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from telefuser.media import probe_media
+from telefuser.pipelines.minimax_h3.shapes import align_frame_count
 from telefuser.serving.video_app import create_video_app
 from telefuser.serving.video_fake import FakeVideoRunner
 from telefuser.serving.video_jobs import JobStore, VideoJob, new_job_id
 from telefuser.serving.video_runner import JobCancelled, RunHooks, VideoSpec
 
 REPO = Path(__file__).resolve().parents[2]
+SHORT = align_frame_count(round(0.2 * 24))  # the frames the model makes for a 0.2 s request (its grid snaps up)
 TINY = {"prompt": "a red fox in snow", "model": "MiniMax-H3", "size": "64x32", "seconds": "0.2",
         "num_inference_steps": "3", "seed": "7"}  # fmt: skip
 
@@ -125,7 +127,7 @@ def test_multipart_as_aiperf_sends_it_completes_with_video_and_audio(tiny_runner
         assert done["status"] == "completed", done
         assert done["progress"] == 100 and done["error"] is None and done["completed_at"] >= done["created_at"]
         assert done["inference_time_s"] > 0 and done["peak_memory_mb"] > 0
-        assert done["dit_calls"] == 2 and done["frames"] == 5 and done["duration_s"] == pytest.approx(5 / 24)
+        assert done["dit_calls"] == 2 and done["frames"] == SHORT and done["duration_s"] == pytest.approx(SHORT / 24)
         assert done["url"].endswith(f"/v1/videos/{created['id']}/content")
         assert Path(done["metrics"]).is_file()
 
@@ -134,7 +136,7 @@ def test_multipart_as_aiperf_sends_it_completes_with_video_and_audio(tiny_runner
     clip = tmp_path / "downloaded.mp4"
     clip.write_bytes(content.content)
     info = probe_media(clip)
-    assert (info.video_codec, info.video_frames, info.width, info.height) == ("h264", 5, 64, 32)
+    assert (info.video_codec, info.video_frames, info.width, info.height) == ("h264", SHORT, 64, 32)
     assert info.has_audio and info.audio_codec == "aac" and info.sample_rate == 32_000 and info.channels == 2
     assert (tmp_path / f"{created['id']}.mp4").read_bytes() == content.content
 
@@ -155,6 +157,26 @@ def test_json_submission_with_a_short_edge_and_aspect_ratio(tiny_runner, tmp_pat
         done = poll(client, r.json()["id"])
         assert done["status"] == "completed" and done["frames"] == 22
         assert done["audio"] == {"channels": 2, "sample_rate": 32_000, "samples": done["audio"]["samples"]}
+
+
+def test_a_size_off_the_grid_is_generated_on_it_and_resized_by_the_real_model(tiny_runner, tmp_path):
+    app = create_video_app(tiny_runner, output_dir=tmp_path)
+    with TestClient(app) as client:
+        r = client.post("/v1/videos", json={"prompt": "a kite over dunes", "size": "96x54", "seconds": 0.2})
+        assert r.status_code == 200, r.text
+        created = r.json()
+        assert created["size"] == "96x54" and created["generated_size"] == "128x64" and created["resize"]
+        done = poll(client, created["id"])
+        assert done["status"] == "completed", done
+        content = client.get(f"/v1/videos/{created['id']}/content").content
+    clip = tmp_path / "resized.mp4"
+    clip.write_bytes(content)
+    info = probe_media(clip)
+    assert (info.width, info.height, info.video_frames) == (96, 54, SHORT)
+    record = json.loads((tmp_path / f"{created['id']}.json").read_text())
+    assert record["spec"]["resolution"] == "128x64" and record["spec"]["output_size"] == "96x54"
+    assert (record["result"]["width"], record["result"]["height"]) == (96, 54)
+    assert record["result"]["generated_size"] == "128x64"
 
 
 def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny_runner, tmp_path):
@@ -314,8 +336,13 @@ BAD = [
     ({}, 422, "'prompt' is required"),
     ({"prompt": "   "}, 422, "'prompt' is required"),
     ({"prompt": "p", "size": "big"}, 422, "'size' must be WIDTHxHEIGHT"),
-    ({"prompt": "p", "size": "1280x720"}, 422, "not divisible by 32 in both dimensions (the model's VAE x patch "
-                                               "stride); try 1280x704"),
+    ({"prompt": "p", "size": "1281x720"}, 422, "both sides must be even (H.264 4:2:0)"),
+    ({"prompt": "p", "size": "8x8"}, 422, "at least 16"),
+    ({"prompt": "p", "size": "32000x32000"}, 422, ("'size' 32000x32000 is 32000 pixels wide; the limit is "
+                                                   "max_width=2,688 (--max-width; model: 2 x the long edge of its "
+                                                   "1344x768 canvas)")),
+    ({"prompt": "p", "size": "2688x2688"}, 422, "has 7,225,344 pixels (2688x2688); the limit is max_pixels=4,128,768"),
+    ({"prompt": "p", "size": "1344x768", "seconds": 2, "num_frames": 10**6}, 422, "the limit is max_frames="),
     ({"prompt": "p", "size": "0x64"}, 422, "must be positive"),
     ({"prompt": "p", "seconds": 0}, 422, "'seconds' must be positive"),
     ({"prompt": "p", "seconds": "-1"}, 422, "'seconds' must be positive"),
