@@ -378,10 +378,10 @@ void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t*
       g_memop_batch_mode.store(1);
       return;
     }
-    if (g_memop_batch_mode.load() == 1 || res != CUDA_ERROR_NOT_SUPPORTED) {
+    if (g_memop_batch_mode.load() == 1) {  // it worked before: a real error
       check_cu(res, "cuStreamBatchMemOp(" + std::to_string(ops.size()) + " handshake operations)");
     }
-    g_memop_batch_mode.store(0);  // this driver takes memops one call each
+    g_memop_batch_mode.store(0);  // refused from the start: this driver takes memops one call each
   }
   for (std::size_t i = 0; i < count; ++i) {
     write_value(s, write_addresses[i], value, bits, "publish to peer " + std::to_string(peers[i]) + " at " + hex(write_addresses[i]));
