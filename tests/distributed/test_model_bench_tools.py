@@ -126,11 +126,11 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
     command = [sys.executable, str(REPO / "tools/bench/lingbot_world_bench.py"), "vs-diffusers", "--config", "tiny",
                "--device", "cpu", "--resolution", "64x48", "--frames", "2", "--iters", "1", "--compile-backend",
                "eager", "--output", str(output)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(output.read_text())
     best = "diffusers best (native SDPA, compile_repeated_blocks (eager backend))"  # cuDNN attention on a GPU
-    assert result["diffusers_best"] == best
+    assert result["diffusers_best"] == best and result["diffusers_best_errors"] == {}
     assert [row["implementation"] for row in result["rows"]] == [
         "telefuser (cuDNN SDPA first)", "telefuser, eager elementwise chains", "diffusers (torch default SDPA order)",
         best]

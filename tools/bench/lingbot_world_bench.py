@@ -390,7 +390,7 @@ def vs_diffusers_mode(args, runner) -> dict:
     device_name = torch.cuda.get_device_name() if runner.on_gpu else "cpu"
     # a window as long as the longest chunk, no sink: an empty session attends within the chunk, so queries = keys
     base = replace(dit_config(args), local_attn_size=max(args.frames), sink_size=0)
-    results = []
+    results, best_errors = [], {}
     diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
     best_label, best_model = diffusers_best(diffusers_model, runner, args.compile_backend)
     ours = build_random_lingbot_dit(base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
@@ -428,9 +428,15 @@ def vs_diffusers_mode(args, runner) -> dict:
                     return run_diffusers(diffusers_model)
             variants["diffusers (cuDNN SDPA first)"] = (diffusers_cudnn, diffusers_cudnn, "sdpa")
         variants[best_label] = (lambda: run_diffusers(best_model), lambda: run_diffusers(diffusers_model), "sdpa")
-        measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
         tokens = frames * tokens_per_frame
         with torch.inference_mode():
+            try:
+                variants[best_label][0]()  # warm-up and compilation: a failure is reported, the other rows still run
+            except Exception as exc:  # noqa: BLE001 - any compile or backend error: named in the output and JSON
+                best_errors[frames] = f"{type(exc).__name__}: {exc}"
+                runner.say(f"{best_label} failed at {frames} latent frames and is left out: {best_errors[frames]}")
+                del variants[best_label]
+            measured = {name: {"seconds": [], "peak_gib": None} for name in variants}
             for name, (fn, eager_twin, attn_impl) in variants.items():
                 fn()  # warm-up (and compilation)
                 set_fusion(False)  # count in eager mode: the dispatch mode and compiled kernels do not mix
@@ -474,7 +480,8 @@ def vs_diffusers_mode(args, runner) -> dict:
                    f"{fraction(row['of_datasheet_bf16_dense']):>16s} | {row['seconds'] / ref['seconds']:.2f}x")
     return {"mode": "vs-diffusers", "config": args.config, "layers": base.num_layers,
             "resolution": f"{width}x{height}", "device": device_name,
-            "weights": "random (no checkpoint)", "diffusers_best": best_label, "rows": results}
+            "weights": "random (no checkpoint)", "diffusers_best": best_label,
+            "diffusers_best_errors": {str(k): v for k, v in best_errors.items()}, "rows": results}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
