@@ -65,6 +65,10 @@ class CudaIpcMapping:
             raise CopyEngineSetupError(f"CUDA IPC export failed: {agreed}")
 
         def open_all() -> list[int]:
+            with torch.cuda.device(self.device):  # the mappings are made on the current device
+                return open_on_device()
+
+        def open_on_device() -> list[int]:
             pointers: list[int] = []
             try:
                 for p, (_, h) in enumerate(entries):

@@ -112,7 +112,9 @@ class CudaPrimitives:
         self.device = device
         self._caller_stream = _raw_stream_getter(device)
         # One raw event, re-recorded per call: a stream wait captures the record that precedes it.
-        self._ready_event = int(ops.event_create())
+        self._ready_event = int(
+            ops.event_create(device.index if device.index is not None else torch.cuda.current_device())
+        )
         self._copy_stream: torch.cuda.Stream | None = None
         self._copy_stream_handle = 0
 
