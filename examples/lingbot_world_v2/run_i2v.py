@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.media import write_mp4
 from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
+from telefuser.ops.fp8 import QUANTIZATIONS
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
     ControlTrace,
@@ -75,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="DiT and text encoder dtype; default bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--vae-dtype", choices=list(DTYPES), default="float32",
                    help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)")
     p.add_argument("--warmup", action="store_true",
                    help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm")
     p.add_argument("--output", type=Path, default=Path("outputs/lingbot_world_v2/i2v.mp4"))
@@ -108,7 +111,7 @@ def main(argv=None) -> None:
 
     pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, dit=args.dit, device=device,
                                   dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
-                                  vae_dtype=DTYPES[args.vae_dtype])
+                                  vae_dtype=DTYPES[args.vae_dtype], quantization=args.quantization)
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)
@@ -149,6 +152,7 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
             "vae_dtype": args.vae_dtype,
+            "quantization": args.quantization,
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",
             "dit": args.dit,

@@ -57,7 +57,7 @@ def test_defaults_are_the_v2_architecture():
     assert rope_axis_pairs(c.head_dim) == (22, 21, 21)
 
 
-def test_from_json_reads_the_official_keys_and_refuses_diffusers(tmp_path, config):
+def test_from_json_reads_the_official_keys_and_refuses_an_incomplete_config(tmp_path, config):
     official = {"_class_name": "WanModelFast", "_diffusers_version": "0.35.1", "model_type": "i2v",
                 "patch_size": [1, 2, 2], "text_len": 512, "in_dim": 36, "dim": 5120, "ffn_dim": 13824,
                 "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 40, "num_layers": 40,

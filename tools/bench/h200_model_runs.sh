@@ -49,7 +49,7 @@ for s in "$@"; do
     stream_shutdown) step stream_shutdown 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_stream_shutdown_cuda.py ;;
     minimax_e2e) step minimax_e2e 420 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 0.2 --resolution 256 --steps 3 --no-progress --output "$OUT/minimax_e2e/h3.mp4" ;;
     lingbot_ce) step lingbot_ce 300 $TORCHRUN2 tools/bench/lingbot_world_bench.py session --layers 8 --ulysses 2 --chunks 3 --output "$OUT/lingbot_ce_u2.json" ;;
-    diffusers) step diffusers 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
+    diffusers) step diffusers 600 $PY tools/bench/lingbot_world_bench.py vs-diffusers --output "$OUT/lingbot_vs_diffusers.json" ;;
     diffusers_profile) step diffusers_profile 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 1 --profile --output "$OUT/lingbot_vs_diffusers_profile.json" ;;
     e2e) step e2e 480 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress --output "$OUT/lingbot_e2e/session.mp4" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;

@@ -9,13 +9,15 @@ models, so the variants differ only in what they name:
 * ``recompute``: the DiT as it ran before the chunk-reuse change: every forward recomputes the camera's share of
   every block, and the KV commit is a full forward whose prediction is dropped;
 * ``reuse``: the camera modulation once per chunk and the lean commit (`camera_modulation`, `commit_chunk`);
-* ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16.
+* ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16;
+* ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`).
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
 chunk 0 over the steady mean (the service warms up the same way). Quality: the variants that share the fp32 VAE must
 give bit-identical latents and frames (the reuse is the same arithmetic); the bf16 VAE is compared with the fp32
-one by the PSNR of decoding the same latents and by the relative error of the condition latents.
+one by the PSNR of decoding the same latents and by the relative error of the condition latents. FP8's quality gate
+is its session against ``reuse`` (the same inputs and seed): the latents' relative L2 and cosine, the frames' PSNR.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
 CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
-VARIANTS = ("recompute", "reuse", "reuse+bf16-vae")
+VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "fp8")
 
 
 class RecomputingDiT:
@@ -66,6 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--num-frames", type=int, default=77)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sessions (a CPU smoke run)")
     p.add_argument("--output", type=Path, default=None, help="JSON with every session's measurements")
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -86,9 +89,15 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], WanVideoVAE, 
         return WorldSessionPipeline(dit, base.prompt_encoder, vae, device=device, dit_dtype=dtype,
                                     camera_factory=base.camera_factory, weights=base.weights)
 
-    made = {"recompute": pipeline(RecomputingDiT(base.dit), vae32), "reuse": pipeline(base.dit, vae32),
-            "reuse+bf16-vae": pipeline(base.dit, vae16)}
-    return {name: made[name] for name in args.variants}, vae32, vae16
+    made = {"recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32), "reuse": lambda: pipeline(base.dit, vae32),
+            "reuse+bf16-vae": lambda: pipeline(base.dit, vae16), "fp8": lambda: pipeline(fp8_copy(base.dit), vae32)}
+    return {name: made[name]() for name in args.variants}, vae32, vae16
+
+
+def fp8_copy(dit):
+    quantized = copy.deepcopy(dit)
+    quantized.quantize("fp8")
+    return quantized
 
 
 def run_session(pipe, args, trace, image) -> dict:
@@ -109,6 +118,13 @@ def run_session(pipe, args, trace, image) -> dict:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def fp8_gate(fp8: dict, bf16: dict) -> dict:
+    a, b = fp8["latents"].double().flatten(), bf16["latents"].double().flatten()
+    return {"latents_relative_l2": ((a - b).norm() / b.norm()).item(),
+            "latents_cosine": torch.nn.functional.cosine_similarity(a, b, dim=0).item(),
+            "frames_psnr_db": psnr(fp8["frames"], bf16["frames"])}
 
 
 def vae_quality(vae32: WanVideoVAE, vae16: WanVideoVAE, latents: torch.Tensor, image) -> dict:
@@ -138,7 +154,7 @@ def main(argv=None) -> int:
     variants, vae32, vae16 = build_variants(args)
     weights = next(iter(variants.values())).weights["summary"]
     print(f"built the pipeline in {time.perf_counter() - start:.1f} s; weights: {weights} (timings only)", flush=True)
-    for name, pipe in variants.items():
+    for name, pipe in variants.items() if not args.no_warmup else ():
         seconds = pipe.warm_up(resolution=args.resolution)
         print(f"warm-up {name}: {seconds:.1f} s", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name in variants}
@@ -164,8 +180,8 @@ def main(argv=None) -> int:
                   for p in results[0]["summary"]["phase_mean_seconds"]}
         baseline = first_with_vae[name.endswith("bf16-vae")]
         other = runs[baseline][0]
-        exact = None if baseline == name else bool(torch.equal(results[0]["latents"], other["latents"])
-                                                   and np.array_equal(results[0]["frames"], other["frames"]))
+        exact = None if baseline == name or name == "fp8" else bool(
+            torch.equal(results[0]["latents"], other["latents"]) and np.array_equal(results[0]["frames"], other["frames"]))
         rows.append((name, statistics.median(fps), statistics.fmean(chunk), phases, statistics.fmean(first), exact))
         report["variants"][name] = {"steady_fps": fps, "chunk_mean_s": chunk, "first_chunk_s": first,
                                     "phase_mean_s": phases, "same_latents_and_frames_as_first_variant": exact,
@@ -182,6 +198,11 @@ def main(argv=None) -> int:
         report["vae_bf16_quality"] = quality
         print(f"\nbf16 VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; condition "
               f"latents relative error {quality['condition_relative_error']:.2e}")
+    if "fp8" in runs and "reuse" in runs:
+        gate = fp8_gate(runs["fp8"][0], runs["reuse"][0])
+        report["fp8_quality"] = gate
+        print(f"fp8 against bf16 over a session: latents relative L2 {gate['latents_relative_l2']:.3e}, cosine "
+              f"{gate['latents_cosine']:.5f}; frames PSNR {gate['frames_psnr_db']:.1f} dB")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(report, indent=2) + "\n")

@@ -24,6 +24,7 @@ from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import attention
+from ...ops.fp8 import linear_dtype
 from ...profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
 from .kv_cache import LingBotSession, WindowPlan
 from .norms import RMSNorm
@@ -44,7 +45,7 @@ class ChunkContext:
 
 
 def run_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return layer(x.to(layer.weight.dtype))
+    return layer(x.to(linear_dtype(layer)))
 
 
 class _ProjectedAttention(nn.Module):

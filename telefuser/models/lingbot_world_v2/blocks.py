@@ -20,6 +20,7 @@ from torch import nn
 
 from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, run_linear
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
+from ...ops.fp8 import linear_dtype
 from ...ops.fusion import cuda_fused
 from .norms import FP32LayerNorm, layer_norm_modulate, layer_norm_to
 
@@ -76,7 +77,7 @@ class LingBotBlock(nn.Module):
         With `kv_only` the block commits its K/V and returns None: nothing after the window is needed."""
         mod = (self.modulation.float() + t_mod).unsqueeze(1)  # [B, 1, 6, dim]: the same for every row
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(2)
-        dtype = self.ffn[0].weight.dtype  # the linears' dtype; the residual stream stays fp32
+        dtype = linear_dtype(self.ffn[0])  # the linears' dtype; the residual stream stays fp32
         y = self.self_attn(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx,
                            kv_only=kv_only)
         if y is None:

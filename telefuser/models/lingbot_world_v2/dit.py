@@ -24,6 +24,7 @@ from torch import nn
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...ops.attention import check_attention_impl
+from ...ops.fp8 import linear_dtype, quantize_linears
 from ..ulysses_owner import UlyssesOwner
 from .attention import ChunkContext, run_linear
 from .blocks import LingBotBlock, LingBotHead
@@ -71,6 +72,24 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
 
+    # -- quantization ---------------------------------------------------------------------------------------------
+    # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (its text K/V are computed
+    # once per session) and the FFN. The camera, modulation, embeddings and head stay in their dtype.
+    FP8_LINEARS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
+                   "ffn.0", "ffn.2")
+
+    def quantize(self, quantization: str) -> list[str]:
+        """Apply ``"fp8"`` (see ops.fp8) to every block's FP8_LINEARS, in place, or nothing for ``"none"``; returns
+        the names quantized. Call it on a loaded model, before sessions are made."""
+        if quantization == "none":
+            return []
+        if quantization != "fp8":
+            raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
+        names = quantize_linears(self, lambda name, _: name.startswith("blocks.")
+                                 and name.split(".", 2)[2] in self.FP8_LINEARS)
+        self.weights_source += ", fp8 GEMMs"
+        return names
+
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "LingBotWorldV2DiT":
         """Ulysses over `mesh.ulysses_group` with one communicator for all blocks. Sessions made before this call
@@ -84,7 +103,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return self.blocks[0].self_attn.q.weight.dtype
+        return linear_dtype(self.blocks[0].self_attn.q)
 
     # -- sessions -------------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ...ops.fp8 import QUANTIZATIONS
 from .camera_control import CameraFactory, lingbot_camera, no_camera
 from .session import WorldSessionPipeline
 from .text_encoder import (
@@ -63,22 +64,29 @@ def build_lingbot_pipeline(
     camera_factory: CameraFactory | None = None,
     condition_encoding: str = "per_chunk",
     vae_dtype: torch.dtype = torch.float32,
+    quantization: str = "none",
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`; `dit` "toy" is the stand-in.
 
     `dtype` is the DiT's and text encoder's; `vae_dtype` the VAE's, for the condition encode and the decode (float32
     by default, as the reference runs it; bfloat16 is about 1.5x faster on an H200, see docs/perf).
     `camera_factory` defaults to the model package's camera features for the LingBot DiT, none for the toy.
+    `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
     """
     device = torch.device(device)
     if dit not in DIT_KINDS:
         raise ValueError(f"dit must be one of {DIT_KINDS}, got {dit!r}")
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
+    if quantization not in QUANTIZATIONS or (quantization != "none" and dit != "lingbot"):
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (anything but 'none' needs the LingBot DiT), "
+                         f"got {quantization!r} with dit {dit!r}")
     paths = resolve_checkpoint(checkpoint) if checkpoint is not None else None  # fail before reading weights
     size = "official" if paths is not None else config
     model, text_dim, text_len = _build_dit(dit, size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed,
                                            attn_impl=attn_impl)
+    if quantization != "none":
+        model.quantize(quantization)
     if paths is not None:
         vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
         tokenizer = load_tokenizer(paths["tokenizer"])

@@ -1,0 +1,40 @@
+"""tools/bench/lingbot_session_ab.py on CPU with the tiny model: every variant runs, the reuse path is bit-identical
+to the recomputing one, and the bf16 VAE and FP8 reports are filled in."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "lingbot_session_ab.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("lingbot_session_ab", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_side_by_side_on_the_tiny_model(bench, tmp_path, capsys):
+    out = tmp_path / "ab.json"
+    rc = bench.main(["--config", "tiny", "--device", "cpu", "--resolution", "32x32", "--num-frames", "29",
+                     "--rounds", "1", "--no-warmup", "--output", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    report = json.loads(out.read_text())
+    assert list(report["variants"]) == list(bench.VARIANTS)
+    assert report["variants"]["reuse"]["same_latents_and_frames_as_first_variant"] is True
+    assert report["variants"]["recompute"]["same_latents_and_frames_as_first_variant"] is None
+    assert report["vae_bf16_quality"]["decode_psnr_db"] > 30
+    assert 0 < report["fp8_quality"]["latents_relative_l2"] < 0.5 and report["fp8_quality"]["latents_cosine"] > 0.9
+    assert "| reuse | " in printed and "fp8 against bf16 over a session" in printed
+
+
+def test_an_unknown_variant_is_refused(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "reuse,turbo"])
