@@ -1,13 +1,16 @@
-"""Assemble a `WorldSessionPipeline` from the official checkpoint layout or from random weights.
+"""Assemble a `WorldSessionPipeline` from a checkpoint folder or from random weights.
 
-Checkpoint layout (``--checkpoint DIR``; the Wan2.2-I2V-A14B assets beside the LingBot DiT)::
+Original layout (``--checkpoint DIR``; the Wan2.2-I2V-A14B assets beside the LingBot DiT)::
 
     DIR/Wan2.1_VAE.pth                       Wan 2.1 VAE         -> diffusers AutoencoderKLWan (key map: diffusers)
     DIR/models_t5_umt5-xxl-enc-bf16.pth      umT5-XXL encoder    -> transformers UMT5EncoderModel (key map: ours)
     DIR/google/umt5-xxl/                     tokenizer files     -> AutoTokenizer (local files only)
     DIR/transformers/  (or DIR itself)       LingBot DiT shards  -> telefuser.models.lingbot_world_v2
 
-Every file is checked before any weight is read, so a wrong folder fails at once with the list of what is missing.
+Diffusers layout (DIR/model_index.json): ``vae/`` (AutoencoderKLWan), ``text_encoder/`` (UMT5EncoderModel),
+``tokenizer/`` and ``transformer/`` (the DiT in either tensor naming), each read with its library's loader.
+
+Every path is checked before any weight is read, so a wrong folder fails at once with the list of what is missing.
 The LingBot DiT package is imported inside the functions: this package imports (and its tests run) without it.
 """
 
@@ -27,6 +30,7 @@ from .text_encoder import (
     PromptEncoder,
     build_umt5_encoder,
     load_official_umt5,
+    load_pretrained_umt5,
     load_tokenizer,
     tiny_umt5_config,
 )
@@ -37,18 +41,29 @@ RANDOM = "random (no checkpoint)"
 VAE_FILE = "Wan2.1_VAE.pth"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 DIT_SUBDIR = "transformers"
+DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
 DIT_KINDS = ("lingbot", "toy")
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
+    """{vae, text_encoder, tokenizer, dit} paths of a checkpoint folder in either layout (see the module docstring);
+    FileNotFoundError naming every missing one."""
     root = Path(checkpoint)
-    paths = {"vae": root / VAE_FILE, "text_encoder": root / T5_FILE, "tokenizer": root / TOKENIZER_SUBDIR,
-             "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root}
-    missing = [str(p) for key, p in paths.items() if key != "dit" and not p.exists()]
+    if is_diffusers_layout(root):
+        paths = {part: root / sub for part, sub in DIFFUSERS_SUBDIRS.items()}
+        missing = [str(p) for p in paths.values() if not p.is_dir()]
+    else:
+        paths = {"vae": root / VAE_FILE, "text_encoder": root / T5_FILE, "tokenizer": root / TOKENIZER_SUBDIR,
+                 "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root}
+        missing = [str(p) for key, p in paths.items() if key != "dit" and not p.exists()]
     if missing:
         raise FileNotFoundError(f"{root} is not a LingBot-World v2 checkpoint folder; missing: {', '.join(missing)}")
     return paths
+
+
+def is_diffusers_layout(root: Path) -> bool:
+    return (root / "model_index.json").is_file()
 
 
 def build_lingbot_pipeline(
@@ -87,10 +102,15 @@ def build_lingbot_pipeline(
                                            attn_impl=attn_impl)
     if quantization != "none":
         model.quantize(quantization)
-    if paths is not None:
+    if paths is not None and is_diffusers_layout(Path(checkpoint)):
+        vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
+        tokenizer = load_tokenizer(paths["tokenizer"])
+        encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype)
+    elif paths is not None:
         vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
         tokenizer = load_tokenizer(paths["tokenizer"])
         encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
+    if paths is not None:
         weights = {"summary": str(checkpoint), "dit": getattr(model, "weights_source", str(paths["dit"])),
                    "text_encoder": str(paths["text_encoder"]), "tokenizer": tokenizer.description,
                    "vae": vae.description}

@@ -188,6 +188,17 @@ def load_official_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, 
     return model.eval().requires_grad_(False)
 
 
+def load_pretrained_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16):
+    """A transformers-format ``text_encoder/`` folder -> `UMT5EncoderModel` on `device` (local files only)."""
+    from transformers import UMT5EncoderModel
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no umT5 encoder at {path}: config.json is missing")
+    model = UMT5EncoderModel.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    return model.to(device=device).eval().requires_grad_(False)
+
+
 class PromptEncoder:
     """Tokenizer + umT5 encoder: prompt -> ``[1, text_len, d_model]`` (real rows, then zeros)."""
 

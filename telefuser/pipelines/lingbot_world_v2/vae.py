@@ -126,6 +126,17 @@ class WanVideoVAE:
         return cls(_place(model, device, dtype), description=f"random (no checkpoint), {size} Wan 2.1 VAE")
 
     @classmethod
+    def from_pretrained(cls, path: str | Path, *, device="cpu", dtype=torch.float32) -> WanVideoVAE:
+        """A diffusers-format ``vae/`` folder (config.json + safetensors) through `AutoencoderKLWan.from_pretrained`."""
+        from diffusers import AutoencoderKLWan
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no diffusers VAE at {path}: config.json is missing")
+        model = AutoencoderKLWan.from_pretrained(str(path), torch_dtype=dtype, local_files_only=True)
+        return cls(model.to(device=device), description=f"{path} (Wan 2.1 VAE, diffusers format)")
+
+    @classmethod
     def from_official(cls, path: str | Path, *, device="cpu", dtype=torch.float32) -> WanVideoVAE:
         """Load ``Wan2.1_VAE.pth`` (Wan's state dict) into ``AutoencoderKLWan``."""
         from diffusers import AutoencoderKLWan
