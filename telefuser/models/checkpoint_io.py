@@ -5,6 +5,11 @@ every tensor name to its shard (`locate_keys`), checks the names against the mod
 tensors into the model one at a time (`load_shards`) or draws random ones (`fill_random`), and finally checks that
 nothing is left on meta and freezes the model for inference (`finish_loading`).
 
+A loader whose model tensors are not one checkpoint tensor each (renamed, split, merged, or only a tensor-parallel
+slice of one) opens the shards as a `ShardedCheckpoint`, which reads a tensor or just a slice of it
+(``safe_open(...).get_slice``: under TP a rank reads only its rows or columns), and fills the model with
+`load_tensors`, which asks the loader for each model tensor by name.
+
 Each helper raises the error class it is given, so a model package keeps its own ``CheckpointError``; model
 specifics (tensor layouts, TP slicing, extra checks, buffers recomputed from the config) stay in the model's loader.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -25,6 +31,8 @@ RANDOM_WEIGHTS = "random (no checkpoint)"
 DtypeFor = Callable[[str], torch.dtype]  # tensor name -> the dtype it is stored in on the device
 Prepare = Callable[[str, torch.Tensor], torch.Tensor]  # (name, tensor as read) -> tensor in the model's layout
 Draw = Callable[[str, torch.Tensor, torch.Generator], torch.Tensor]  # (name, meta parameter, generator) -> values
+Index = tuple[slice, ...]  # which part of a checkpoint tensor to read: one slice per leading dimension
+Produce = Callable[[str], torch.Tensor]  # model tensor name -> its values, read from the checkpoint
 
 
 def few(names: Iterable[str], n: int = 5) -> str:
@@ -60,6 +68,60 @@ def locate_keys(shards: Iterable[Path]) -> dict[str, Path]:
         with safe_open(str(shard), framework="pt") as f:
             found.update({key: shard for key in f.keys()})
     return found
+
+
+class ShardedCheckpoint:
+    """The tensors of a set of safetensors shards by name. Headers are read up front; a shard is opened (memory
+    mapped) the first time one of its tensors is read and stays open until `close()`. `read` copies only the part
+    of a tensor it is asked for, and `bytes_read` counts what was copied."""
+
+    def __init__(self, shards: Iterable[Path]):
+        self.shards = list(shards)
+        self._where = locate_keys(self.shards)
+        self._files = ExitStack()
+        self._open: dict[Path, object] = {}
+        self.bytes_read = 0
+
+    def __enter__(self) -> "ShardedCheckpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._files.close()
+        self._open.clear()
+
+    def keys(self) -> set[str]:
+        return set(self._where)
+
+    def where(self, key: str) -> Path:
+        return self._where[key]
+
+    def _handle(self, key: str):
+        shard = self._where[key]
+        if shard not in self._open:
+            self._open[shard] = self._files.enter_context(safe_open(str(shard), framework="pt", device="cpu"))
+        return self._open[shard]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle(key).get_slice(key).get_shape())
+
+    def read(self, key: str, index: Index | None = None) -> torch.Tensor:
+        """The whole tensor, or only `index` of it (e.g. ``(slice(a, b),)`` for rows a..b, ``(slice(None),
+        slice(c, d))`` for columns c..d): the rest is never copied out of the file."""
+        handle = self._handle(key)
+        tensor = handle.get_tensor(key) if index is None else handle.get_slice(key)[index]
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def metadata(self) -> dict[str, str]:
+        """The ``__metadata__`` of every shard, merged (later shards win on a conflicting key)."""
+        merged: dict[str, str] = {}
+        for shard in self.shards:
+            with safe_open(str(shard), framework="pt") as f:
+                merged.update(f.metadata() or {})
+        return merged
 
 
 # -- checks ---------------------------------------------------------------------------------------------------------
@@ -112,6 +174,27 @@ def load_shards(
                 tensor = tensor.to(device=device, dtype=dtype_for(key))
                 model.load_state_dict({key: tensor}, strict=False, assign=True)
                 del tensor
+
+
+def load_tensors(
+    model: nn.Module,
+    expected: dict[str, torch.Tensor],
+    produce: Produce,
+    *,
+    device: torch.device,
+    dtype_for: DtypeFor,
+    error: type[Exception],
+    source: str = "checkpoint",
+) -> None:
+    """Assign every tensor of `expected` (the meta state dict, less what the caller fills itself) into `model`, one
+    at a time: `produce(name)` reads it from the checkpoint in the model's layout (already sliced for TP), it is
+    shape-checked, moved to `device` in its dtype and assigned. The host holds one tensor (or slice) at a time."""
+    for key, meta in expected.items():
+        tensor = produce(key)
+        if tuple(tensor.shape) != tuple(meta.shape):
+            raise error(f"{source}: {key} has shape {tuple(tensor.shape)}, the config expects {tuple(meta.shape)}")
+        model.load_state_dict({key: tensor.to(device=device, dtype=dtype_for(key))}, strict=False, assign=True)
+        del tensor
 
 
 def standard_normal(param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

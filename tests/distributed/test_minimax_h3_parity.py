@@ -1,7 +1,9 @@
 """MiniMax H3 DiT under Ulysses and TP x Ulysses against the dense model in the same process.
 
 Every rank builds the same seeded tiny model and the same inputs, runs it dense, then enables parallelism on a copy
-(or loads a checkpoint with TP slicing) and compares the full velocities every rank returns.
+(or loads a checkpoint with TP slicing) and compares the full velocities every rank returns. The checkpoint cases
+write the files from reference tensors (release names, or diffusers' `save_pretrained`), load them dense and
+TP-sliced, and check that a TP rank read only its share of the bytes (``get_slice``).
 
 Tolerance: fp32 on CPU. Ulysses moves exact copies of rows and heads, so only the summation order of GEMMs over
 fewer rows and of attention over fewer heads can differ; TP adds all-reduces of partial out_proj/fc2 sums, another
@@ -13,18 +15,20 @@ row or shard shows up as O(1).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
-from tests.ulysses_reference import recording_communicator
 from telefuser.models.minimax_h3 import (
     MiniMaxH3Config,
     build_random_minimax_h3_dit,
     load_minimax_h3_dit,
 )
+from tests.minimax_h3_reference import reference_dit_from_release, release_dit_tensors, write_release_transformer
+from tests.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 
@@ -46,35 +50,44 @@ def _errors(dense, parallel):
     return [((p - d).abs().max() / d.abs().max()).item() for d, p in zip(dense, parallel)]
 
 
-def _parity(ctx, ulysses, tp, checkpoint_dir):
+def _parity(ctx, ulysses, tp, checkpoint_dir, layout="release"):
     mesh = build_mesh(ParallelConfig(ulysses_degree=ulysses, tp_degree=tp))
     config = MiniMaxH3Config.tiny()
-    dense_model = build_random_minimax_h3_dit(config, seed=0)
     inputs = _inputs(config)
-    with torch.no_grad():
-        dense = dense_model(*inputs)
     if checkpoint_dir is None:
+        dense_model = build_random_minimax_h3_dit(config, seed=0)
         model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+        read_share = None
     else:
         if ctx.rank == 0:
-            _write_checkpoint(dense_model, checkpoint_dir)
+            _write_checkpoint(config, checkpoint_dir, layout)
         dist.barrier()
+        dense_model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32)
         model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32, mesh=mesh)
+        # the parameters this rank keeps, plus the rope table the release ships (diffusers recomputes it)
+        local_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        rope_bytes = model.rope.inv_freq.numel() * 4 if layout == "release" else 0
+        read_share = (model.checkpoint_bytes_read, local_bytes + rope_bytes, dense_model.checkpoint_bytes_read)
         model.close()
         model.enable_parallel(mesh, communicator_factory=recording_communicator)
     with torch.no_grad():
+        dense = dense_model(*inputs)
         parallel = model(*inputs)
     calls = list(model.communicator.calls) if model.communicator is not None else []
     local_heads = model.blocks[0].attn.qkv_proj.out_features // (3 * config.attention_head_dim)
     model.close()
     assert model.communicator is None
-    return _errors(dense, parallel), calls, local_heads
+    return _errors(dense, parallel), calls, local_heads, read_share
 
 
-def _write_checkpoint(model, directory):
-    from tests.unit.test_minimax_h3_checkpoint import write_release_checkpoint
-
-    write_release_checkpoint(model, directory)  # full tensors, grouped QKV: the loader slices for this rank
+def _write_checkpoint(config, directory, layout):
+    """Files from the reference: release-named tensors, or diffusers' save_pretrained of the model they make."""
+    tensors = release_dit_tensors(config, seed=0)
+    if layout == "release":
+        write_release_transformer(tensors, config, Path(directory) / "transformer")
+    else:
+        reference = reference_dit_from_release(tensors, config, "interleaved")
+        reference.save_pretrained(Path(directory) / "transformer", max_shard_size="50KB")
 
 
 V_FIRST = [("scatter", "v", False), ("scatter", "q", False), ("scatter", "k", True), ("gather", None, True)]
@@ -82,11 +95,15 @@ V_FIRST = [("scatter", "v", False), ("scatter", "q", False), ("scatter", "k", Tr
 
 def _check(results, config, heads_per_rank):
     """heads_per_rank: the heads each rank's fused QKV holds after TP (before the Ulysses scatter)."""
-    for errors, calls, local_heads in results:
+    for errors, calls, local_heads, read_share in results:
         assert max(errors) <= MAX_RELATIVE_ERROR, errors
         # One V-first group per DiT block; the text refiner is not sequence-split.
         assert calls == V_FIRST * config.num_layers, calls
         assert local_heads == heads_per_rank
+        if read_share is not None:
+            read, local, dense = read_share
+            # a TP rank reads exactly the tensors it keeps (byte counts: data movement), about half of the file
+            assert read == local and read < 0.6 * dense, read_share
 
 
 def test_ulysses_matches_dense(ranks):
@@ -101,9 +118,10 @@ def test_tp2_ulysses2_matches_dense(ranks4):
     _check(results, config, config.num_attention_heads // 2)
 
 
-def test_tp2_ulysses2_checkpoint_loads_sliced(ranks4, tmp_path):
+@pytest.mark.parametrize("layout", ["release", "diffusers"])
+def test_tp2_ulysses2_checkpoint_loads_sliced(ranks4, tmp_path, layout):
     config = MiniMaxH3Config.tiny()
-    results = ranks4.run(_parity, 2, 2, str(tmp_path / "release"))
+    results = ranks4.run(_parity, 2, 2, str(tmp_path / layout), layout)
     _check(results, config, config.num_attention_heads // 2)
 
 

@@ -1,17 +1,24 @@
-"""Loading the released MiniMax H3 transformer, and building a seeded random one when there is no checkpoint.
+"""Loading a MiniMax H3 transformer checkpoint, and building a seeded random one when there is no checkpoint.
 
-Released layout (``<root>/transformer/`` or the transformer directory itself): ``config.json`` plus safetensors
-shards ``model-XXXXX-of-XXXXX.safetensors`` listed in ``model.safetensors.index.json``. Tensor names equal this
-model's state-dict names. Every ``*.attn.qkv_proj.weight`` is stored grouped per head, ``[(q, k, v) x heads]``;
-the loader reorders it to the fused ``[Q; K; V]`` rows the model uses.
+Accepted layouts (checkpoint_formats.py):
 
-The model is built on the meta device and filled one tensor at a time: each tensor is read from its shard (memory
-mapped), reordered, sliced for TP when a mesh is given, moved to the target device in its target dtype and
-assigned. The host never holds more than one full tensor, and never a full-precision copy of the model.
+* the release: ``<root>/transformer/`` (or that directory itself) with ``config.json`` and safetensors shards
+  ``model-XXXXX-of-XXXXX.safetensors`` listed in ``model.safetensors.index.json``; tensor names are this model's,
+  fused QKV rows interleaved per head;
+* a single-file re-export (``*.safetensors`` path, release names, released architecture), whose QKV row order must
+  be given (``qkv_layout``) or recorded in its metadata;
+* a diffusers ``transformer/`` directory (`MiniMaxH3Transformer3DModel`: config.json plus
+  ``diffusion_pytorch_model*.safetensors``).
+
+The model is built on the meta device and filled one tensor at a time: the parts of the checkpoint that make up
+each model tensor for this TP rank are read straight from their shard (``get_slice``: a TP rank reads only its rows
+or columns), reordered, moved to the target device in the target dtype and assigned. The host never holds more than
+one tensor, and never a full-precision copy of the model.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 from pathlib import Path
@@ -21,41 +28,27 @@ import torch
 from ...distributed.mesh import ParallelMesh
 from ..checkpoint_io import (
     RANDOM_WEIGHTS,
+    ShardedCheckpoint,
     check_keys,
     fill_random,
     finish_loading,
     list_shards,
-    load_shards,
-    locate_keys,
+    load_tensors,
 )
-from .config import MiniMaxH3Config
+from .checkpoint_formats import LayoutError, TransformerLayout, decide_qkv_layout, is_diffusers_layout, read_class_name
+from .config import MiniMaxH3Config, MiniMaxH3ConfigError
 from .dit import FP32_BUFFER_NAMES, FP32_PARAMETER_NAMES, MiniMaxH3DiT
-from .tp import apply_tensor_parallel, shard_tensor
+from .tp import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
-INDEX_NAME = "model.safetensors.index.json"
-# Recomputable from the config, so a checkpoint may omit it (the release ships it).
+INDEX_NAMES = ("model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json")
+# Recomputable from the config, so a checkpoint may omit it (the release ships it; diffusers drops it).
 OPTIONAL_KEYS = frozenset(FP32_BUFFER_NAMES)
 
 
 class CheckpointError(RuntimeError):
-    """The directory does not hold a loadable MiniMax H3 transformer."""
-
-
-# -- the grouped per-head QKV layout ------------------------------------------------------------------------------
-def grouped_qkv_to_fused(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """[(q_h, k_h, v_h) for each head h] rows -> [Q; K; V] rows."""
-    return weight.reshape(num_heads, 3, head_dim, -1).transpose(0, 1).reshape(3 * num_heads * head_dim, -1)
-
-
-def fused_qkv_to_grouped(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """Inverse of `grouped_qkv_to_fused` (writes a checkpoint in the released layout)."""
-    return weight.reshape(3, num_heads, head_dim, -1).transpose(0, 1).reshape(3 * num_heads * head_dim, -1)
-
-
-def is_grouped_qkv(key: str) -> bool:
-    return key.endswith(".attn.qkv_proj.weight")
+    """The path does not hold a loadable MiniMax H3 transformer."""
 
 
 def target_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
@@ -69,17 +62,38 @@ def find_transformer_dir(path: str | Path) -> Path:
         if (candidate / "config.json").is_file():
             return candidate
     hint = ""
-    partitions = [p.name for p in ("FL2VA", "Ref2VA") if (path / p / "transformer").is_dir()] if path.is_dir() else []
+    partitions = [p for p in ("FL2VA", "Ref2VA") if (path / p / "transformer").is_dir()] if path.is_dir() else []
     if partitions:
         hint = f"; this looks like the release root, pass {path / partitions[0]} (partitions: {', '.join(partitions)})"
     raise CheckpointError(f"no MiniMax H3 transformer at {path}: expected config.json there or in transformer/{hint}")
 
 
-def find_shards(directory: Path) -> list[Path]:
-    shards = list_shards(directory, index_names=(INDEX_NAME,), pattern="model*.safetensors", error=CheckpointError)
+def find_shards(directory: Path) -> tuple[list[Path], Path | None]:
+    """The shards of `directory` and the index that named them (None when they were globbed)."""
+    shards = list_shards(directory, index_names=INDEX_NAMES, pattern="*.safetensors", error=CheckpointError)
     if not shards:
-        raise CheckpointError(f"no safetensors shards in {directory} (expected {INDEX_NAME} or model-*.safetensors)")
-    return shards
+        raise CheckpointError(f"no safetensors shards in {directory} (expected {' or '.join(INDEX_NAMES)})")
+    index = next((directory / n for n in INDEX_NAMES if (directory / n).is_file()), None)
+    return shards, index
+
+
+def _read_config(directory: Path | None, diffusers: bool) -> MiniMaxH3Config:
+    try:
+        if directory is None:
+            return MiniMaxH3Config()  # a single file carries no config: the released architecture (shape-checked)
+        if diffusers:
+            path = directory / "config.json"
+            return MiniMaxH3Config.from_diffusers_dict(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+        return MiniMaxH3Config.from_json(directory / "config.json")
+    except MiniMaxH3ConfigError as exc:
+        raise CheckpointError(str(exc)) from exc
+
+
+def _index_metadata(index: Path | None) -> dict[str, str]:
+    if index is None:
+        return {}
+    meta = json.loads(index.read_text(encoding="utf-8")).get("metadata") or {}
+    return {k: str(v) for k, v in meta.items() if isinstance(v, str)}
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
@@ -90,39 +104,74 @@ def load_minimax_h3_dit(
     dtype: torch.dtype = torch.bfloat16,
     mesh: ParallelMesh | None = None,
     attn_impl: str = "sdpa",
+    qkv_layout: str | None = None,
 ) -> MiniMaxH3DiT:
-    """Load the released transformer onto `device`: `dtype` for the blocks, fp32 for the released fp32 modules.
-    With a mesh, TP slicing happens while loading and the model comes back with `enable_parallel(mesh)` applied."""
-    directory = find_transformer_dir(path)
-    config = MiniMaxH3Config.from_json(directory / "config.json")
-    shards = find_shards(directory)
+    """Load a transformer checkpoint onto `device`: `dtype` for the blocks, fp32 for the released fp32 modules.
+    `qkv_layout` ("interleaved" | "stacked") says how a release-named file orders its fused QKV rows when neither
+    its metadata nor the released shard index does. With a mesh, each TP rank reads only its slices and the model
+    comes back with `enable_parallel(mesh)` applied."""
+    path = Path(path)
+    if path.is_file():
+        directory, shards, index = None, [path], None
+    else:
+        directory = find_transformer_dir(path)
+        shards, index = find_shards(directory)
     device = torch.device(device)
     tp_rank, tp_size = (mesh.tp_rank, mesh.config.tp_degree) if mesh is not None else (0, 1)
 
-    with torch.device("meta"):
-        model = MiniMaxH3DiT(config, attn_impl=attn_impl)
-    if tp_size > 1:
-        mesh.config.check_heads(config.num_attention_heads)
-        model.tensor_parallel = apply_tensor_parallel(model, mesh.tp_group, tp_rank, tp_size)
-    expected = model.state_dict(keep_vars=True)
+    with ShardedCheckpoint(shards) as checkpoint:
+        found = checkpoint.keys()
+        class_name = read_class_name(directory / "config.json") if directory is not None else None
+        diffusers = is_diffusers_layout(found, class_name)
+        config = _read_config(directory, diffusers)
+        where = str(directory or path)
+        try:
+            layout_name, why = (None, "diffusers layout") if diffusers else decide_qkv_layout(
+                qkv_layout, {**_index_metadata(index), **checkpoint.metadata()}, index=index, shards=shards,
+                class_name=class_name,
+            )
+        except LayoutError as exc:
+            raise CheckpointError(str(exc)) from exc
+        layout = TransformerLayout("diffusers" if diffusers else "release", layout_name, config, tp_rank, tp_size)
 
-    found = locate_keys(shards)
-    check_keys(set(expected), set(found), directory, model_label="MiniMax H3 DiT", error=CheckpointError,
-               optional=OPTIONAL_KEYS)
+        with torch.device("meta"):
+            model = MiniMaxH3DiT(config, attn_impl=attn_impl)
+        full_shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+        if tp_size > 1:
+            mesh.config.check_heads(config.num_attention_heads)
+            model.tensor_parallel = apply_tensor_parallel(model, mesh.tp_group, tp_rank, tp_size)
+        expected = model.state_dict(keep_vars=True)
+        recipes = {key: layout.recipe(key, full_shapes[key]) for key in expected}
+        needed = {name for recipe in recipes.values() for name, _ in recipe.parts}
+        optional = {name for key in OPTIONAL_KEYS for name, _ in recipes[key].parts}
+        check_keys(needed, found, Path(where), model_label=f"MiniMax H3 DiT ({layout.kind} layout)",
+                   error=CheckpointError, optional=frozenset(optional))
+        # only the optional (recomputable) tensors can be absent once check_keys has passed
+        absent = {key for key, recipe in recipes.items() if any(name not in found for name, _ in recipe.parts)}
 
-    heads, head_dim = config.num_attention_heads, config.attention_head_dim
+        def produce(key: str) -> torch.Tensor:
+            recipe = recipes[key]
+            want = layout.source_shape(key, full_shapes[key])
+            parts = []
+            for name, index in recipe.parts:
+                shape = checkpoint.shape(name)
+                if shape != want:
+                    raise CheckpointError(
+                        f"{checkpoint.where(name).name}: {name} has shape {shape}, the config expects {want}"
+                    )
+                parts.append(checkpoint.read(name, index))
+            tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return recipe.finish(tensor) if recipe.finish is not None else tensor
 
-    def to_model_layout(key: str, tensor: torch.Tensor) -> torch.Tensor:
-        if is_grouped_qkv(key):
-            tensor = grouped_qkv_to_fused(tensor, heads, head_dim)
-        return shard_tensor(key, tensor, tp_rank, tp_size)
-
-    load_shards(model, shards, expected, device=device, dtype_for=partial(target_dtype, dtype=dtype),
-                error=CheckpointError, prepare=to_model_layout)
-    if "rope.inv_freq" not in found:
+        load_tensors(model, {k: v for k, v in expected.items() if k not in absent}, produce, device=device,
+                     dtype_for=partial(target_dtype, dtype=dtype), error=CheckpointError, source=where)
+        model.checkpoint_bytes_read = checkpoint.bytes_read  # this rank's share only, under TP
+    if "rope.inv_freq" in absent:
         model.rope.inv_freq = _rope_inv_freq(config, device)
-    finish_loading(model, f"checkpoint {directory}", error=CheckpointError)
-    log.info("MiniMax H3 DiT loaded from %s (%d shards, %s, tp=%d)", directory, len(shards), dtype, tp_size)
+    finish_loading(model, f"checkpoint {where}", error=CheckpointError)
+    model.checkpoint_layout = f"{layout.kind}" + (f", qkv {layout_name} ({why})" if layout_name else "")
+    log.info("MiniMax H3 DiT loaded from %s (%s; %d shards, %.2f GiB read on this rank, %s, tp=%d)", where,
+             model.checkpoint_layout, len(shards), model.checkpoint_bytes_read / 2**30, dtype, tp_size)
     if mesh is not None:
         model.enable_parallel(mesh)
     return model

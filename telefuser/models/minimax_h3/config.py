@@ -37,6 +37,28 @@ ADALN_PARAMS_PER_MODALITY = 6
 ADALN_MODALITIES = 3
 FINAL_ADALN_PARAMS = 2  # shift, scale
 
+# diffusers' `MiniMaxH3Transformer3DModel` argument -> this config's field (the released config.json name)
+DIFFUSERS_FIELDS = {
+    "num_attention_heads": "num_attention_heads",
+    "attention_head_dim": "attention_head_dim",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_layers",
+    "num_refiner_layers": "token_refiner_num_layers",
+    "ffn_dim": "ffn_hidden_size",
+    "in_channels": "latents_dim",
+    "audio_in_channels": "audio_latents_dim",
+    "patch_size": "patch_size",
+    "text_dim": "text_dim",
+    "freq_dim": "timestep_input_dim",
+    "time_embed_hidden_dim": "time_embed_hidden_size",
+    "time_embed_dim": "time_embed_dim",
+    "rope_freq_dim": "rope_inv_freq_len",
+    "rope_theta": "rope_theta",
+    "norm_eps": "norm_eps",
+    "qk_norm_eps": "qk_norm_eps",
+    "final_norm_eps": "final_norm_eps",
+}
+
 
 class MiniMaxH3ConfigError(ValueError):
     """A config that cannot describe a MiniMax H3 DiT (missing keys, inconsistent sizes)."""
@@ -115,6 +137,20 @@ class MiniMaxH3Config(ReleasedConfig):
         return self.latents_dim * math.prod(self.patch_size)
 
     # -- construction (from_dict / from_json / to_dict: ReleasedConfig) ------------------------------------------
+    @classmethod
+    def from_diffusers_dict(cls, payload: dict, *, source: str = "config") -> "MiniMaxH3Config":
+        """A diffusers ``transformer/config.json`` (`MiniMaxH3Transformer3DModel`); absent fields take diffusers'
+        defaults, which are the released values (this class's defaults)."""
+        unknown = sorted(k for k in payload if k not in DIFFUSERS_FIELDS and not k.startswith("_"))
+        if unknown:
+            log.info("%s: ignoring keys this DiT does not use: %s", source, ", ".join(unknown))
+        return cls(**{DIFFUSERS_FIELDS[k]: v for k, v in payload.items() if k in DIFFUSERS_FIELDS})
+
+    def to_diffusers_dict(self) -> dict:
+        """The `MiniMaxH3Transformer3DModel` arguments of this architecture."""
+        mine = self.to_dict()
+        return {theirs: mine[ours] for theirs, ours in DIFFUSERS_FIELDS.items()}
+
     @classmethod
     def tiny(cls, **overrides) -> "MiniMaxH3Config":
         """A CPU-sized config with the released structure: 8 heads x 16 channels (12 rotated), inner 128 != hidden."""

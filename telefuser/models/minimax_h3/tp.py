@@ -9,8 +9,10 @@ one collective each split needs as a forward hook:
 * ``mlp.fc1``: output split per gate/up section (silu_and_mul stays local); ``mlp.fc2``: input split + all-reduce.
 * ``adaln_proj.linear``: output split, all-gathered into the full table.
 
-The same slicing serves the checkpoint loader (`shard_tensor`), so a checkpoint loads the same way with or without
-TP: the loader reads full tensors and keeps this rank's slice. Slicing is one-way for a model instance.
+The same slicing serves the checkpoint loader: each style names the pieces of a full tensor a rank keeps
+(`pieces`, concatenated along dim 0), which the loader reads straight from the file (``get_slice``) so a rank never
+reads the other ranks' parts; `shard_tensor` cuts the same pieces out of a tensor in memory. Slicing is one-way
+for a model instance.
 """
 
 from __future__ import annotations
@@ -23,11 +25,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+Index = tuple[slice, ...]
 
-def _rank_slice(tensor: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
-    if tensor.shape[dim] % size:
-        raise ValueError(f"dimension {dim} of shape {tuple(tensor.shape)} does not split over {size} TP ranks")
-    return tensor.chunk(size, dim=dim)[rank]
+
+def _rank_range(length: int, rank: int, size: int, what: str) -> slice:
+    if length % size:
+        raise ValueError(f"{what} of length {length} does not split over {size} TP ranks")
+    part = length // size
+    return slice(rank * part, (rank + 1) * part)
+
+
+def cut(tensor: torch.Tensor, pieces: list[Index]) -> torch.Tensor:
+    """The `pieces` of `tensor`, concatenated along dim 0 (a copy, contiguous)."""
+    parts = [tensor[index] for index in pieces]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).clone(memory_format=torch.contiguous_format)
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,12 @@ class ColwiseSections:
 
     sections: int
 
-    def shard(self, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-        stacked = tensor.view(self.sections, -1, *tensor.shape[1:])
-        return _rank_slice(stacked, 1, rank, size).reshape(-1, *tensor.shape[1:])
+    def pieces(self, shape: tuple[int, ...], rank: int, size: int) -> list[Index]:
+        if shape[0] % self.sections:
+            raise ValueError(f"{shape[0]} rows do not split into {self.sections} sections")
+        rows = shape[0] // self.sections
+        local = _rank_range(rows, rank, size, "a section")
+        return [(slice(s * rows + local.start, s * rows + local.stop),) for s in range(self.sections)]
 
     def hook(self, group, size):
         return None
@@ -48,8 +62,8 @@ class ColwiseSections:
 class ColwiseGathered:
     """Split the output; all-gather the outputs along the last dimension."""
 
-    def shard(self, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-        return _rank_slice(tensor, 0, rank, size)
+    def pieces(self, shape: tuple[int, ...], rank: int, size: int) -> list[Index]:
+        return [(_rank_range(shape[0], rank, size, "the output"),)]
 
     def hook(self, group, size):
         def all_gather_output(module, inputs, output):
@@ -64,10 +78,10 @@ class ColwiseGathered:
 class Rowwise:
     """Split the input (the weight's columns); all-reduce the partial outputs. Bias-free layers only."""
 
-    def shard(self, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-        if tensor.dim() != 2:
+    def pieces(self, shape: tuple[int, ...], rank: int, size: int) -> list[Index]:
+        if len(shape) != 2:
             raise ValueError("a row-wise split of a biased linear layer would add its bias on every rank")
-        return _rank_slice(tensor, 1, rank, size)
+        return [(slice(None), _rank_range(shape[1], rank, size, "the input"))]
 
     def hook(self, group, size):
         def all_reduce_output(module, inputs, output):
@@ -100,12 +114,19 @@ def style_for(module_name: str, plan=MINIMAX_H3_TP_PLAN):
     return None
 
 
-def shard_tensor(key: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """This rank's part of a full checkpoint tensor (unchanged when the plan does not split it); contiguous."""
+def tensor_pieces(key: str, shape: tuple[int, ...], rank: int, size: int) -> list[Index] | None:
+    """The pieces of the full tensor `key` (model name, full `shape`) this TP rank keeps, concatenated along dim 0;
+    None when the plan does not split it (or there is no TP)."""
     style = style_for(key.rpartition(".")[0])
     if style is None or size == 1:
-        return tensor
-    return style.shard(tensor, rank, size).clone(memory_format=torch.contiguous_format)
+        return None
+    return style.pieces(tuple(shape), rank, size)
+
+
+def shard_tensor(key: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This rank's part of a full tensor (unchanged when the plan does not split it); contiguous."""
+    pieces = tensor_pieces(key, tuple(tensor.shape), rank, size)
+    return tensor if pieces is None else cut(tensor, pieces)
 
 
 def check_divisible(config, size: int) -> None:
@@ -132,7 +153,7 @@ def apply_tensor_parallel(model: nn.Module, group: dist.ProcessGroup, rank: int,
         for pname in ("weight", "bias"):
             param = getattr(module, pname)
             if param is not None:
-                local = style.shard(param.detach(), rank, size).clone(memory_format=torch.contiguous_format)
+                local = cut(param.detach(), style.pieces(tuple(param.shape), rank, size))
                 setattr(module, pname, nn.Parameter(local, requires_grad=False))
         module.out_features, module.in_features = module.weight.shape
         hook = style.hook(group, size)
