@@ -1,7 +1,7 @@
 """MiniMax H3 text -> video + audio, one request, timed.
 
     python examples/minimax_h3/run_t2va.py --config tiny --device cpu --dtype float32 \
-        --duration 0.2 --resolution 32 --steps 3 --output outputs/minimax_h3/tiny.mp4
+        --duration 1 --resolution 32 --steps 3 --output outputs/minimax_h3/tiny.mp4
     torchrun --standalone --nproc-per-node=4 examples/minimax_h3/run_t2va.py --checkpoint /models/MiniMax-H3 \
         --ulysses-degree 2 --tp-degree 2 --attn-impl flash_attn_4 --enable-feature-cache --output out/h3.mp4
 
@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.media import write_mp4
+from telefuser.models.minimax_h3 import QKV_LAYOUTS
 from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, build_minimax_h3_pipeline, plan_shape
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
@@ -50,8 +51,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
     p.add_argument("--offload-text-encoder", action="store_true",
                    help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
-    p.add_argument("--standin-video-vae", action="store_true",
-                   help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful)")
+    p.add_argument("--qkv-layout", choices=list(QKV_LAYOUTS), default=None,
+                   help="fused QKV row order of a re-exported single-file DiT (the released shards need no flag)")
     p.add_argument("--config", choices=["tiny", "official"], default="tiny",
                    help="random-weight sizes without --checkpoint")
     p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
@@ -85,8 +86,8 @@ def main() -> None:
 
     pipe = build_minimax_h3_pipeline(
         config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh, seed=args.seed,
-        attn_impl=args.attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=not args.no_progress,
-        offload_text_encoder=args.offload_text_encoder,
+        attn_impl=args.attn_impl, show_progress=not args.no_progress, offload_text_encoder=args.offload_text_encoder,
+        qkv_layout=args.qkv_layout,
     )
     feature_cache = None
     if args.enable_feature_cache:

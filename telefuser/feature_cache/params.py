@@ -19,6 +19,11 @@ class AdaTaylorParams:
     num_inference_steps: int | None = None  # DiT calls the ratios were calibrated over
     notes: dict = field(default_factory=dict)
 
+    @property
+    def is_placeholder(self) -> bool:
+        """True for parameters whose ``_provenance`` declares them a placeholder (not calibrated on real weights)."""
+        return str(self.notes.get("_provenance", "")).upper().startswith("PLACEHOLDER")
+
     @classmethod
     def load(cls, path: str | Path) -> AdaTaylorParams:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))

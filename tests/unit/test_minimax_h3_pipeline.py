@@ -1,9 +1,9 @@
-"""MiniMax H3 T2VA pipeline on CPU with a stub DiT: shapes, noise, loop, decoders, MP4 and metrics."""
+"""MiniMax H3 T2VA pipeline on CPU with a stub DiT and tiny random diffusers VAEs: shapes, noise, loop, MP4, metrics."""
 
 from __future__ import annotations
 
 import json
-import math
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from telefuser.feature_cache import AdaTaylorCache, AdaTaylorParams, params_path
 from telefuser.media import probe_media, write_mp4
 from telefuser.pipelines.minimax_h3 import MiniMaxH3Pipeline, plan_shape
-from telefuser.pipelines.minimax_h3.audio_bigvgan import AudioDecoderConfig, MiniMaxH3AudioDecoder, fold_weight_norm
 from telefuser.pipelines.minimax_h3.loading import resolve_partition
-from telefuser.pipelines.minimax_h3.pipeline import initial_noise
+from telefuser.pipelines.minimax_h3.pipeline import initial_noise, to_uint8_frames
 from telefuser.pipelines.minimax_h3.shapes import (
     align_frame_count,
     canvas_for,
@@ -25,13 +25,7 @@ from telefuser.pipelines.minimax_h3.shapes import (
 )
 from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, PromptEncoder, tiny_text_config
 from telefuser.pipelines.minimax_h3.tokenizer import ByteFallbackTokenizer, load_tokenizer
-from telefuser.pipelines.minimax_h3.vae import (
-    AudioDecoderStandIn,
-    VideoDecoderStandIn,
-    decode_audio,
-    load_video_decoder,
-    split_stereo_tokens,
-)
+from telefuser.pipelines.minimax_h3.vae import AudioDecoder, VideoDecoder, random_audio_vae, random_video_vae
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT_DIM = 32
@@ -80,22 +74,49 @@ class StubDiT(nn.Module):
         return v_video.float().contiguous(), v_audio.float().contiguous()
 
 
-def make_pipeline(dit: StubDiT | None = None) -> MiniMaxH3Pipeline:
+_VAES = {}
+
+
+def _decoders():
+    """Tiny random diffusers VAEs, built once per test session (seeded: identical every time)."""
+    if not _VAES:
+        _VAES["video"] = VideoDecoder(random_video_vae("tiny", seed=0), "tiny random video VAE")
+        _VAES["audio"] = AudioDecoder(random_audio_vae("tiny", seed=0), "tiny random audio VAE")
+    return _VAES["video"], _VAES["audio"]
+
+
+class Silence(nn.Module):
+    """A decoder that costs nothing, for tests about the loop rather than the pixels: zeros of the right shape."""
+
+    def __init__(self, shape_of) -> None:
+        super().__init__()
+        self.shape_of = shape_of
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(self.shape_of(latents))
+
+
+def _silent_video(z):
+    return (z.shape[0], 3, frame_count_from_latent_t(z.shape[2]), 16 * z.shape[3], 16 * z.shape[4])
+
+
+def _silent_audio(z):
+    return (z.shape[0], 2, z.shape[2] // 2 * 800)
+
+
+def make_pipeline(dit: StubDiT | None = None, *, decode: bool = True) -> MiniMaxH3Pipeline:
     encoder = MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=TEXT_DIM), num_layers=2, seed=0)
-    return MiniMaxH3Pipeline(
-        dit or StubDiT(),
-        PromptEncoder(load_tokenizer(None), encoder),
-        VideoDecoderStandIn(),
-        AudioDecoderStandIn(),
-        show_progress=False,
-    )
+    video, audio = _decoders() if decode else (Silence(_silent_video), Silence(_silent_audio))
+    return MiniMaxH3Pipeline(dit or StubDiT(), PromptEncoder(load_tokenizer(None), encoder), video, audio,
+                             show_progress=False)  # fmt: skip
 
 
 # ---- request -> shapes -------------------------------------------------------------------------------------------
 
 
 def test_frame_and_latent_arithmetic_follows_17n_plus_5():
-    assert [align_frame_count(f) for f in (1, 5, 6, 22, 23, 120)] == [5, 5, 22, 22, 39, 124]
+    # at least 22 frames (7 latent frames): diffusers' video VAE decodes no chunk from the 2-latent 5-frame head
+    assert [align_frame_count(f) for f in (1, 5, 6, 22, 23, 120)] == [22, 22, 22, 22, 39, 124]
     assert video_latent_t(124) == 37 and frame_count_from_latent_t(37) == 124
     assert video_latent_t(5) == 2 and frame_count_from_latent_t(2) == 5
     with pytest.raises(ValueError):
@@ -129,78 +150,33 @@ def test_bad_requests_raise_clear_value_errors(kwargs, message):
 
 
 def test_pipeline_rejects_too_few_steps_and_empty_prompt():
-    pipe = make_pipeline()
+    pipe = make_pipeline(decode=False)
     with pytest.raises(ValueError, match="steps"):
-        pipe("a prompt", duration=0.2, resolution=32, aspect_ratio="1:1", steps=1)
+        pipe("a prompt", duration=0.9, resolution=32, aspect_ratio="1:1", steps=1)
     with pytest.raises(ValueError, match="prompt"):
-        pipe("  ", duration=0.2, resolution=32, aspect_ratio="1:1", steps=3)
+        pipe("  ", duration=0.9, resolution=32, aspect_ratio="1:1", steps=3)
 
 
 # ---- components --------------------------------------------------------------------------------------------------
 
 
-def test_noise_is_seeded_and_follows_the_reference_row_layout():
-    shape = plan_shape(duration_s=0.2, resolution=32, aspect_ratio="1:1")
+def test_noise_is_drawn_like_diffusers_from_one_generator():
+    shape = plan_shape(duration_s=0.9, resolution=32, aspect_ratio="1:1")
     video, audio = initial_noise(shape, seed=7, device=torch.device("cpu"))
     video2, audio2 = initial_noise(shape, seed=7, device=torch.device("cpu"))
     assert torch.equal(video, video2) and torch.equal(audio, audio2)
-    rows = torch.randn(shape.audio_tokens, 32, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(audio[0].t(), rows)  # token i of the DiT input is row i of the reference draw
+    # diffusers' MiniMaxH3PrepareLatentsStep: the video latent, then the audio rows [2 * Ta, 32], one generator
+    generator = torch.Generator().manual_seed(7)
+    assert torch.equal(video, torch.randn(shape.video_latent_shape, generator=generator))
+    assert torch.equal(audio[0].t(), torch.randn(shape.audio_tokens, 32, generator=generator))
     assert video.shape == shape.video_latent_shape and audio.shape == shape.audio_latent_shape
 
 
-def test_stereo_tokens_split_left_then_right():
-    tokens = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(1, 3, 8)  # 3 channels, 2 x 4 tokens
-    mono = split_stereo_tokens(tokens)
-    assert mono.shape == (2, 3, 4)
-    assert torch.equal(mono[0], tokens[0, :, :4]) and torch.equal(mono[1], tokens[0, :, 4:])
-
-
-def test_stand_in_decoders_have_official_shapes_and_refuse_checkpoints(tmp_path):
-    frames = VideoDecoderStandIn()(torch.randn(1, 24, 7, 2, 3))
-    assert frames.shape == (1, 3, 22, 32, 48) and frames.abs().max() <= 1
-    wave = decode_audio(AudioDecoderStandIn(), torch.randn(1, 32, 10))
-    assert wave.shape == (1, 2, 5 * 800) and wave.abs().max() <= 0.5
-    with pytest.raises(NotImplementedError, match="cannot decode the official MiniMax H3 VAE faithfully"):
-        load_video_decoder(tmp_path / "video_vae")
-    with pytest.raises(NotImplementedError, match="cannot decode the official MiniMax H3 VAE faithfully"):
-        VideoDecoderStandIn.from_checkpoint(tmp_path)
-    assert "NOT meaningful" in load_video_decoder(tmp_path, allow_standin=True).description
-
-
-@pytest.mark.numerics
-def test_audio_decoder_loads_a_weight_norm_checkpoint_strictly(tmp_path):
-    from safetensors.torch import save_file
-
-    config = AudioDecoderConfig.tiny()
-    reference = MiniMaxH3AudioDecoder(config)
-    state = {}
-    for name, tensor in reference.state_dict().items():  # store conv weights as weight-norm pairs, like the release
-        if name.endswith(".weight") and tensor.ndim == 3:
-            norm = tensor.norm(dim=(1, 2), keepdim=True)
-            state[name[:-6] + "weight_g"], state[name[:-6] + "weight_v"] = norm, tensor.clone()
-        else:
-            state[name] = tensor.clone()
-    state["encoder.block.0.weight"] = torch.zeros(1)  # encoder tensors are present in the release and ignored
-    folder = tmp_path / "audio_vae"
-    folder.mkdir()
-    save_file(state, str(folder / "model.safetensors"))
-    fields = {k: v for k, v in config.__dict__.items() if k not in ("latents_mean", "latents_std")}
-    fields.update(latents_mean=[0.5] * 32, latents_std=[2.0] * 32)
-    (folder / "config.json").write_text(json.dumps(fields))
-    loaded = MiniMaxH3AudioDecoder.from_checkpoint(folder)
-    latents = torch.randn(2, 32, 3)
-    expected = reference.decoder(reference.dec_in_proj(latents * 2.0 + 0.5))
-    out = loaded(latents)
-    assert out.shape == (2, 1, 3 * 800)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    del state["decoder.conv_post.weight_v"], state["decoder.conv_post.weight_g"]
-    save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing"):
-        MiniMaxH3AudioDecoder.from_checkpoint(folder)
-    assert fold_weight_norm({"a.weight_g": torch.ones(2, 1, 1), "a.weight_v": torch.full((2, 1, 3), 2.0)})[
-        "a.weight"
-    ].allclose(torch.full((2, 1, 3), 1 / math.sqrt(3)))
+def test_frames_round_like_diffusers():
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, -0.2, 0.501 / 255, 1.499 / 255])
+    pixels = values.view(1, 1, 1, 1, 7).expand(1, 3, 1, 1, 7)
+    frames = to_uint8_frames(pixels)[0, 0, 0, :, 0]
+    assert frames.tolist() == [0, 128, 255, 255, 0, 1, 1]  # (x * 255).round() of the clamped value
 
 
 def test_text_encoder_loads_only_the_first_layers_of_a_qwen3_vl_checkpoint(tmp_path):
@@ -250,21 +226,21 @@ def test_checkpoint_layout_is_resolved_or_refused(tmp_path):
 def test_three_step_run_writes_an_mp4_with_video_and_stereo_audio(tmp_path):
     dit = StubDiT()
     pipe = make_pipeline(dit)
-    result = pipe("a red fox runs through snow", duration=0.2, resolution=32, aspect_ratio="16:9", steps=3, seed=0)
+    result = pipe("a red fox runs through snow", duration=0.9, resolution=32, aspect_ratio="16:9", steps=3, seed=0)
     shape = result.shape
-    assert (shape.height, shape.width, shape.frame_count, shape.video_latent_t) == (32, 64, 5, 2)
+    assert (shape.height, shape.width, shape.frame_count, shape.video_latent_t) == (32, 64, 22, 7)
     assert len(dit.calls) == 2 and dit.block_runs == 2  # 3 sigma points -> 2 DiT calls
     assert dit.calls[0] == (0.0, 0.0)  # t = 1000 * (1 - sigma), sigma starts at 1
-    assert result.frames.shape == (5, 32, 64, 3) and result.frames.dtype == torch.uint8
+    assert result.frames.shape == (22, 32, 64, 3) and result.frames.dtype == torch.uint8
     assert result.audio.shape == (2, shape.audio_latent_t * 800)
     assert (result.dit_calls_computed, result.dit_calls_skipped) == (2, 0)
 
-    again = make_pipeline()("a red fox runs through snow", duration=0.2, resolution=32, aspect_ratio="16:9", steps=3)
+    again = make_pipeline()("a red fox runs through snow", duration=0.9, resolution=32, aspect_ratio="16:9", steps=3)
     assert torch.equal(again.frames, result.frames) and torch.equal(again.audio, result.audio)
 
     path = write_mp4(tmp_path / "clip.mp4", result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
     info = probe_media(path)
-    assert info.video_frames == 5 and info.fps == 24 and (info.width, info.height) == (64, 32)
+    assert info.video_frames == 22 and info.fps == 24 and (info.width, info.height) == (64, 32)
     assert info.has_audio and info.sample_rate == 32_000 and info.channels == 2
 
     metrics = result.metrics()
@@ -281,8 +257,8 @@ def test_three_step_run_writes_an_mp4_with_video_and_stereo_audio(tmp_path):
 
 def test_feature_cache_skips_dit_block_runs_and_is_reported():
     dit = StubDiT()
-    result = make_pipeline(dit)(
-        "waves", duration=0.2, resolution=32, aspect_ratio="1:1", steps=12, feature_cache="ada_taylor"
+    result = make_pipeline(dit, decode=False)(
+        "waves", duration=0.9, resolution=32, aspect_ratio="1:1", steps=12, feature_cache="ada_taylor"
     )
     assert len(dit.calls) == 11
     assert result.dit_calls_computed == dit.block_runs
@@ -290,15 +266,36 @@ def test_feature_cache_skips_dit_block_runs_and_is_reported():
     assert result.metrics()["request"]["feature_cache"] == "AdaTaylorCache"
 
 
+def test_placeholder_cache_parameters_with_real_weights_are_warned_about(caplog):
+    params = AdaTaylorParams.load(params_path("minimax_h3"))
+    assert params.is_placeholder  # the bundled file says so in its _provenance
+    dit = StubDiT()
+    pipe = make_pipeline(dit, decode=False)
+    request = dict(duration=0.9, resolution=32, aspect_ratio="1:1", steps=3)
+    with caplog.at_level(logging.WARNING, logger="telefuser.pipelines.minimax_h3.pipeline"):
+        pipe("waves", feature_cache="ada_taylor", **request)  # a stub: no checkpoint weights, no warning
+        assert "PLACEHOLDER" not in caplog.text
+        dit.weights_source = "checkpoint /models/MiniMax-H3/FL2VA/transformer"
+        pipe("waves", feature_cache="ada_taylor", **request)
+        assert "PLACEHOLDER" in caplog.text and "/models/MiniMax-H3" in caplog.text
+        caplog.clear()
+        pipe("waves", feature_cache=AdaTaylorCache(params, 2), **request)  # a hook built from the same file
+        assert "PLACEHOLDER" in caplog.text
+        caplog.clear()
+        calibrated = AdaTaylorParams(mag_ratios=params.mag_ratios, notes={"_provenance": "run_t2va.py, FL2VA"})
+        pipe("waves", feature_cache=AdaTaylorCache(calibrated, 2), **request)
+        assert "PLACEHOLDER" not in caplog.text
+
+
 def test_example_cli_runs_the_tiny_config_with_the_real_dit(tmp_path):
     out = tmp_path / "t2va.mp4"
     cmd = [
         sys.executable, str(REPO / "examples/minimax_h3/run_t2va.py"), "--config", "tiny", "--device", "cpu",
-        "--dtype", "float32", "--duration", "0.2", "--resolution", "32", "--steps", "3", "--output", str(out),
+        "--dtype", "float32", "--duration", "0.9", "--resolution", "32", "--steps", "3", "--output", str(out),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "random weights" in done.stdout
     info = probe_media(out)
-    assert info.video_frames == 5 and info.has_audio and info.sample_rate == 32_000 and info.channels == 2
+    assert info.video_frames == 22 and info.has_audio and info.sample_rate == 32_000 and info.channels == 2
     assert json.loads(out.with_suffix(".json").read_text())["dit_calls"]["computed"] == 2

@@ -1,17 +1,19 @@
 """Assemble a `MiniMaxH3Pipeline` from a checkpoint folder or from random weights.
 
-Checkpoint layout (the unmodified ``MiniMaxAI/MiniMax-H3`` release; either the repository root holding
-``FL2VA/`` or the ``FL2VA`` folder itself)::
+Checkpoint layouts, either the repository root or the partition folder itself:
+
+* the unmodified ``MiniMaxAI/MiniMax-H3`` release (``FL2VA/`` under the root)::
 
     FL2VA/transformer/      config + model-*.safetensors        -> telefuser.models.minimax_h3 (DiT)
     FL2VA/text_encoder/     full Qwen3-VL (config.json, shards)  -> first 50 language layers
     FL2VA/processor/        Qwen3-VL processor / tokenizer files
-    FL2VA/video_vae/source/ model.safetensors                    -> refused (no faithful decoder in this build)
-    FL2VA/audio_vae/        config.json + model.safetensors      -> faithful BigVGAN decoder
+    FL2VA/video_vae/        config.json + source/model.safetensors -> diffusers AutoencoderKLMiniMaxH3
+    FL2VA/audio_vae/        config.json, metadata.json, model.safetensors -> diffusers AutoencoderKLMiniMaxH3Audio
+
+* a diffusers MiniMax H3 directory: ``transformer/``, ``text_encoder/``, ``tokenizer/``, ``vae/``, ``audio_vae/``.
 
 The DiT modules are imported inside the functions: this package must import (and its tests run) without them.
-The video-VAE refusal is checked before any weight is read, so a doomed run fails in a second, not after
-loading 120 GB.
+The VAEs load first (seconds), so a folder with a broken VAE fails before the 120 GB of DiT and text encoder.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from .text_encoder import (
     tiny_text_config,
 )
 from .tokenizer import load_tokenizer
-from .vae import load_audio_decoder, load_video_decoder
+from .vae import AudioDecoder, VideoDecoder, random_audio_vae, random_video_vae
+from .vae_checkpoint import load_audio_vae, load_video_vae
 
 RANDOM = "random (no checkpoint)"
 OFFLOADED = ", kept in host memory between prompts"
@@ -45,6 +48,13 @@ def resolve_partition(checkpoint: str | Path, partition: str = "FL2VA") -> Path:
     raise FileNotFoundError(f"{root} is not a MiniMax H3 checkpoint: no {partition}/transformer or transformer folder")
 
 
+def _first_dir(part: Path, *names: str) -> Path:
+    for name in names:
+        if (part / name).is_dir():
+            return part / name
+    raise FileNotFoundError(f"{part} has no {' or '.join(names)} folder")
+
+
 def build_minimax_h3_pipeline(
     *,
     config: str = "tiny",
@@ -58,16 +68,20 @@ def build_minimax_h3_pipeline(
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
     show_progress: bool = True,
     offload_text_encoder: bool = False,
+    qkv_layout: str | None = None,
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
-    `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`)."""
+    `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`).
+    `qkv_layout` is passed to the DiT loader (for re-exported single files). `allow_standin_video_vae` is
+    accepted and ignored: the released VAEs now decode through diffusers' classes, there is no stand-in."""
+    del allow_standin_video_vae  # kept so existing callers (serving/minimax_runner.py) keep working
     device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(
             Path(checkpoint), device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
-            allow_standin_video_vae=allow_standin_video_vae, timestep_scale=timestep_scale,
-            show_progress=show_progress, offload_text_encoder=offload_text_encoder,
-        )
+            timestep_scale=timestep_scale, show_progress=show_progress, offload_text_encoder=offload_text_encoder,
+            qkv_layout=qkv_layout,
+        )  # fmt: skip
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
     from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
@@ -80,15 +94,18 @@ def build_minimax_h3_pipeline(
         text_config, text_layers = official_text_config(), SELECTED_LAYER
     encoder = MiniMaxH3TextEncoder.random(text_config, num_layers=text_layers, seed=seed, device=device, dtype=dtype)
     # on a GPU, draw there: drawing the 33B-parameter official DiT on the host takes minutes
-    dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl,
-                                      init_on_device=torch.device(device).type == "cuda")
+    on_device = device.type == "cuda"
+    dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=on_device)
     if mesh is not None and getattr(mesh, "world_size", 1) > 1:
         dit.enable_parallel(mesh)
+    video_vae = random_video_vae(config, seed=seed, device=device, dtype=dtype, init_on_device=on_device)
+    audio_vae = random_audio_vae(config, seed=seed, device=device, init_on_device=on_device)
+    tokenizer = load_tokenizer(None)
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(load_tokenizer(None), encoder, offload=offload_text_encoder),
-        load_video_decoder(None),
-        load_audio_decoder(None, device=device),
+        PromptEncoder(tokenizer, encoder, offload=offload_text_encoder),
+        VideoDecoder(video_vae, f"{video_vae.weights_source}: AutoencoderKLMiniMaxH3 (diffusers)"),
+        AudioDecoder(audio_vae, f"{audio_vae.weights_source}: AutoencoderKLMiniMaxH3Audio (diffusers)"),
         device=device,
         patch_size=tuple(dit_config.patch_size),
         timestep_scale=timestep_scale,
@@ -96,47 +113,55 @@ def build_minimax_h3_pipeline(
             "summary": f"{RANDOM}, {config} sizes",
             "dit": getattr(dit, "weights_source", RANDOM),
             "text_encoder": RANDOM + (OFFLOADED if offload_text_encoder else ""),
-            "tokenizer": load_tokenizer(None).description,
-            "video_vae": load_video_decoder(None).description,
-            "audio_vae": "stand-in audio decoder (no checkpoint)",
+            "tokenizer": tokenizer.description,
+            "video_vae": f"{RANDOM}, {config} sizes (diffusers AutoencoderKLMiniMaxH3)",
+            "audio_vae": f"{RANDOM}, {config} sizes (diffusers AutoencoderKLMiniMaxH3Audio)",
         },
         show_progress=show_progress,
     )
 
 
 def _from_checkpoint(
-    checkpoint: Path, *, device, dtype, mesh, attn_impl, allow_standin_video_vae, timestep_scale, show_progress,
+    checkpoint: Path,
+    *,
+    device,
+    dtype,
+    mesh,
+    attn_impl,
+    timestep_scale,
+    show_progress,
     offload_text_encoder: bool,
+    qkv_layout: str | None,
 ) -> MiniMaxH3Pipeline:
     part = resolve_partition(checkpoint)
-    video_decoder = load_video_decoder(part / "video_vae", allow_standin=allow_standin_video_vae)  # refuses first
+    video_vae = load_video_vae(_first_dir(part, "video_vae", "vae"), device=device, dtype=dtype)
+    audio_vae = load_audio_vae(_first_dir(part, "audio_vae"), device=device)
     from telefuser.models.minimax_h3.checkpoint import load_minimax_h3_dit
 
-    audio_decoder = load_audio_decoder(part / "audio_vae", device=device)
-    processor = part / "processor"
-    tokenizer = load_tokenizer(processor if processor.is_dir() else None)
+    tokenizer_dir = next((part / n for n in ("processor", "tokenizer") if (part / n).is_dir()), None)
+    tokenizer = load_tokenizer(tokenizer_dir)
     encoder_device = "cpu" if offload_text_encoder else device  # offloaded: read straight into host memory
     encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
-    dit = load_minimax_h3_dit(part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl)
+    dit = load_minimax_h3_dit(part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
+                              qkv_layout=qkv_layout)  # fmt: skip
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(
         dit,
         PromptEncoder(tokenizer, encoder, offload=offload_text_encoder),
-        video_decoder,
-        audio_decoder,
+        VideoDecoder(video_vae, video_vae.weights_source),
+        AudioDecoder(audio_vae, audio_vae.weights_source),
         device=device,
         patch_size=patch_size,
         timestep_scale=timestep_scale,
         weights={
             "summary": str(part),
-            "dit": str(part / "transformer"),
+            "dit": f"{part / 'transformer'} ({getattr(dit, 'checkpoint_layout', 'layout not recorded')})",
             "text_encoder": f"{part / 'text_encoder'} (first {SELECTED_LAYER} language layers)"
                             + (OFFLOADED if offload_text_encoder else ""),
             "tokenizer": tokenizer.description,
-            "video_vae": video_decoder.description,
-            "audio_vae": audio_decoder.description,
+            "video_vae": video_vae.weights_source,
+            "audio_vae": audio_vae.weights_source,
         },
         show_progress=show_progress,
-    )
-
+    )  # fmt: skip

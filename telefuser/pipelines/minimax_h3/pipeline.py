@@ -5,16 +5,18 @@ The DiT is injected (see `loading.build_minimax_h3_pipeline` for the real one). 
     dit(video [B, 24, T, h, w] fp32, audio [B, 32, 2*Ta] fp32, text [B, L, text_dim], t_video [B], t_audio [B],
         *, block_hook=None) -> (v_video, v_audio)   # fp32 velocities, same shapes as the inputs
 
-with ``t = timestep_scale * (1 - sigma)`` (0 = pure noise; the reference model takes ``1 - sigma`` in [0, 1],
-so ``timestep_scale`` must match what the DiT divides by). ``block_hook`` is the feature cache, or None.
+with ``t = timestep_scale * (1 - sigma)`` (0 = pure noise; the released model takes ``1 - sigma`` in [0, 1], so
+``timestep_scale`` must match what the DiT divides by). ``block_hook`` is the feature cache, or None.
 
-Noise follows the reference recipe so runs are comparable with it: one CPU generator seeded with `seed` draws the
-video latent ``[1, 24, T, h, w]``, a second one with the same seed draws the audio rows ``[2 * Ta, 32]``; both are
-drawn on the CPU, so every rank of a parallel run starts from identical noise.
+Noise follows diffusers' MiniMax H3 pipeline, so a run is comparable with it seed for seed: one CPU generator
+seeded with `seed` draws the video latent ``[1, 24, T, h, w]`` first, then the audio rows ``[2 * Ta, 32]``
+(channel-major: the left channel's rows, then the right's). Drawn on the CPU, so every rank of a parallel run starts
+from identical noise. The decoders (vae.py) return RGB in [0, 1] and stereo waveforms.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -36,9 +38,11 @@ from .shapes import (
     MiniMaxH3Shape,
     plan_shape,
 )
-from .vae import decode_audio
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMESTEP_SCALE = 1000.0
+CHECKPOINT_PREFIX = "checkpoint"  # how a loaded DiT's weights_source starts (checkpoint_io.finish_loading)
 
 
 @dataclass
@@ -191,7 +195,7 @@ class MiniMaxH3Pipeline:
             pixels = self.video_decoder(video)
         timings.video_decode_s = sw.seconds
         with Stopwatch(device) as sw:
-            waveform = decode_audio(self.audio_decoder, audio)
+            waveform = self.audio_decoder(audio)
         timings.audio_decode_s = sw.seconds
         frames = to_uint8_frames(pixels)[0]
         waveform = waveform[0].float().clamp(-1.0, 1.0).cpu()
@@ -233,8 +237,8 @@ class MiniMaxH3Pipeline:
             cache.set_step(step)
         t_video, t_audio = schedule.model_times(step)
         batch = video.shape[0]
-        tv = torch.full((batch,), t_video * self.timestep_scale, dtype=torch.float32, device=self.device)
-        ta = torch.full((batch,), t_audio * self.timestep_scale, dtype=torch.float32, device=self.device)
+        tv = (t_video * self.timestep_scale).to(self.device, torch.float32).expand(batch)
+        ta = (t_audio * self.timestep_scale).to(self.device, torch.float32).expand(batch)
         v_video, v_audio = self.dit(video, audio, text, tv, ta, block_hook=cache)
         if v_video.shape != video.shape or v_audio.shape != audio.shape:
             raise RuntimeError(
@@ -247,12 +251,28 @@ class MiniMaxH3Pipeline:
         if feature_cache is None or feature_cache == "none":
             return None
         if feature_cache == "ada_taylor":
-            return AdaTaylorCache(AdaTaylorParams.load(params_path("minimax_h3")), num_dit_calls)
+            params = AdaTaylorParams.load(params_path("minimax_h3"))
+            self._warn_if_placeholder(params)
+            return AdaTaylorCache(params, num_dit_calls)
         if feature_cache == "calibrator":
             return AdaTaylorCacheCalibrator(num_dit_calls)
         if isinstance(feature_cache, str) or not callable(getattr(feature_cache, "set_step", None)):
             raise ValueError(f"feature_cache must be None, 'ada_taylor', 'calibrator' or a hook, got {feature_cache!r}")
+        params = getattr(feature_cache, "params", None)
+        if isinstance(params, AdaTaylorParams):
+            self._warn_if_placeholder(params)
         return feature_cache
+
+    def _warn_if_placeholder(self, params: AdaTaylorParams) -> None:
+        """Placeholder ratios (calibrated on random weights) decide which steps a real model skips: say so."""
+        weights = str(getattr(self.dit, "weights_source", ""))
+        if params.is_placeholder and weights.startswith(CHECKPOINT_PREFIX):
+            log.warning(
+                "AdaTaylorCache: the bundled MiniMax H3 parameters are a PLACEHOLDER calibrated on random weights, "
+                "but the DiT has real weights (%s): skipped steps are chosen from meaningless ratios and quality "
+                "may suffer. Calibrate on these weights (run_t2va.py --calibrate-feature-cache PATH) and use that.",
+                weights,
+            )
 
     def _progress_on_this_rank(self) -> bool:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -260,18 +280,20 @@ class MiniMaxH3Pipeline:
 
 
 def initial_noise(shape: MiniMaxH3Shape, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Video [1, 24, T, h, w] and audio [1, 32, 2 * Ta] fp32 noise, drawn on the CPU (identical on every rank)."""
-    video = torch.randn(shape.video_latent_shape, generator=torch.Generator("cpu").manual_seed(seed))
-    # The reference draws audio as token rows [2 * Ta, 32]; transposing keeps the same numbers per token.
-    rows = torch.randn(shape.audio_tokens, AUDIO_LATENT_CHANNELS, generator=torch.Generator("cpu").manual_seed(seed))
+    """Video [1, 24, T, h, w] and audio [1, 32, 2 * Ta] fp32 noise from one CPU generator, video first (identical on
+    every rank, and to diffusers' pipeline given ``torch.Generator("cpu").manual_seed(seed)``)."""
+    generator = torch.Generator("cpu").manual_seed(seed)
+    video = torch.randn(shape.video_latent_shape, generator=generator)
+    # drawn as token rows [2 * Ta, 32] like the reference; transposing keeps the same numbers per token
+    rows = torch.randn(shape.audio_tokens, AUDIO_LATENT_CHANNELS, generator=generator)
     audio = rows.t().unsqueeze(0).contiguous()
     assert video.shape[1] == VIDEO_LATENT_CHANNELS
     return video.to(device), audio.to(device)
 
 
 def to_uint8_frames(pixels: torch.Tensor) -> torch.Tensor:
-    """[B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3] on the CPU."""
-    scaled = ((pixels.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+    """[B, 3, F, H, W] in [0, 1] -> uint8 [B, F, H, W, 3] on the CPU (diffusers' ``numpy_to_pil`` rounding)."""
+    scaled = (pixels.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
     return scaled.permute(0, 2, 3, 4, 1).contiguous().cpu()
 
 

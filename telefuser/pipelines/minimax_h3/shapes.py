@@ -4,7 +4,8 @@ Public facts this follows (README.md in this folder has the sources):
 
 * 24 fps video; frame counts are snapped up to the ``17n + 5`` boundary; the video VAE maps ``17n + 5`` frames to
   ``5n + 2`` latent frames (a 5-frame head of 2 latents, then 17-frame clips of 5 latents: 4x temporal, causal
-  first frame per clip). 5 s -> 120 -> 124 frames -> 37 latent frames.
+  first frame per clip). 5 s -> 120 -> 124 frames -> 37 latent frames. The shortest clip is 22 frames (n = 1):
+  diffusers' ``AutoencoderKLMiniMaxH3.decode`` produces no chunk from 2 latent frames (its pipeline asks for 5-15 s).
 * 16x spatial VAE compression, DiT patch (1, 2, 2): the canvas is a multiple of 32 pixels.
 * canvas policy: short edge 768, long edge from the aspect ratio, area capped at 768 * 1344, both edges rounded to
   the 32-pixel multiple (16:9 -> 768 x 1344).
@@ -38,10 +39,13 @@ ASPECT_RATIOS = {
 }
 
 
+MIN_FRAMES = 22  # 17n + 5 with n = 1: 7 latent frames, the fewest the video VAE decodes
+
+
 def align_frame_count(frames: int) -> int:
-    """Snap up to the next ``17n + 5`` frame count (at least 5)."""
-    if frames <= 5:
-        return 5
+    """Snap up to the next ``17n + 5`` frame count (at least `MIN_FRAMES`)."""
+    if frames <= MIN_FRAMES:
+        return MIN_FRAMES
     return frames + (5 - frames) % 17
 
 

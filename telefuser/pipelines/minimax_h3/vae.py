@@ -1,121 +1,100 @@
-"""Latents -> pixels and waveform for MiniMax H3.
+"""Latents -> pixels and waveform for MiniMax H3, through diffusers' VAE classes.
 
-Video: the official f16/t4/d24 VAE decodes with a ViT decoder (``AutoencoderKLLegacy``, clip length 17, token drop
-3, per-channel latent mean/std) that is not public as a library class, so this build has no faithful video
-decoder. `VideoDecoderStandIn` is a documented stand-in with the right shapes only: a fixed 24 -> 3 projection and
-trilinear upsampling (16x spatial, ``5n + 2`` latent frames -> ``17n + 5`` frames). It refuses an official
-checkpoint unless the caller explicitly accepts meaningless frames (useful to time the DiT with real weights).
+`VideoDecoder` wraps ``AutoencoderKLMiniMaxH3`` and does what diffusers' MiniMax H3 decode step does around it:
+de-normalize the latents per channel (``z * latents_std + latents_mean``), decode (spatially tiled, as released:
+diffusers' default geometry or the release's ``video_vae/config.json``), and undo the ImageNet pixel normalization
+the VAE works in (``x * std + mean``, clamped to [0, 1]). `AudioDecoder` wraps ``AutoencoderKLMiniMaxH3Audio``: the
+DiT's channel-major stereo tokens become two mono batch rows, de-normalized and decoded to 32 kHz.
 
-Audio: the official decoder architecture is public (see `audio_bigvgan`), so an ``audio_vae`` checkpoint is
-decoded faithfully by `MiniMaxH3AudioDecoder`. Without a checkpoint, `AudioDecoderStandIn` gives the right shape
-cheaply (fixed 32 -> 1 projection, linear upsampling by 800).
-
-Both stand-ins are deterministic closed-form functions (no random state, no weights to load).
+Without a checkpoint the same classes are built with seeded random weights (`random_video_vae`,
+`random_audio_vae`): at ``tiny`` sizes for CPU runs, at ``official`` sizes for GPU timing; the output is noise and
+the description says so. Loading from files is `vae_checkpoint.py`.
 """
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .audio_bigvgan import MiniMaxH3AudioDecoder
-from .shapes import (
-    AUDIO_CHANNELS,
-    AUDIO_HOP,
-    AUDIO_LATENT_CHANNELS,
-    VAE_SPATIAL,
-    VIDEO_LATENT_CHANNELS,
-    frame_count_from_latent_t,
-)
+from telefuser.models.checkpoint_io import RANDOM_WEIGHTS, fill_random, finish_loading
 
-OFFICIAL_VIDEO_VAE_REFUSAL = (
-    "this build cannot decode the official MiniMax H3 VAE faithfully: the f16/t4/d24 video decoder is a ViT "
-    "decoder (AutoencoderKLLegacy) that is not implemented here, and the stand-in would turn real latents into "
-    "meaningless frames. Run without a video VAE checkpoint, or pass allow_standin_video_vae=True "
-    "(--standin-video-vae) to time the rest of the pipeline knowing the frames are not meaningful."
-)
+from .shapes import AUDIO_CHANNELS
+from .vae_checkpoint import OFFICIAL_VIDEO_VAE, VAECheckpointError, build_empty, keeps_fp32, place
+
+# diffusers' MiniMaxH3ModularPipeline.pixel_mean / pixel_std: the video VAE works in ImageNet-normalized RGB
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+
+# CPU-sized variants with the released geometry (16x spatial, 4x temporal, clip 17 / token drop 3, 24 and 32
+# latent channels, hop 800), for tests and the tiny demo.
+TINY_VIDEO_VAE = {
+    **OFFICIAL_VIDEO_VAE,
+    "block_out_channels": (32, 32, 32, 32),
+    "layers_per_block": 1,
+    "spatial_downsample_factors": (2, 2, 2, 2),
+    "temporal_downsample_factors": (1, 2, 2, 1),
+    "decoder_num_layers": 2,
+    "decoder_num_attention_heads": 2,
+    "decoder_attention_head_dim": 16,
+    "decoder_num_register_tokens": 2,
+    "decoder_ffn_mult": 2,
+}
+TINY_AUDIO_VAE = {  # two stages and one AMP block per stage: CPU cost is per operation at these sizes
+    "encoder_dim": 4,
+    "encoder_rates": (20, 40),
+    "latent_dim": 32,
+    "num_attention_heads": 2,
+    "decoder_dim": 16,
+    "decoder_rates": (20, 40),
+    "decoder_kernel_sizes": (40, 80),
+    "resblock_kernel_sizes": (3,),
+    "resblock_dilation_sizes": ((1,),),
+}
+# diffusers' audio class has no default latent statistics (the release ships them); random weights get identity ones
+_IDENTITY_AUDIO_STATS = {"latents_mean": [0.0] * 32, "latents_std": [1.0] * 32}
 
 
-def _cosine_projection(out_channels: int, in_channels: int) -> torch.Tensor:
-    """A fixed, well-conditioned [out, in] mixing matrix (DCT-II rows), identical on every machine."""
-    k = torch.arange(in_channels, dtype=torch.float64)
-    rows = [torch.cos(math.pi * (c + 1) * (k + 0.5) / in_channels) for c in range(out_channels)]
-    return (torch.stack(rows) * math.sqrt(2.0 / in_channels)).float()
+class VideoDecoder(nn.Module):
+    """Normalized latents [B, 24, T, h, w] -> RGB [B, 3, F, 16h, 16w] in [0, 1], float32, F = 17n + 5."""
 
-
-class VideoDecoderStandIn(nn.Module):
-    """[B, 24, T, h, w] latents -> [B, 3, F, 16h, 16w] in [-1, 1], F = 17n + 5 for T = 5n + 2. Shapes only."""
-
-    faithful = False
-
-    def __init__(self, description: str = "stand-in video decoder (fixed projection + upsampling; no weights)") -> None:
+    def __init__(self, vae, description: str) -> None:
         super().__init__()
+        self.vae = vae
         self.description = description
-        self.register_buffer("projection", _cosine_projection(3, VIDEO_LATENT_CHANNELS), persistent=False)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path) -> VideoDecoderStandIn:
-        raise NotImplementedError(f"{OFFICIAL_VIDEO_VAE_REFUSAL} (checkpoint: {path})")
 
     @torch.no_grad()
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        if latents.ndim != 5 or latents.shape[1] != VIDEO_LATENT_CHANNELS:
-            raise ValueError(f"video latents must be [B, {VIDEO_LATENT_CHANNELS}, T, h, w], got {tuple(latents.shape)}")
-        _, _, t, h, w = latents.shape
-        frames = frame_count_from_latent_t(t)
-        rgb = torch.einsum("oc,bcthw->bothw", self.projection.to(latents.device), latents.float())
-        rgb = F.interpolate(rgb, size=(frames, h * VAE_SPATIAL, w * VAE_SPATIAL), mode="trilinear", align_corners=True)
-        return torch.tanh(rgb)
+        config = self.vae.config
+        if latents.ndim != 5 or latents.shape[1] != config.latent_channels:
+            raise ValueError(
+                f"video latents must be [B, {config.latent_channels}, T, h, w], got {tuple(latents.shape)}"
+            )
+        device = self.vae.post_quant_conv.weight.device
+        mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(config.latents_std, device=device).view(1, -1, 1, 1, 1)
+        video = self.vae.decode(latents.to(device, torch.float32) * std + mean, return_dict=False)[0]
+        pixel_mean = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
+        pixel_std = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
+        return (video.float() * pixel_std + pixel_mean).clamp(0, 1)
 
 
-class AudioDecoderStandIn(nn.Module):
-    """Normalized audio latents [N, 32, T] -> [N, 1, T * 800] in [-0.5, 0.5]. Shapes only."""
+class AudioDecoder(nn.Module):
+    """DiT audio tokens [B, 32, 2T] (left channel's T, then right's; normalized) -> stereo [B, 2, T * 800] fp32."""
 
-    faithful = False
-
-    def __init__(self) -> None:
+    def __init__(self, vae, description: str) -> None:
         super().__init__()
-        self.description = "stand-in audio decoder (fixed projection + linear upsampling; no weights)"
-        self.register_buffer("projection", _cosine_projection(1, AUDIO_LATENT_CHANNELS), persistent=False)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path) -> AudioDecoderStandIn:
-        raise NotImplementedError(
-            "the audio stand-in never loads weights; an official audio_vae folder is decoded by "
-            f"MiniMaxH3AudioDecoder (load_audio_decoder does this): {path}"
-        )
+        self.vae = vae
+        self.description = description
 
     @torch.no_grad()
-    def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        mono = torch.einsum("oc,nct->not", self.projection.to(latents.device), latents.float())
-        wave = F.interpolate(mono, size=latents.shape[-1] * AUDIO_HOP, mode="linear", align_corners=True)
-        return 0.5 * torch.tanh(wave)
-
-
-def load_video_decoder(checkpoint: str | Path | None, *, allow_standin: bool = False) -> VideoDecoderStandIn:
-    """The video decoder for `checkpoint` (a ``video_vae`` folder) or the stand-in when there is none."""
-    if checkpoint is None:
-        return VideoDecoderStandIn()
-    if not allow_standin:
-        raise NotImplementedError(f"{OFFICIAL_VIDEO_VAE_REFUSAL} (checkpoint: {checkpoint})")
-    return VideoDecoderStandIn(
-        description=f"STAND-IN video decoder although {checkpoint} was given: frames are NOT meaningful"
-    )
-
-
-def load_audio_decoder(
-    checkpoint: str | Path | None, *, device: str | torch.device = "cpu"
-) -> MiniMaxH3AudioDecoder | AudioDecoderStandIn:
-    """The faithful decoder from an ``audio_vae`` folder, or the stand-in when there is none."""
-    if checkpoint is None:
-        return AudioDecoderStandIn().to(device)
-    decoder = MiniMaxH3AudioDecoder.from_checkpoint(checkpoint, device=device)
-    decoder.description = f"MiniMax H3 audio VAE decoder from {checkpoint}"
-    return decoder
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        config = self.vae.config
+        device = self.vae.dec_in_proj.weight.device
+        mono = split_stereo_tokens(tokens.to(device, torch.float32))
+        mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1)
+        std = torch.tensor(config.latents_std, device=device).view(1, -1, 1)
+        wave = self.vae.decode(mono * std + mean, return_dict=False)[0]
+        return wave.float().reshape(tokens.shape[0], AUDIO_CHANNELS, -1)
 
 
 def split_stereo_tokens(audio_tokens: torch.Tensor) -> torch.Tensor:
@@ -127,8 +106,51 @@ def split_stereo_tokens(audio_tokens: torch.Tensor) -> torch.Tensor:
     return audio_tokens.reshape(b, c, AUDIO_CHANNELS, t).permute(0, 2, 1, 3).reshape(b * AUDIO_CHANNELS, c, t)
 
 
-def decode_audio(decoder: nn.Module, audio_tokens: torch.Tensor) -> torch.Tensor:
-    """DiT audio tokens [B, 32, 2T] -> stereo waveform [B, 2, T * 800], fp32."""
-    b = audio_tokens.shape[0]
-    wave = decoder(split_stereo_tokens(audio_tokens.float()))
-    return wave.reshape(b, AUDIO_CHANNELS, -1)
+# -- random weights ------------------------------------------------------------------------------------------------
+def _random_tensor(name: str, param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Weights ~ N(0, 1/fan_in), small biases, scales near 1; the ViT's residual scales start small."""
+    noise = torch.randn(param.shape, generator=generator, dtype=torch.float32, device=generator.device)
+    if name.endswith(".bias"):
+        return 0.02 * noise
+    if name.endswith(("scale1", "scale2")):
+        return 0.1 + 0.01 * noise
+    if param.dim() == 1 or name.endswith(("weight_g", ".alpha", ".beta")):  # norm scales, weight norms, Snake
+        return 1.0 + 0.1 * noise
+    return noise / max(1, param[0].numel()) ** 0.5
+
+
+def _random_vae(cls, config: dict, *, seed: int, device, dtype, init_on_device: bool) -> nn.Module:
+    vae = build_empty(cls, config)
+    pinned = getattr(vae, "_keep_in_fp32_modules", None)
+    device = torch.device(device)
+    fill_random(vae, seed, device=device, init_on_device=init_on_device, draw=_random_tensor,
+                dtype_for=lambda name: torch.float32 if keeps_fp32(name, pinned) else dtype)  # fmt: skip
+    return place(vae, device=device, dtype=dtype)
+
+
+def random_video_vae(size: str, *, seed: int, device="cpu", dtype=torch.float32, init_on_device=False):
+    """``AutoencoderKLMiniMaxH3`` at ``tiny`` or ``official`` sizes with seeded random weights."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    config = _sizes(size, TINY_VIDEO_VAE, OFFICIAL_VIDEO_VAE)
+    vae = _random_vae(AutoencoderKLMiniMaxH3, config, seed=seed, device=device, dtype=dtype,
+                      init_on_device=init_on_device)  # fmt: skip
+    finish_loading(vae, f"{RANDOM_WEIGHTS}, {size} sizes", error=VAECheckpointError)
+    return vae
+
+
+def random_audio_vae(size: str, *, seed: int, device="cpu", init_on_device=False):
+    """``AutoencoderKLMiniMaxH3Audio`` at ``tiny`` or ``official`` sizes with seeded random weights (float32)."""
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
+    config = {**_sizes(size, TINY_AUDIO_VAE, {}), **_IDENTITY_AUDIO_STATS}
+    vae = _random_vae(AutoencoderKLMiniMaxH3Audio, config, seed=seed, device=device, dtype=torch.float32,
+                      init_on_device=init_on_device)  # fmt: skip
+    finish_loading(vae, f"{RANDOM_WEIGHTS}, {size} sizes", error=VAECheckpointError)
+    return vae
+
+
+def _sizes(size: str, tiny: dict, official: dict) -> dict:
+    if size not in ("tiny", "official"):
+        raise ValueError(f"VAE size must be 'tiny' or 'official', got {size!r}")
+    return dict(tiny if size == "tiny" else official)
