@@ -385,6 +385,38 @@ def test_property_websocket_messages_never_break_a_stream(fake_client, messages)
     assert events[-1]["stage"] == "delivery_ack" and events[-1]["match"] is True, events[-3:]
 
 
+@settings(PROPERTY, max_examples=80)
+@given(
+    route=st.sampled_from(["control", "ack", "stop"]),
+    body=st.one_of(
+        st.builds(
+            hv.json_text, hv.one_field_hostile({"keys": st.lists(st.sampled_from(ALLOWED_KEYS), max_size=3)}, {})
+        ),
+        st.builds(hv.json_text, hv.one_field_hostile({"published_frames": st.integers(0, 100)}, {})),
+        st.builds(hv.json_text, hv.json_values),
+        st.binary(max_size=100).map(lambda b: b.decode("latin-1")),
+        st.integers(30, 3000).map(lambda n: hv.nested(n).decode()),
+    ),
+    query=st.dictionaries(
+        st.sampled_from(["frames", "status", "token", "x"]),
+        st.one_of(st.text(max_size=8), hv.any_text.map(lambda t: t.encode("utf-8", "backslashreplace").decode())),
+        max_size=2,
+    ),
+)
+def test_property_the_control_channel_and_stream_queries_never_5xx(fake_client, route, body, query):
+    """POST .../control, .../ack, .../stop with any body, and the SSE route with any query, on a live session."""
+    s = fake_client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE,
+                                                      "config": {"num_frames": None}}).json()  # fmt: skip
+    try:
+        r = fake_client.post(f"/v1/stream/sessions/{s['session_id']}/{route}", content=body,
+                             headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code in (200, 202, 400, 409, 413, 422), r.text
+        r = fake_client.get(f"/v1/stream/sessions/{s['session_id']}/events", params={**query, "frames": "x"})
+        assert r.status_code == 422, r.text  # a query FastAPI cannot read is refused before the stream starts
+    finally:
+        assert fake_client.delete(f"/v1/stream/sessions/{s['session_id']}").status_code == 204
+
+
 def test_property_runs_left_the_service_healthy_and_memory_bounded(fake_client):
     """After both properties (pytest runs this file in order): healthy, listing works, no slot held, RSS bounded."""
     assert_healthy(fake_client)

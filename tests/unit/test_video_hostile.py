@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import time
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -299,6 +300,29 @@ def test_property_no_video_request_gets_a_5xx(video_client, fields, extra, encod
         assert video_client.delete(f"/v1/videos/{job['id']}").status_code == 200  # cancel, or delete if done
     else:
         assert isinstance(r.json()["detail"], (str, list))
+
+
+query_values = st.one_of(st.integers(-5, 200).map(str), st.text(max_size=12), hv.huge_ints.map(str),
+                         hv.any_text.map(lambda t: t.encode("utf-8", "backslashreplace").decode()))  # fmt: skip
+
+
+@settings(PROPERTY, max_examples=50)
+@given(
+    params=st.dictionaries(st.sampled_from(["limit", "after", "order", "x"]), query_values, max_size=3),
+    variant=query_values,
+    video_id=st.one_of(
+        st.just("video_" + "0" * 32),
+        hv.any_text.filter(lambda t: t.strip(" .")).map(
+            lambda t: quote(t.encode("utf-8", "backslashreplace"), safe="")
+        ),
+    ),
+)
+def test_property_listing_and_lookups_never_5xx(video_client, params, variant, video_id):
+    """GET /v1/videos with any query, and every per-video route with any id or variant: a 4xx at worst."""
+    assert video_client.get("/v1/videos", params=params).status_code in (200, 404, 422)
+    for method, suffix in (("GET", ""), ("GET", "/content"), ("DELETE", "")):
+        r = video_client.request(method, f"/v1/videos/{video_id}{suffix}", params={"variant": variant})
+        assert r.status_code < 500, (method, video_id, suffix, r.text)
 
 
 def test_property_runs_left_the_service_healthy_restartable_and_memory_bounded(video_client):
