@@ -17,9 +17,15 @@ noise recipe (two generators; pipeline).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+from telefuser.media import probe_media
 from telefuser.models.minimax_h3 import MiniMaxH3Config, load_minimax_h3_dit
 from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
 from telefuser.pipelines.minimax_h3 import pipeline as pipeline_module
@@ -201,3 +207,22 @@ def test_the_previous_noise_recipe_is_far_from_diffusers(runs, monkeypatch):
     monkeypatch.setattr(pipe, "audio_decoder", _Silence(lambda z: (1, 2, z.shape[-1] // 2 * 800)))
     result = _run(pipe)
     assert relative_error(split_stereo_tokens(result.audio_latents), theirs["audio_latents"]) > 100 * LATENT_BOUND
+
+
+def test_example_cli_decodes_a_release_folder_without_any_flag(release_folder, tmp_path):
+    """run_t2va.py on the release layout: diffusers' VAEs from video_vae/source and audio_vae, no stand-in flag."""
+    folder, _ = release_folder
+    out = tmp_path / "h3.mp4"
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable, str(repo / "examples/minimax_h3/run_t2va.py"), "--checkpoint", str(folder), "--device", "cpu",
+        "--dtype", "float32", "--duration", "0.9", "--resolution", "32", "--aspect-ratio", "1:1", "--steps", "3",
+        "--no-progress", "--prompt", PROMPT, "--output", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert done.returncode == 0, done.stderr[-2000:]
+    weights = json.loads(out.with_suffix(".json").read_text())["weights"]
+    assert "AutoencoderKLMiniMaxH3 from the release" in weights["video_vae"]
+    assert "AutoencoderKLMiniMaxH3Audio from the release" in weights["audio_vae"]
+    info = probe_media(out)
+    assert info.video_frames == FRAMES and info.has_audio and info.channels == 2
