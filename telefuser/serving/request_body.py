@@ -82,6 +82,12 @@ def encodable(text: str) -> bool:
     return True
 
 
+def encodable_text(text: str) -> str:
+    """`text` with any lone surrogate spelled out as \\udXXX: text from elsewhere (an exception's message) made safe
+    to store and send."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def json_object(body: bytes, example: str) -> dict[str, Any]:
     """A request body that must be one JSON object; 400 with a reason (and `example` when it is empty) otherwise."""
     if not body.strip():

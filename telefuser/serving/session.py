@@ -27,6 +27,7 @@ import numpy as np
 from .envelope import chunk_checksum, encode_frame, frame_crc32, pack
 from .metrics import StreamMetrics
 from .protocol import ALLOWED_KEYS, StreamSession, parse_resolution
+from .request_body import encodable_text
 
 log = logging.getLogger("telefuser.serving")
 DELIVERY_MODES = ("lossless", "realtime")
@@ -340,7 +341,8 @@ class SessionRuntime:
             self.close_reason = "error"
             self.notices.put_nowait(
                 Notice({"type": "status", "stage": "error", "fatal": True,
-                        "message": f"generation failed at chunk {index}: {type(exc).__name__}: {exc}"}, final=True)
+                        "message": encodable_text(f"generation failed at chunk {index}: {type(exc).__name__}: {exc}")},
+                       final=True)
             )  # fmt: skip
             await self._release_model("error")
 

@@ -42,9 +42,6 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def encodable_text(text: str) -> str:
-    """`text` with any lone surrogate spelled out as \\udXXX, so that it can be stored and sent."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass

@@ -17,7 +17,8 @@ import time
 from collections import deque
 from typing import Any
 
-from .video_jobs import FINISHED, JobStore, VideoJob, encodable_text, encode_record
+from .request_body import encodable_text
+from .video_jobs import FINISHED, JobStore, VideoJob, encode_record
 from .video_metrics import VideoMetrics
 from .video_runner import JobCancelled, RunHooks, VideoRunner, VideoSpec
 
