@@ -46,8 +46,6 @@ from tests.minimax_h3_reference import (
 )
 from tests.numerics import relative_error
 
-pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
-
 DIT_BOUND = 1e-5
 LATENT_BOUND = 1e-5
 DECODED_BOUND = 1e-4
@@ -68,6 +66,7 @@ def _velocities(model, video, audio, text, tv, ta):
         return our_rows(*model(video, audio, text, torch.tensor([tv * 1000.0]), torch.tensor([ta * 1000.0])))
 
 
+@pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 @pytest.mark.parametrize(
     "text_rows, thw, audio_t, tv, ta",
     [(5, (2, 4, 6), 3, 0.7, 0.3), (9, (7, 2, 2), 37, 0.05, 0.95), (1, (1, 6, 2), 1, 0.5, 0.5)],
@@ -165,6 +164,7 @@ def runs(release_folder):
     return pipe, _run(pipe), prompt_embeds, theirs
 
 
+@pytest.mark.numerics
 def test_t2va_pipeline_matches_diffusers_modular_pipeline(runs):
     pipe, result, prompt_embeds, theirs = runs
     assert result.frames.shape == (FRAMES, SIZE, SIZE, 3) and result.audio.shape == (2, 37 * 800)
@@ -193,6 +193,7 @@ class _Silence(torch.nn.Module):
         return torch.zeros(self.shape_of(latents))
 
 
+@pytest.mark.numerics
 def test_the_previous_noise_recipe_is_far_from_diffusers(runs, monkeypatch):
     """Negative control: video and audio drawn from two generators seeded alike (this repository's earlier rule)."""
     pipe, _, _, theirs = runs
