@@ -172,14 +172,11 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    try:
-        pipe = build_minimax_h3_pipeline(
-            config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
-            attn_impl=attn_impl, allow_standin_video_vae=args.standin_video_vae, show_progress=False,
-            offload_text_encoder=args.offload_text_encoder,
-        )  # fmt: skip
-    except NotImplementedError as exc:  # the official video VAE refusal, raised before any weight is read
-        raise SystemExit(f"{exc}\n(serve: pass --standin-video-vae to run with the shape-only video decoder)") from exc
+    pipe = build_minimax_h3_pipeline(
+        config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
+        attn_impl=attn_impl, show_progress=False, offload_text_encoder=args.offload_text_encoder,
+        qkv_layout=getattr(args, "qkv_layout", None),
+    )  # fmt: skip
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "size": args.size_default or ("64x32" if tiny else "1344x768"),
@@ -190,7 +187,6 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
     info = {
         "config": "checkpoint" if args.checkpoint else args.config,
         "checkpoint": str(args.checkpoint) if args.checkpoint else None,
-        "standin_video_vae": bool(args.standin_video_vae),
         "device": str(device),
         "dtype": dtype_name,
         "attn_impl": attn_impl,

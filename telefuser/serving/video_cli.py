@@ -2,7 +2,7 @@
 
     telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
     telefuser serve --config tiny --device cpu                   # MiniMax H3, tiny random weights, on the CPU
-    torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 --standin-video-vae \
+    torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
 
 The model is built by a `build_runner(args)` hook (default: `minimax_runner.build_minimax_runner`). SIGINT/SIGTERM
@@ -79,9 +79,9 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     m.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
     m.add_argument("--offload-text-encoder", action="store_true",
                    help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
-    m.add_argument("--standin-video-vae", action="store_true",
-                   help="with --checkpoint: decode video with the shape-only stand-in (frames NOT meaningful); "
-                   "the pipeline refuses a checkpoint without it")
+    m.add_argument("--qkv-layout", choices=("interleaved", "stacked"), default=None,  # models.minimax_h3.QKV_LAYOUTS
+                   help="fused QKV row order of a single-file re-export whose metadata does not say (the release "
+                   "shards and diffusers folders need no flag)")
     m.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
     m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")

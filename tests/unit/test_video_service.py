@@ -101,7 +101,7 @@ def tiny_runner():
     from telefuser.serving.minimax_runner import build_minimax_runner
 
     args = argparse.Namespace(
-        config="tiny", checkpoint=None, standin_video_vae=False, device="cpu", dtype="float32", attn_impl="sdpa",
+        config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl="sdpa",
         ulysses_degree=1, tp_degree=1, enable_feature_cache=False, steps_default=3, size_default=None,
         seconds_default=None, served_model_name="MiniMax-H3", offload_text_encoder=True,
     )  # fmt: skip

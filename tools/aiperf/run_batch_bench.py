@@ -6,7 +6,7 @@ Run it with the ENGINE's Python (it starts the service and probes the MP4s with 
     .venv/bin/python tools/aiperf/run_batch_bench.py                                    # 4 jobs, tiny, CPU
     .venv/bin/python tools/aiperf/run_batch_bench.py --bench-config tools/aiperf/configs/batch_minimax_h3_ci.yaml
     python3 tools/aiperf/run_batch_bench.py --config official --checkpoint /models/MiniMax-H3 --nproc 4 \
-        --service-arg=--standin-video-vae --service-arg=--ulysses-degree=2 --service-arg=--tp-degree=2
+        --service-arg=--ulysses-degree=2 --service-arg=--tp-degree=2
 
 Steps: start the service (own process group) -> wait for /v1/service/health -> scrape /v1/service/metrics ->
 `aiperf profile --config <bench config>` -> scrape again -> re-download every job's MP4 from the raw export's job ids
