@@ -1,8 +1,9 @@
 """`UlyssesOwner`: a model that owns one `UlyssesCommunicator`, shared by all its blocks.
 
 The model's ``__init__`` sets ``communicator`` and ``ulysses_group`` to None; its ``enable_parallel`` does its own
-checks and then calls `open_ulysses(mesh, communicator_factory)`. `close()` (alias `disable_parallel`) releases the
-communicator; `_ulysses_coordinates()` is (rank, world size) in the group, (0, 1) when the model runs dense.
+checks and then calls `open_ulysses(mesh, communicator_factory)`. `reset_parallel()` is the communicator's collective
+reset at a request boundary; `close()` releases the communicator; `_ulysses_coordinates()` is (rank, world size) in
+the group, (0, 1) when the model runs dense.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ class UlyssesOwner:
             self.communicator.close()
         self.communicator, self.ulysses_group = None, None
 
-    disable_parallel = close
+    def reset_parallel(self) -> bool:
+        """At a request boundary, on every rank: reopen the copy-engine transport after a failure or fallback on any
+        rank (`UlyssesCommunicator.reset`); one small exchange when all are healthy, nothing when the model runs
+        dense. Returns whether anything was reset."""
+        return self.communicator.reset() if self.communicator is not None else False
 
     def _ulysses_coordinates(self) -> tuple[int, int]:
         if self.communicator is None:

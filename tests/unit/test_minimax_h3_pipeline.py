@@ -299,3 +299,20 @@ def test_example_cli_runs_the_tiny_config_with_the_real_dit(tmp_path):
     info = probe_media(out)
     assert info.video_frames == 22 and info.has_audio and info.sample_rate == 32_000 and info.channels == 2
     assert json.loads(out.with_suffix(".json").read_text())["dit_calls"]["computed"] == 2
+
+
+def test_every_request_resets_the_dits_ulysses_transport_first():
+    class ResetCountingDiT(StubDiT):
+        resets = 0
+
+        def reset_parallel(self):
+            type(self).resets += 1
+            return False
+
+    pipe = make_pipeline(ResetCountingDiT(), decode=False)
+    for expected in (1, 2):
+        pipe("a fox", duration=0.5, resolution=64, steps=2, seed=0)
+        assert ResetCountingDiT.resets == expected
+    with pytest.raises(ValueError, match="steps"):
+        pipe("a fox", duration=0.5, resolution=64, steps=1)  # refused before the collective: no reset
+    assert ResetCountingDiT.resets == 2

@@ -44,6 +44,7 @@ import torch
 
 from telefuser.profiling.timing import PhaseClock
 
+from ..request_boundary import reset_parallel
 from .camera_control import CameraFactory, CameraGeometry, no_camera
 from .controls import normalize_keys
 from .image import image_to_canvas, load_reference_image
@@ -131,6 +132,7 @@ class WorldSessionPipeline:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         rgb = load_reference_image(image)
+        reset_parallel(self.dit)  # a request boundary: reopen the copy engine if an earlier session failed on it
         return LingBotSession(self, plan, rgb, prompt, seed, keep_latents=keep_latents)
 
     def warm_up(self, *, resolution=DEFAULT_RESOLUTION, fps: float = DEFAULT_FPS) -> float:

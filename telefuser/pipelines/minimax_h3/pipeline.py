@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
 from telefuser.profiling.timing import Stopwatch, peak_memory, reset_peak_memory, synchronize
 
+from ..request_boundary import reset_parallel
 from .scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_NUM_STEPS, DEFAULT_VIDEO_FLOW_SHIFT, FlowSchedule
 from .shapes import (
     AUDIO_LATENT_CHANNELS,
@@ -174,6 +175,7 @@ class MiniMaxH3Pipeline:
         schedule = FlowSchedule.build(steps, flow_shift, audio_flow_shift)
         cache = self._feature_cache(feature_cache, schedule.num_dit_calls)
         device, timings = self.device, MiniMaxH3Timings()
+        reset_parallel(self.dit)  # a request boundary: reopen the copy engine if an earlier request failed on it
 
         reset_peak_memory(device)
         synchronize(device)
