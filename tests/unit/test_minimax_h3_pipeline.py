@@ -14,7 +14,7 @@ from torch import nn
 
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorParams, params_path
 from telefuser.media import probe_media, write_mp4
-from telefuser.pipelines.minimax_h3 import MiniMaxH3Pipeline, plan_shape
+from telefuser.pipelines.minimax_h3 import GenerationCancelled, MiniMaxH3Pipeline, plan_shape
 from telefuser.pipelines.minimax_h3.loading import resolve_partition
 from telefuser.pipelines.minimax_h3.pipeline import initial_noise, to_uint8_frames
 from telefuser.pipelines.minimax_h3.shapes import (
@@ -316,3 +316,16 @@ def test_every_request_resets_the_dits_ulysses_transport_first():
     with pytest.raises(ValueError, match="steps"):
         pipe("a fox", duration=0.5, resolution=64, steps=1)  # refused before the collective: no reset
     assert ResetCountingDiT.resets == 2
+
+
+def test_on_step_reports_every_dit_call_and_cancelled_stops_before_the_next():
+    pipe = make_pipeline(decode=False)
+    seen = []
+    pipe("a fox", duration=0.5, resolution=64, steps=4, seed=0, on_step=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    dit = StubDiT()
+    pipe = make_pipeline(dit, decode=False)
+    with pytest.raises(GenerationCancelled, match="after 2 DiT calls") as stopped:
+        pipe("a fox", duration=0.5, resolution=64, steps=4, seed=0, on_step=lambda done, total: seen.append(done),
+             cancelled=lambda: len(dit.calls) >= 2)
+    assert stopped.value.steps_done == 2 and len(dit.calls) == 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,14 @@ class MiniMaxH3Result:
         }
 
 
+class GenerationCancelled(Exception):
+    """The caller's ``cancelled()`` answered True before a DiT call; `steps_done` calls had run."""
+
+    def __init__(self, steps_done: int):
+        super().__init__(f"generation cancelled after {steps_done} DiT calls")
+        self.steps_done = steps_done
+
+
 class MiniMaxH3Pipeline:
     """One T2VA request per call. Holds its components; `close()` releases the DiT's parallel state."""
 
@@ -164,9 +173,15 @@ class MiniMaxH3Pipeline:
         flow_shift: float = DEFAULT_VIDEO_FLOW_SHIFT,
         audio_flow_shift: float = DEFAULT_AUDIO_FLOW_SHIFT,
         feature_cache=None,
+        on_step: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> MiniMaxH3Result:
         """Generate one clip. `feature_cache`: None / "none", "ada_taylor" (bundled H3 parameters), or a hook
-        object with ``set_step`` (an `AdaTaylorCache` with other parameters, an `AdaTaylorCacheCalibrator`)."""
+        object with ``set_step`` (an `AdaTaylorCache` with other parameters, an `AdaTaylorCacheCalibrator`).
+
+        Progress and cancellation, in the manner of diffusers' ``callback_on_step_end`` and ``interrupt``:
+        ``on_step(done, total)`` runs after each DiT call; ``cancelled()`` is asked before each, and a True answer
+        raises `GenerationCancelled` (under Ulysses/TP every rank must give the same answers)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
@@ -185,12 +200,15 @@ class MiniMaxH3Pipeline:
         timings.text_encode_s = sw.seconds
 
         video, audio = initial_noise(shape, seed, device)
-        for step in tqdm(
-            range(schedule.num_dit_calls), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank()
-        ):
+        total = schedule.num_dit_calls
+        for step in tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank()):
+            if cancelled is not None and cancelled():
+                raise GenerationCancelled(step)
             with Stopwatch(device) as sw:
                 video, audio = self._denoise_step(schedule, step, video, audio, text, cache)
             timings.dit_step_s.append(sw.seconds)
+            if on_step is not None:
+                on_step(step + 1, total)
         timings.dit_total_s = sum(timings.dit_step_s)
 
         with Stopwatch(device) as sw:
