@@ -21,24 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Iterable
 
 import torch
 
+from .controls import ACCEPTED_KEYS, canonical_key
+
 VAE_STRIDE = 8  # pixels per latent pixel, each spatial axis
 PIXEL_FRAMES_PER_LATENT = 4  # the Wan VAE's temporal stride
-
-# Canonical actions: w/s forward/back, a/d strafe, j/l yaw left/right, i/k pitch up/down.
-_KEY_ACTIONS = MappingProxyType({
-    "w": "w", "a": "a", "s": "s", "d": "d", "i": "i", "j": "j", "k": "k", "l": "l",
-    "keyw": "w", "keya": "a", "keys": "s", "keyd": "d", "keyi": "i", "keyj": "j", "keyk": "k", "keyl": "l",
-    # As in the public service: the up/down arrows move, the left/right arrows turn.
-    "arrowup": "w", "arrowdown": "s", "arrowleft": "j", "arrowright": "l",
-})
-VALID_KEYS = ("W", "A", "S", "D", "I", "J", "K", "L", "KeyW", "KeyA", "KeyS", "KeyD", "KeyI", "KeyJ", "KeyK",
-              "KeyL", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight")
-
 
 @dataclass(frozen=True)
 class ControlSteps:
@@ -68,13 +58,13 @@ def parse_control_keys(keys: Iterable[str]) -> frozenset[str]:
         keys = [keys]
     actions, unknown = set(), []
     for key in keys:
-        action = _KEY_ACTIONS.get(str(key).lower())
-        if action is None:
+        canonical = canonical_key(str(key))
+        if canonical is None:
             unknown.append(key)
         else:
-            actions.add(action)
+            actions.add(canonical.lower())  # the integration below names actions by their lower-case key
     if unknown:
-        raise ValueError(f"unknown control key(s) {unknown!r}; valid keys: {', '.join(VALID_KEYS)}")
+        raise ValueError(f"unknown control key(s) {unknown!r}; valid keys: {', '.join(ACCEPTED_KEYS)}")
     return frozenset(actions)
 
 

@@ -1,7 +1,7 @@
 """LingBot-World v2 session pipeline: chunked autoregressive image-to-video, steered by keyboard controls.
 
-The causal DiT and its camera geometry live in `telefuser.models.lingbot_world_v2` and are imported lazily by
-`loading`; everything here imports (and is tested) without them. See README.md for facts, sources and assumptions.
+The causal DiT, its camera geometry and its key vocabulary live in `telefuser.models.lingbot_world_v2`; the
+pipeline drives any DiT with the same session contract. See README.md for facts, sources and assumptions.
 """
 
 from .camera_control import (
@@ -14,7 +14,8 @@ from .camera_control import (
     lingbot_camera,
     no_camera,
 )
-from .controls import CONTROL_KEYS, ControlTrace, load_control_trace, normalize_keys, parse_control_trace
+from ...models.lingbot_world_v2.controls import CONTROL_KEYS, normalize_keys  # the model's vocabulary
+from .controls import ControlTrace, load_control_trace, parse_control_trace
 from .loading import build_lingbot_pipeline, resolve_checkpoint
 from .metrics import format_summary, seconds_summary, summarize
 from .request import FRAME_POLICIES, SessionPlan, parse_resolution, plan_session

@@ -1,9 +1,5 @@
-"""Keyboard controls: the key vocabulary and the control trace file.
-
-Keys (reference: W/S/A/D move, J/L/I/K turn yaw and pitch): ``W A S D I J K L`` in either case, the DOM codes
-``KeyW`` ... ``KeyL``, and the arrows: ``ArrowUp/ArrowDown`` = ``W/S`` (move), ``ArrowLeft/ArrowRight`` = ``J/L``
-(turn), the same table as ``telefuser.models.lingbot_world_v2.camera.parse_control_keys``. Anything else is a
-ValueError.
+"""The control trace file: which keys are held from which chunk on (the key vocabulary is the model's,
+`telefuser.models.lingbot_world_v2.controls`).
 
 Trace file: a JSON list, or JSON lines (one object per line; blank lines and lines starting with ``#`` skipped), of
 entries ``{"chunk": <int >= 0>, "keys": [<key>, ...]}`` with strictly increasing ``chunk``. An entry records the keys
@@ -15,35 +11,12 @@ as in a live stream where the first chunk is computed before any control can arr
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTROL_KEYS = ("W", "A", "S", "D", "I", "J", "K", "L")
-KEY_ALIASES = {"ARROWUP": "W", "ARROWDOWN": "S", "ARROWLEFT": "J", "ARROWRIGHT": "L",
-               **{f"KEY{k}": k for k in CONTROL_KEYS}}
+from ...models.lingbot_world_v2.controls import normalize_keys
+
 ENTRY_FIELDS = ("chunk", "keys")
-
-
-def normalize_keys(keys: Iterable[str] | None) -> tuple[str, ...]:
-    """Canonical key tuple (upper-case letters, aliases resolved, duplicates dropped, vocabulary order)."""
-    if keys is None:
-        return ()
-    if isinstance(keys, str):
-        raise ValueError(f"keys must be a list of key names, not the string {keys!r}")
-    found = set()
-    for key in keys:
-        if not isinstance(key, str):
-            raise ValueError(f"a control key must be a string, got {key!r}")
-        name = key.strip().upper()
-        name = KEY_ALIASES.get(name, name)
-        if name not in CONTROL_KEYS:
-            raise ValueError(
-                f"unknown control key {key!r}; known keys: {', '.join(CONTROL_KEYS)} "
-                f"(also KeyW..KeyL and ArrowUp/ArrowDown/ArrowLeft/ArrowRight)"
-            )
-        found.add(name)
-    return tuple(k for k in CONTROL_KEYS if k in found)
 
 
 @dataclass(frozen=True)
