@@ -20,22 +20,22 @@ from .loading import build_lingbot_pipeline, resolve_checkpoint
 from .metrics import format_summary, seconds_summary, summarize
 from .request import FRAME_POLICIES, SessionPlan, parse_resolution, plan_session
 from .scheduler import DenoisingSchedule, flow_to_x0, flow_unipc_tables, renoise
-from .session import DIT_IN_DIM, Chunk, LingBotSession, WorldSessionPipeline
+from .session import DIT_IN_DIM, Chunk, WorldSession, WorldSessionPipeline
 
 __all__ = [
     "CONTROL_KEYS",
-    "DIT_IN_DIM",
-    "FRAME_POLICIES",
     "CameraFactory",
     "CameraGeometry",
     "CameraTrack",
     "Chunk",
     "ControlTrace",
+    "DIT_IN_DIM",
     "DenoisingSchedule",
+    "FRAME_POLICIES",
     "LingBotCameraTrack",
-    "LingBotSession",
     "NoCamera",
     "SessionPlan",
+    "WorldSession",
     "WorldSessionPipeline",
     "build_lingbot_pipeline",
     "default_intrinsics",

@@ -125,7 +125,7 @@ class WorldSessionPipeline:
         fps: float = DEFAULT_FPS,
         frame_policy: str = DEFAULT_FRAME_POLICY,
         keep_latents: bool = False,
-    ) -> LingBotSession:
+    ) -> WorldSession:
         plan = self.plan(resolution=resolution, num_frames=num_frames, fps=fps, frame_policy=frame_policy)
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -133,7 +133,7 @@ class WorldSessionPipeline:
             raise ValueError("prompt must be a non-empty string")
         rgb = load_reference_image(image)
         reset_parallel(self.dit)  # a request boundary: reopen the copy engine if an earlier session failed on it
-        return LingBotSession(self, plan, rgb, prompt, seed, keep_latents=keep_latents)
+        return WorldSession(self, plan, rgb, prompt, seed, keep_latents=keep_latents)
 
     def warm_up(self, *, resolution=DEFAULT_RESOLUTION, fps: float = DEFAULT_FPS) -> float:
         """Run and discard a two-chunk session (a first chunk, then one that reads the window), so that the first
@@ -171,7 +171,7 @@ class WorldSessionPipeline:
             close()
 
 
-class LingBotSession:
+class WorldSession:
     """One world session. `next_chunk(keys)` produces the chunks in order; `close()` frees the KV cache."""
 
     def __init__(self, pipe: WorldSessionPipeline, plan: SessionPlan, rgb: np.ndarray, prompt: str, seed: int,
@@ -321,7 +321,7 @@ class LingBotSession:
         self._dit_session = self._decoder = self._encoder = self._camera = None
         self._noise = self._condition = self._generator = None
 
-    def __enter__(self) -> LingBotSession:
+    def __enter__(self) -> WorldSession:
         return self
 
     def __exit__(self, *exc) -> None:
