@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.media import write_mp4
 from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
 from telefuser.ops.fp8 import QUANTIZATIONS
@@ -36,12 +32,12 @@ from telefuser.pipelines.lingbot_world_v2 import (
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
 from telefuser.pipelines.lingbot_world_v2.loading import DIT_KINDS
+from telefuser.runtime import DTYPES, Runtime, add_runtime_args
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_IMAGE = HERE / "assets" / "reference.png"
 DEFAULT_CONTROLS = HERE / "assets" / "controls.json"
 DEFAULT_PROMPT = "A quiet country road runs toward the horizon past a red barn and a white cottage under a clear sky."
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TINY_RESOLUTION, OFFICIAL_RESOLUTION = "128x96", "832x480"
 
 
@@ -59,9 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="1 + 4k frames; 77 = 5 chunks (13 + 4 x 16); truncate drops an incomplete last chunk")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--frame-policy", choices=FRAME_POLICIES, default="truncate")
-    p.add_argument("--ulysses-degree", "--gpu-num", dest="ulysses_degree", type=int, default=1,
-                   help="Ulysses degree (launch with torchrun --nproc-per-node=N); the VAE decode is height-sharded "
-                        "over the same ranks")
     p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
@@ -71,9 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dit", choices=DIT_KINDS, default="lingbot",
                    help="lingbot: the LingBot causal DiT with camera features; toy: a shape-compatible stand-in "
                         "(not the model, no camera)")
-    p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="DiT and text encoder dtype; default bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--vae-dtype", choices=list(DTYPES), default="float32",
                    help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
@@ -82,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm")
     p.add_argument("--output", type=Path, default=Path("outputs/lingbot_world_v2/i2v.mp4"))
     p.add_argument("--no-progress", action="store_true")
+    add_runtime_args(p)  # --ulysses-degree (the VAE decode is height-sharded over the same ranks), --device, --dtype
     return p.parse_args(argv)
 
 
@@ -98,16 +89,8 @@ def main(argv=None) -> None:
     if not args.prompt.strip():
         raise SystemExit("--prompt must not be empty")
 
-    mesh = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        mesh = init_distributed(ParallelConfig(ulysses_degree=args.ulysses_degree))
-    elif args.ulysses_degree > 1:
-        raise SystemExit(f"--ulysses-degree {args.ulysses_degree}: launch with torchrun --nproc-per-node="
-                         f"{args.ulysses_degree}")
-    device = torch.device(args.device) if args.device else (
-        mesh.device if mesh is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    rank = mesh.rank if mesh is not None else 0
+    runtime = Runtime.from_args(args)
+    mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, dit=args.dit, device=device,
                                   dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
@@ -131,8 +114,7 @@ def main(argv=None) -> None:
                 report(args, pipe, session, frames, plan, mesh, device, dtype)
     finally:
         pipe.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        runtime.close()
 
 
 def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:

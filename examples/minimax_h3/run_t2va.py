@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 
-from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.media import write_mp4
 from telefuser.models.minimax_h3 import QKV_LAYOUTS
 from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, build_minimax_h3_pipeline, plan_shape
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
+from telefuser.runtime import Runtime, add_runtime_args
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching softly while a crow calls overhead."
 
 
@@ -41,9 +37,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--flow-shift", type=float, default=DEFAULT_VIDEO_FLOW_SHIFT)
     p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
-    p.add_argument("--gpu-num", "--ulysses-degree", dest="ulysses_degree", type=int, default=1,
-                   help="Ulysses sequence-parallel degree")
-    p.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
     p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
     p.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     p.add_argument("--calibrate-feature-cache", type=Path, default=None, metavar="JSON",
@@ -55,10 +48,9 @@ def parse_args() -> argparse.Namespace:
                    help="fused QKV row order of a re-exported single-file DiT (the released shards need no flag)")
     p.add_argument("--config", choices=["tiny", "official"], default="tiny",
                    help="random-weight sizes without --checkpoint")
-    p.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--output", type=Path, default=Path("outputs/minimax_h3/t2va.mp4"))
     p.add_argument("--no-progress", action="store_true")
+    add_runtime_args(p, tp=True)
     return p.parse_args()
 
 
@@ -73,16 +65,8 @@ def main() -> None:
     # Refuse a bad request before any weight is loaded (the pipeline checks again with the DiT's patch size).
     plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
     FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
-    parallel = ParallelConfig(ulysses_degree=args.ulysses_degree, tp_degree=args.tp_degree)
-    mesh = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        mesh = init_distributed(parallel)
-    elif parallel.world_size > 1:
-        raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun --nproc-per-node=N")
-    device = torch.device(args.device) if args.device else (
-        mesh.device if mesh is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    rank = mesh.rank if mesh is not None else 0
+    runtime = Runtime.from_args(args)
+    mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     pipe = build_minimax_h3_pipeline(
         config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh, seed=args.seed,
@@ -105,22 +89,21 @@ def main() -> None:
                 result.feature_cache.save(args.calibrate_feature_cache, sigma_shift=args.flow_shift, notes={
                     "audio_sigma_shift": args.audio_flow_shift, "calibrated_on": "audio rows (tag 2)",
                     "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}"})
-            report(args, result, mesh)
+            report(args, result, runtime)
     finally:
         pipe.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        runtime.close()
 
 
-def report(args: argparse.Namespace, result, mesh) -> None:
+def report(args: argparse.Namespace, result, runtime: Runtime) -> None:
     write_mp4(args.output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
     metrics = result.metrics()
     metrics["launch"] = {
-        "world_size": mesh.world_size if mesh is not None else 1,
+        "world_size": runtime.world_size,
         "ulysses_degree": args.ulysses_degree,
         "tp_degree": args.tp_degree,
         "attn_impl": args.attn_impl,
-        "dtype": args.dtype or ("bfloat16" if str(result.request["device"]).startswith("cuda") else "float32"),
+        "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",
     }
     metrics_path = args.output.with_suffix(".json")

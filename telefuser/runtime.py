@@ -1,0 +1,99 @@
+"""One launch context for every entry point (examples, services, benches): parallel layout, device, dtype, rank.
+
+    add_runtime_args(parser)                  # --ulysses-degree [--tp-degree] --device --dtype
+    runtime = Runtime.from_args(args)         # torchrun's world -> mesh (or none on one rank), device, dtype
+    model = runtime.parallelize(dense_model)  # once: TP, then Ulysses
+    ...
+    runtime.close()                           # ends the process group
+
+A layout that needs more ranks than were launched is refused before any process group starts, with the torchrun
+command to use; a world that does not match is refused with the same error on every rank (`init_distributed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .distributed.mesh import ParallelConfig, ParallelMesh, init_distributed
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulysses_default: int | None = 1) -> None:
+    """The launch flags. `tp`: the model takes tensor parallelism too. `ulysses_default` None: every launched rank
+    is a Ulysses rank (the world size over the TP degree)."""
+    group = parser.add_argument_group("launch")
+    group.add_argument("--ulysses-degree", "--gpu-num", dest="ulysses_degree", type=int, default=ulysses_default,
+                       help="Ulysses sequence-parallel degree (launch with torchrun --nproc-per-node=N)"
+                            + ("" if ulysses_default else "; default: every launched rank"))
+    if tp:
+        group.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
+    group.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
+    group.add_argument("--dtype", choices=list(DTYPES), default=None,
+                       help="model dtype; default bfloat16 on CUDA, float32 on CPU")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    mesh: ParallelMesh | None  # None: one rank, nothing split
+    device: torch.device
+    dtype: torch.dtype
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Runtime:
+        return cls.launch(ulysses_degree=args.ulysses_degree, tp_degree=getattr(args, "tp_degree", 1),
+                          device=args.device, dtype=args.dtype)
+
+    @classmethod
+    def launch(cls, *, ulysses_degree: int | None = 1, tp_degree: int = 1, device: str | None = None,
+               dtype: str | torch.dtype | None = None) -> Runtime:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if ulysses_degree is None:
+            ulysses_degree = max(1, world // max(1, tp_degree))
+        parallel = ParallelConfig(ulysses_degree=ulysses_degree, tp_degree=tp_degree)
+        if world == 1 and parallel.world_size > 1:
+            raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun "
+                             f"--nproc-per-node={parallel.world_size}")
+        mesh = init_distributed(parallel) if world > 1 else None
+        if device is not None:
+            device = torch.device(device)
+        elif mesh is not None:
+            device = mesh.device
+        else:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        elif isinstance(dtype, str):
+            dtype = DTYPES[dtype]
+        return cls(mesh, device, dtype)
+
+    @property
+    def rank(self) -> int:
+        return self.mesh.rank if self.mesh is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size if self.mesh is not None else 1
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return self.mesh.config if self.mesh is not None else ParallelConfig()
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def parallelize(self, model):
+        """Apply this launch's layout to a dense model, once (the model's `enable_parallel`: TP, then Ulysses)."""
+        if self.mesh is not None and self.mesh.world_size > 1:
+            model.enable_parallel(self.mesh)
+        return model
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
