@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.distributed.ulysses import UlyssesCommunicator
-from telefuser.layers.attention import UlyssesSelfAttention
+from attention_layer import UlyssesSelfAttention  # beside this script
 from telefuser.ops.rotary import rope_frequencies
 
 

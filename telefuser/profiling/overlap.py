@@ -13,8 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-PHASE_SCATTER_V = "ulysses.scatter.v"
-PHASE_QK_PREP = "ulysses.qk_norm_rope"
+from ..distributed.ulysses.schedule import PHASE_QK_PREP, PHASE_SCATTER_V
 
 _GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 

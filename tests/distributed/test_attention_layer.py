@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ulysses_reference import recording_communicator
-from telefuser.layers.attention import UlyssesSelfAttention
+from examples.ulysses_attention.attention_layer import UlyssesSelfAttention
 from telefuser.ops.rotary import rope_frequencies
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)

@@ -48,9 +48,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.distributed.ulysses.selection import TRANSPORTS
+from telefuser.distributed.ulysses.sequence import rank_rows
+from telefuser.distributed.ulysses.schedule import PHASE_QK_PREP, PHASE_SCATTER_V
 from telefuser.profiling.overlap import (
-    PHASE_QK_PREP,
-    PHASE_SCATTER_V,
     OverlapReport,
     gpu_intervals_of_phase,
     intersection_length,
@@ -83,8 +83,6 @@ def local_shape(preset: str, rank: int, world: int) -> dict:
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside a world of {world}")
     if cfg["layer"] == "lingbot_world_v2":
-        from telefuser.models.lingbot_world_v2.embeddings import rank_rows
-
         config = lingbot_config(cfg)
         if config.num_heads % world:
             raise ValueError(f"{preset}: {config.num_heads} heads do not split over {world} Ulysses ranks")

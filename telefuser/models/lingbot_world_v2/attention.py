@@ -23,9 +23,9 @@ from torch import nn
 from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
+from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
 from ...ops.attention import attention
 from ...ops.fp8 import linear_dtype
-from ...profiling.overlap import PHASE_QK_PREP, PHASE_SCATTER_V
 from .kv_cache import LingBotSession, WindowPlan
 from .norms import RMSNorm
 from .rope import apply_rope
@@ -70,17 +70,12 @@ class CausalSelfAttention(_ProjectedAttention):
         b, s, _ = x.shape
         heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
         comm = ctx.communicator
-        with record_function(PHASE_SCATTER_V):
-            v = heads(run_linear(self.v, x))
-            v_handle = comm.scatter_heads(v, tag="v", barrier=False) if comm is not None else None
-        with record_function(PHASE_QK_PREP):
-            q = heads(self.norm_q(run_linear(self.q, x)))
-            q_handle = comm.scatter_heads(q, tag="q", barrier=False) if comm is not None else None
-            k = heads(self.norm_k(run_linear(self.k, x)))
-        if comm is not None:
-            with record_function("ulysses.scatter.qk"):
-                k_handle = comm.scatter_heads(k, tag="k")
-                q, k, v = q_handle.wait(), k_handle.wait(), v_handle.wait()
+        q, k, v = v_first(  # V before Q's projection, Q's scatter before K's projection
+            comm,
+            lambda: heads(run_linear(self.v, x)),
+            q=lambda: heads(self.norm_q(run_linear(self.q, x))),
+            k=lambda: heads(self.norm_k(run_linear(self.k, x))),
+        )
         padded_rows, n = q.shape[1], ctx.chunk_rows
         q, k, v = q[:, :n], k[:, :n], v[:, :n]  # padding rows neither ask nor answer
         cos, sin = ctx.rope
@@ -88,13 +83,11 @@ class CausalSelfAttention(_ProjectedAttention):
         keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
         if kv_only:
             return None
-        with record_function("ulysses.attention"):
+        with record_function(PHASE_ATTENTION):
             o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
         if padded_rows > n:
             o = F.pad(o, (0, 0, 0, 0, 0, padded_rows - n))
-        if comm is not None:
-            with record_function("ulysses.gather"):
-                o = comm.gather_heads(o.contiguous()).wait()
+        o = gather_heads(comm, o.contiguous())
         return run_linear(self.o, o.flatten(2))
 
 

@@ -23,13 +23,14 @@ from torch import nn
 
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
+from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...ops.attention import check_attention_impl
 from ...ops.fp8 import linear_dtype, quantize_linears
 from ..ulysses_owner import UlyssesOwner
 from .attention import ChunkContext, run_linear
 from .blocks import LingBotBlock, LingBotHead
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
-from .embeddings import patchify, rank_rows, sinusoidal_embedding, take_rows, unpatchify
+from .embeddings import patchify, sinusoidal_embedding, unpatchify
 from .kv_cache import LingBotSession, SessionError
 from .rope import chunk_rope
 
@@ -227,7 +228,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             return None
         out = self.head(x, t_emb)
         if world > 1:
-            out = _all_gather_rows(out, self.ulysses_group, world)
+            out = gather_rows(out, self.ulysses_group)
         return unpatchify(out[:, :n], (frames, grid_h, grid_w), cfg.patch_size).contiguous()
 
     def _camera_tokens(self, camera: torch.Tensor) -> torch.Tensor:
@@ -273,8 +274,3 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             raise ValueError("LingBotWorldV2DiT.forward_chunk: " + "; ".join(problems))
         return frames, grid_h, grid_w
 
-
-def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup, world: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)

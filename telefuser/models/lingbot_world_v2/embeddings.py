@@ -37,15 +37,3 @@ def unpatchify(tokens: torch.Tensor, grid: tuple[int, int, int], patch_size: tup
     x = tokens.reshape(b, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
     return x.reshape(b, -1, f * pt, h * ph, w * pw)
 
-
-def rank_rows(rows: int, rank: int, world: int) -> tuple[slice, int]:
-    """This rank's slice of a sequence padded to a multiple of `world`, and the padded length."""
-    local = -(-rows // world)
-    return slice(rank * local, (rank + 1) * local), local * world
-
-
-def take_rows(x: torch.Tensor, rows: slice, padded: int) -> torch.Tensor:
-    """Rows `rows` of x ``[B, N, C]`` zero-padded to `padded` rows (padding rows are dropped later)."""
-    if x.shape[1] < padded:
-        x = torch.nn.functional.pad(x, (0, 0, 0, padded - x.shape[1]))
-    return x[:, rows]

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
+from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
 from ...ops.attention import attention
 from ...ops.qk_prep import norm_rope
-from ...layers.attention import v_first_attention
 
 
 @dataclass
@@ -52,12 +53,10 @@ class JointAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv_proj(x).view(b, s, 3, -1, self.head_dim).unbind(2)  # strided views
-        o = v_first_attention(
-            q, k, v, ctx.communicator,
-            prepare_qk=lambda q, k: self._norm_rope(q, k, ctx.rope),
-            attend=lambda q, k, v: attend_documents(q, k, v, ctx.documents, ctx.attn_impl),
-        )
-        return self.out_proj(o.flatten(2))
+        q, k, v = v_first(ctx.communicator, lambda: v, qk=lambda: self._norm_rope(q, k, ctx.rope))
+        with record_function(PHASE_ATTENTION):
+            o = attend_documents(q, k, v, ctx.documents, ctx.attn_impl)
+        return self.out_proj(gather_heads(ctx.communicator, o).flatten(2))
 
     def _norm_rope(self, q, k, rope):
         return norm_rope(self.q_norm, q, rope), norm_rope(self.k_norm, k, rope)

@@ -21,6 +21,7 @@ from torch import nn
 
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
+from ...distributed.ulysses.sequence import gather_rows
 from ...ops.attention import check_attention_impl
 from ..ulysses_owner import UlyssesOwner
 from .attention import AttentionContext
@@ -141,7 +142,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         video_out, audio_out = self.final_layer(hidden, cond, timesteps)
         out = torch.cat([video_out, audio_out], dim=-1)
         if world > 1:
-            out = _all_gather_rows(out, self.ulysses_group, world)
+            out = gather_rows(out, self.ulysses_group)
         patch_dim = self.config.video_patch_dim
         video_velocity = unpatchify_video(out[:, layout.video, :patch_dim], (channels, lt, lh, lw),
                                           self.config.patch_size)
@@ -199,8 +200,3 @@ def _overlap(segment: slice, rows: slice) -> slice | None:
     start, stop = max(segment.start, rows.start), min(segment.stop, rows.stop)
     return slice(start - segment.start, stop - segment.start) if start < stop else None
 
-
-def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup, world: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)

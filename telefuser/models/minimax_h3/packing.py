@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...distributed.ulysses.sequence import rank_rows
+
 PACKED_SEQUENCE_ALIGNMENT = 64
 
 # Modality tags of the packed rows; the AdaLN table is indexed by max(tag, 0).
@@ -70,8 +72,7 @@ class PackedLayout:
         """The contiguous rows a sequence-parallel rank owns."""
         if self.seq_len % world_size:
             raise ValueError(f"packed length {self.seq_len} does not split over {world_size} ranks")
-        n = self.seq_len // world_size
-        return slice(rank * n, (rank + 1) * n)
+        return rank_rows(self.seq_len, rank, world_size)[0]
 
 
 def packed_length(used: int, *, alignment: int = PACKED_SEQUENCE_ALIGNMENT, multiple_of: int = 1) -> int:

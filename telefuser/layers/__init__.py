@@ -1,1 +1,0 @@
-"""Reusable transformer layers that know how to run under Ulysses sequence parallelism."""
