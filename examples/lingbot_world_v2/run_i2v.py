@@ -31,7 +31,6 @@ from telefuser.pipelines.lingbot_world_v2 import (
     plan_session,
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
-from telefuser.pipelines.lingbot_world_v2.loading import DIT_KINDS
 from telefuser.runtime import DTYPES, Runtime, add_runtime_args
 
 HERE = Path(__file__).resolve().parent
@@ -61,9 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(transformers/ or the folder itself)")
     p.add_argument("--config", choices=["tiny", "official"], default="tiny",
                    help="random-weight sizes without --checkpoint")
-    p.add_argument("--dit", choices=DIT_KINDS, default="lingbot",
-                   help="lingbot: the LingBot causal DiT with camera features; toy: a shape-compatible stand-in "
-                        "(not the model, no camera)")
     p.add_argument("--vae-dtype", choices=list(DTYPES), default="float32",
                    help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
@@ -92,7 +88,7 @@ def main(argv=None) -> None:
     runtime = Runtime.from_args(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
-    pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, dit=args.dit, device=device,
+    pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, device=device,
                                   dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
                                   vae_dtype=DTYPES[args.vae_dtype], quantization=args.quantization)
     try:
@@ -137,7 +133,6 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "quantization": args.quantization,
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",
-            "dit": args.dit,
         },
         "schedule": pipe.schedule.as_dict(),
         "setup_seconds": session.setup_seconds,

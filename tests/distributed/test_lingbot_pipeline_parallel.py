@@ -56,7 +56,7 @@ def _session_frames(ctx, parallel: bool):
         build_umt5_encoder,
         tiny_umt5_config,
     )
-    from telefuser.pipelines.lingbot_world_v2.toy_dit import ToyCausalDiT, ToyDiTConfig
+    from tests.toy_dit import ToyCausalDiT, ToyDiTConfig
 
     encoder = PromptEncoder(ByteFallbackTokenizer(), build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
     dit = ToyCausalDiT(ToyDiTConfig(text_dim=32, text_len=16))
@@ -82,7 +82,7 @@ def _lingbot_session_frames(ctx, parallel: bool):
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
 
     mesh = build_mesh(ParallelConfig(ulysses_degree=2)) if parallel else None
-    pipe = build_lingbot_pipeline(config="tiny", dit="lingbot", device="cpu", dtype=torch.float32, mesh=mesh, seed=0)
+    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32, mesh=mesh, seed=0)
     rgb = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
     try:
         with pipe.start(rgb, "a road", seed=42, resolution=(32, 32), num_frames=29) as session:

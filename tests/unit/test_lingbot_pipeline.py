@@ -19,7 +19,7 @@ from telefuser.pipelines.lingbot_world_v2.text_encoder import (
     build_umt5_encoder,
     tiny_umt5_config,
 )
-from telefuser.pipelines.lingbot_world_v2.toy_dit import ToyCausalDiT, ToyDiTConfig
+from tests.toy_dit import ToyCausalDiT, ToyDiTConfig
 from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 from tests.numerics import relative_error
 
@@ -230,7 +230,7 @@ def test_session_with_the_lingbot_tiny_dit_and_camera(parts):
     pytest.importorskip("telefuser.models.lingbot_world_v2")
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
 
-    pipe = build_lingbot_pipeline(config="tiny", dit="lingbot", device="cpu", dtype=torch.float32, seed=0)
+    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32, seed=0)
     with pipe.start(image(), "a road", resolution=(32, 32), num_frames=45) as session:
         chunks = [session.next_chunk(["W"] if i else []) for i in range(session.total_chunks)]
     assert [c.frames.shape[0] for c in chunks] == [13, 16, 16]  # 12 latent frames: the 10-frame window rolls
@@ -248,7 +248,7 @@ def session_geometry(session):
 
 def test_cli_writes_an_mp4_and_metrics(tmp_path):
     out = tmp_path / "clip.mp4"
-    cmd = [sys.executable, str(REPO / "examples/lingbot_world_v2/run_i2v.py"), "--dit", "toy", "--config", "tiny",
+    cmd = [sys.executable, str(REPO / "examples/lingbot_world_v2/run_i2v.py"), "--config", "tiny",
            "--device", "cpu", "--resolution", "32x16", "--num-frames", "29", "--fps", "8", "--output", str(out),
            "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
@@ -275,11 +275,11 @@ def test_cli_refuses_bad_requests_before_loading(tmp_path, monkeypatch):
     bad = tmp_path / "trace.json"
     bad.write_text('[{"chunk": 0, "keys": ["Q"]}]')
     with pytest.raises(ValueError, match="unknown control key 'Q'"):
-        cli.main(["--dit", "toy", "--controls", str(bad), "--output", str(tmp_path / "x.mp4")])
+        cli.main(["--controls", str(bad), "--output", str(tmp_path / "x.mp4")])
     with pytest.raises(ValueError, match="multiples of 16"):
-        cli.main(["--dit", "toy", "--resolution", "100x48", "--output", str(tmp_path / "x.mp4")])
+        cli.main(["--resolution", "100x48", "--output", str(tmp_path / "x.mp4")])
     with pytest.raises(ValueError, match=r"1 \+ 4k"):
-        cli.main(["--dit", "toy", "--num-frames", "50", "--output", str(tmp_path / "x.mp4")])
+        cli.main(["--num-frames", "50", "--output", str(tmp_path / "x.mp4")])
 
 
 def test_a_failing_chunk_closes_the_session(parts):

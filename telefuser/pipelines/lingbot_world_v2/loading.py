@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...ops.fp8 import QUANTIZATIONS
-from .camera_control import CameraFactory, lingbot_camera, no_camera
+from .camera_control import CameraFactory, lingbot_camera
 from .session import WorldSessionPipeline
 from .text_encoder import (
     OFFICIAL_UMT5,
@@ -34,7 +34,6 @@ from .text_encoder import (
     load_tokenizer,
     tiny_umt5_config,
 )
-from .toy_dit import ToyCausalDiT, ToyDiTConfig
 from .vae import WanVideoVAE
 
 RANDOM = "random (no checkpoint)"
@@ -42,7 +41,6 @@ VAE_FILE = "Wan2.1_VAE.pth"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 DIT_SUBDIR = "transformers"
 DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
-DIT_KINDS = ("lingbot", "toy")
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
 
 
@@ -70,7 +68,6 @@ def build_lingbot_pipeline(
     *,
     config: str = "tiny",
     checkpoint: str | Path | None = None,
-    dit: str = "lingbot",
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     mesh=None,
@@ -81,24 +78,21 @@ def build_lingbot_pipeline(
     vae_dtype: torch.dtype = torch.float32,
     quantization: str = "none",
 ) -> WorldSessionPipeline:
-    """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`; `dit` "toy" is the stand-in.
+    """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
     `dtype` is the DiT's and text encoder's; `vae_dtype` the VAE's, for the condition encode and the decode (float32
     by default, as the reference runs it; bfloat16 is about 1.5x faster on an H200, see docs/perf).
-    `camera_factory` defaults to the model package's camera features for the LingBot DiT, none for the toy.
+    `camera_factory` defaults to the model package's camera features.
     `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
     """
     device = torch.device(device)
-    if dit not in DIT_KINDS:
-        raise ValueError(f"dit must be one of {DIT_KINDS}, got {dit!r}")
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
-    if quantization not in QUANTIZATIONS or (quantization != "none" and dit != "lingbot"):
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS} (anything but 'none' needs the LingBot DiT), "
-                         f"got {quantization!r} with dit {dit!r}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     paths = resolve_checkpoint(checkpoint) if checkpoint is not None else None  # fail before reading weights
     size = "official" if paths is not None else config
-    model, text_dim, text_len = _build_dit(dit, size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed,
+    model, text_dim, text_len = _build_dit(size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed,
                                            attn_impl=attn_impl)
     if quantization != "none":
         model.quantize(quantization)
@@ -124,7 +118,7 @@ def build_lingbot_pipeline(
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
     if camera_factory is None:
-        camera_factory = lingbot_camera() if dit == "lingbot" else no_camera
+        camera_factory = lingbot_camera()
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return WorldSessionPipeline(
         model, PromptEncoder(tokenizer, encoder, text_len=text_len), vae, device=device, dit_dtype=dtype,
@@ -133,16 +127,8 @@ def build_lingbot_pipeline(
     )
 
 
-def _build_dit(kind, size, paths, *, device, dtype, mesh, seed, attn_impl):
-    """(dit, text_dim, text_len). The real DiT comes from the model package (imported here, lazily)."""
-    if kind == "toy":
-        official = size == "official"
-        config = ToyDiTConfig(text_dim=OFFICIAL_UMT5["d_model"] if official else 32,
-                              text_len=TEXT_LEN if official else 64)
-        model = ToyCausalDiT(config, seed=seed).to(device)
-        if mesh is not None and getattr(mesh, "world_size", 1) > 1:
-            model.enable_parallel(mesh)
-        return model, config.text_dim, config.text_len
+def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
+    """(dit, text_dim, text_len) from the model package (imported here, lazily)."""
     from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit, load_lingbot_dit
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 

@@ -1,9 +1,10 @@
-"""A stand-in with the LingBot DiT's session interface. NOT the LingBot model: for pipeline tests and CPU demos.
+"""A stand-in with the LingBot DiT's session interface, for the pipeline's tests. NOT the LingBot model.
 
 Interface it shares with ``telefuser.models.lingbot_world_v2.dit.LingBotWorldV2DiT``::
 
     session = dit.new_session(batch, text_states [B, L, text_dim], tokens_per_frame=..., device=..., dtype=...)
     flow = dit.forward_chunk(session, latents [B, in_dim, F, h, w], t [B], camera_features, update_cache=bool)
+    dit.camera_modulation(camera_features); dit.commit_chunk(session, latents, t, camera_features)
     session.close(); dit.enable_parallel(mesh); dit.close()
 
 Its "model": a fixed random 1x1x1 projection of the input channels, shifted by the mean text state, the timestep
