@@ -34,9 +34,12 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.bench.transport_ab
 
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
@@ -47,7 +50,7 @@ from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
 from telefuser.profiling.flop_rates import (
     NO_ATTENTION_IMPLS, attention_flops, counted_flops, describe, dispatched_attention_flops, flop_counter, rate)
-from telefuser.profiling.transport_ab import (
+from tools.bench.transport_ab import (
     TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 

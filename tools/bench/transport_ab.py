@@ -1,8 +1,7 @@
-"""Ulysses transports side by side on one model, for benchmarks that compare them in one process.
+"""Ulysses transports side by side on one model, for the model benches that compare them in one process.
 
-`TransportSwitch` keeps one open communicator per transport on a model and points the model at one of them; the
-helpers parse the transport list, rotate the order per round and check that every rank holds the same arguments
-(they decide which communicator each collective runs on).
+`TransportSwitch` keeps one open communicator per transport and points the model at one; the helpers parse the list,
+rotate the order per round and check that every rank holds the same arguments.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import os
 
 import torch.distributed as dist
 
-from ..distributed.agreement import describe_disagreement, gather_from_ranks
-from ..distributed.ulysses import UlyssesCommunicator
-from ..distributed.ulysses.selection import TRANSPORTS
+from telefuser.distributed.agreement import describe_disagreement, gather_from_ranks
+from telefuser.distributed.ulysses import UlyssesCommunicator
+from telefuser.distributed.ulysses.selection import TRANSPORTS
 
 
 def parse_transports(text: str) -> list[str]:
@@ -24,7 +23,8 @@ def parse_transports(text: str) -> list[str]:
     unknown = [name for name in names if name not in TRANSPORTS]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: give a comma-separated list of Ulysses transports from {', '.join(TRANSPORTS)}")
+            f"{text!r}: give a comma-separated list of Ulysses transports from {', '.join(TRANSPORTS)}"
+        )
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"{text!r} names a transport twice")
     return names
