@@ -6,7 +6,7 @@ Both presets run the model's own attention module, built per rank with that rank
   NeoX RoPE over 96 of 128 dims) at one TP rank's share of MiniMax H3 under TP2+U2: 28 heads x 128, hidden 5376,
   9472 rows per Ulysses rank.
 * lingbot_u4: `telefuser.models.lingbot_world_v2.attention.CausalSelfAttention` (separate Q/K/V projections, RMSNorm
-  over all heads, 3-axis RoPE after the exchange) with a real `LingBotSession` (the released 18-frame window, 6 sink
+  over all heads, 3-axis RoPE after the exchange) with a real `KVWindow` (the released 18-frame window, 6 sink
   frames) and `chunk_rope`: one 4-latent-frame chunk at 832x480, 1560 tokens per frame x 4 = 6240 chunk rows split
   over the W ranks (1560 per rank with W = 4; padded as the model pads when W does not divide them), dim 5120,
   40 heads x 128. Every call reads the window of an empty session without committing, so all calls are alike.
@@ -118,13 +118,13 @@ def build_layer(preset: str, rank: int, world: int, comm: UlyssesCommunicator, d
         return (lambda inp: module(inp, ctx)), x
 
     from telefuser.models.lingbot_world_v2.attention import CausalSelfAttention, ChunkContext
-    from telefuser.models.lingbot_world_v2.kv_cache import LingBotSession
+    from telefuser.models.lingbot_world_v2.kv_cache import KVWindow
     from telefuser.models.lingbot_world_v2.rope import chunk_rope
 
     config = lingbot_config(cfg)
     grid_h, grid_w = cfg["grid"]
     module = CausalSelfAttention(config.dim, config.num_heads, config.eps).to(device, dtype)
-    session = LingBotSession(  # what LingBotWorldV2DiT.new_session allocates, for one layer (no text K/V needed)
+    session = KVWindow(  # what LingBotWorldV2DiT.new_session allocates, for one layer (no text K/V needed)
         batch=1, num_layers=1, tokens_per_frame=grid_h * grid_w, local_attn_size=config.local_attn_size,
         sink_size=config.sink_size, local_heads=shape["heads_after_scatter"], head_dim=config.head_dim,
         ulysses_degree=world, cross_kv=[], device=device, dtype=dtype,

@@ -22,7 +22,7 @@ from .checkpoint import (
 )
 from .config import LingBotConfigError, LingBotWorldV2Config
 from .dit import CameraModulation, LingBotWorldV2DiT, keeps_fp32
-from .kv_cache import LingBotSession, SessionError, WindowPlan
+from .kv_cache import KVWindow, SessionError, WindowPlan
 
 __all__ = [
     "RANDOM_WEIGHTS",
@@ -30,8 +30,8 @@ __all__ = [
     "CameraState",
     "CheckpointError",
     "ControlSteps",
+    "KVWindow",
     "LingBotConfigError",
-    "LingBotSession",
     "LingBotWorldV2Config",
     "LingBotWorldV2DiT",
     "SessionError",

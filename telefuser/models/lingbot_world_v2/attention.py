@@ -26,7 +26,7 @@ from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
 from ...ops.attention import attention
 from ...ops.fp8 import linear_dtype
-from .kv_cache import LingBotSession, WindowPlan
+from .kv_cache import KVWindow, WindowPlan
 from .norms import RMSNorm
 from .rope import apply_rope
 
@@ -35,7 +35,7 @@ from .rope import apply_rope
 class ChunkContext:
     """What every block of one forward_chunk shares."""
 
-    session: LingBotSession
+    session: KVWindow
     plan: WindowPlan
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin for the chunk's rows (all ranks' rows, in order)
     chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it

@@ -31,7 +31,7 @@ from .attention import ChunkContext, run_linear
 from .blocks import LingBotBlock, LingBotHead
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
 from .embeddings import patchify, sinusoidal_embedding, unpatchify
-from .kv_cache import LingBotSession, SessionError
+from .kv_cache import KVWindow, SessionError
 from .rope import chunk_rope
 
 MAX_TIMESTEP = 1000.0
@@ -116,7 +116,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         tokens_per_frame: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-    ) -> LingBotSession:
+    ) -> KVWindow:
         """Allocate a session: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
         and the prompt's cross-attention K/V (computed here, once).
 
@@ -136,7 +136,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         for block in self.blocks:
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
-        return LingBotSession(
+        return KVWindow(
             batch=batch, num_layers=cfg.num_layers, tokens_per_frame=tokens_per_frame,
             local_attn_size=cfg.local_attn_size, sink_size=cfg.sink_size, local_heads=cfg.num_heads // world,
             head_dim=cfg.head_dim, ulysses_degree=world, cross_kv=cross_kv, device=device, dtype=dtype,
@@ -157,7 +157,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     @torch.no_grad()
     def forward_chunk(
         self,
-        session: LingBotSession,
+        session: KVWindow,
         latents: torch.Tensor,
         t: torch.Tensor,
         camera: torch.Tensor | CameraModulation | None,
@@ -179,7 +179,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     @torch.no_grad()
     def commit_chunk(
         self,
-        session: LingBotSession,
+        session: KVWindow,
         latents: torch.Tensor,
         t: torch.Tensor,
         camera: torch.Tensor | CameraModulation | None,

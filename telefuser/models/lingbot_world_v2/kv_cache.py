@@ -1,25 +1,7 @@
-"""Per-session state of the causal DiT: the rolling self-attention KV window and the cached text K/V.
+"""`KVWindow`: one stream's rolling self-attention KV per layer (sink + newest frames), its text K/V and frame cursor.
 
-Layout. Each layer holds ``k``/``v`` buffers ``[B, capacity, H_local, D]`` with ``capacity = local_attn_size *
-tokens_per_frame`` rows (18 x 1560 = 28,080 at 832x480 for v2; the sink is *inside* that window, as in the official
-pipeline, whose cache is ``local_attn_size * frame_seqlen`` rows). Committed rows ``[0, committed)`` are in time
-order: the first ``sink_size`` frames ever committed (the sink), then the newest frames. ``H_local`` is the heads
-this rank owns after the Ulysses scatter; the rows are all rows of the sequence.
-
-What a chunk of n rows attends to (identical for denoising steps and the commit, so a denoising step sees exactly
-what the official commit-every-step cache shows it):
-
-    keys = sink rows + the newest committed rows that fit + the chunk's own n rows
-
-where ``evicted = max(0, committed + n - capacity)`` of the oldest non-sink rows drop out.
-
-Rolling without reallocation. Buffers are allocated once in `LingBotSession.__init__`. Keys are assembled in one
-session-wide scratch pair (layers run one after another, so they share it): copies of the kept committed rows plus
-the chunk's K/V. A read-only step (``update_cache=False``) never writes the layer buffers, so they stay
-bit-identical. A commit writes the chunk's rows in place when nothing is evicted, and otherwise shifts the kept
-window rows down over the evicted ones (from the scratch copy, so the overlapping move is safe) and appends the
-chunk: data pointers never change. The chunk's K/V are *copied*, never referenced, which also honours the Ulysses
-copy-engine contract (scatter outputs are reused buffers).
+The buffers are allocated once and never move: a read-only step assembles its keys in one shared scratch pair and
+leaves the window bit-identical; a commit rolls in place. The layout and the rules are in this folder's README.
 """
 
 from __future__ import annotations
@@ -67,10 +49,12 @@ class LayerKV:
     v: torch.Tensor
 
 
-class LingBotSession:
-    """One generation stream: rolling self-attention KV per layer, text K/V per layer, and the frame cursor.
+class KVWindow:
+    """One generation stream's cache: rolling self-attention KV per layer, text K/V per layer, and the frame cursor.
 
-    Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer."""
+    Layer buffers ``[B, local_attn_size * tokens_per_frame, H_local, D]`` hold every row of this rank's heads, in time
+    order: the sink frames, then the newest. The chunk's K/V are copied in, never referenced (Ulysses scatter outputs
+    are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer."""
 
     def __init__(
         self,
@@ -133,7 +117,7 @@ class LingBotSession:
         """Drop every buffer (local; safe to call twice)."""
         self.self_kv, self._scratch, self.cross_kv = None, None, None
 
-    def __enter__(self) -> "LingBotSession":
+    def __enter__(self) -> "KVWindow":
         return self
 
     def __exit__(self, *exc) -> None:
