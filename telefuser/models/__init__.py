@@ -1,5 +1,5 @@
-"""Model definitions: each model family lives in its own subpackage."""
+"""Model definitions: one package per model (config, modules, parallel plan, checkpoint loading).
 
-from .minimax_h3 import MiniMaxH3Config, MiniMaxH3DiT, build_random_minimax_h3_dit, load_minimax_h3_dit
-
-__all__ = ["MiniMaxH3Config", "MiniMaxH3DiT", "build_random_minimax_h3_dit", "load_minimax_h3_dit"]
+Nothing is imported here on purpose, so that importing one model does not load the others. Import the model's
+package directly, e.g. ``from telefuser.models.minimax_h3 import MiniMaxH3DiT``.
+"""

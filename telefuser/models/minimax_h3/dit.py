@@ -72,14 +72,6 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.ulysses_group: dist.ProcessGroup | None = None
         self.tensor_parallel: TensorParallelState | None = None
 
-    # -- precision ----------------------------------------------------------------------------------------------
-    def to_mixed_precision(self, dtype: torch.dtype) -> "MiniMaxH3DiT":
-        """Cast to `dtype`, keeping the released fp32 modules (patch projections, time embedder, heads) in fp32."""
-        for name, param in self.named_parameters():
-            param.data = param.data.to(torch.float32 if name in FP32_PARAMETER_NAMES else dtype)
-        self.rope.inv_freq.data = self.rope.inv_freq.data.float()
-        return self
-
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "MiniMaxH3DiT":
         """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
@@ -316,7 +315,3 @@ def to_uint8_frames(pixels: torch.Tensor) -> torch.Tensor:
     scaled = (pixels.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
     return scaled.permute(0, 2, 3, 4, 1).contiguous().cpu()
 
-
-def frames_to_numpy(result: MiniMaxH3Result) -> tuple[np.ndarray, np.ndarray]:
-    """(frames uint8 [F, H, W, 3], audio float32 [2, S]) as numpy, ready for `telefuser.media.write_mp4`."""
-    return result.frames.numpy(), result.audio.numpy()
