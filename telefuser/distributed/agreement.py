@@ -1,8 +1,7 @@
 """Agreeing on a decision across ranks before anyone acts on it.
 
-Each rank contributes what it saw (a description of its input, or its local error). Every rank then reads the same
-list and reaches the same verdict, so a bad input raises the same error on every rank instead of letting the good
-ranks enter a collective that the bad rank never joins.
+Each rank contributes what it saw (its input's description or its local error) and every rank reads the same list,
+so a bad input raises the same error everywhere instead of leaving good ranks in a collective the bad one never joins.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Parallel configuration -> process groups.
+"""Parallel configuration -> process groups: ``rank = ulysses_index * tp_degree + tp_index`` (TP innermost).
 
-Rank layout: TP is the innermost dimension, Ulysses the outer one::
-
-    rank = ulysses_index * tp_degree + tp_index
-
-so with 4 ranks and TP2 x Ulysses2 the TP groups are {0,1} and {2,3} (neighbouring ranks, which on a real host share
-the fastest links) and the Ulysses groups are {0,2} and {1,3}. A model applies TP first (each TP rank keeps H/tp heads),
-then Ulysses scatters those heads over its group (H/tp/ulysses heads per rank after the scatter).
-
-The groups are built with `torch.distributed.device_mesh.init_device_mesh` over dims ("ulysses", "tp"), so the same
-mesh can drive DTensor-based code. Every rank validates the configuration identically and the ranks agree on it before
-any group is created, so a bad configuration fails with the same error on every rank.
+Neighbouring ranks, which share a host's fastest links, form the TP groups. Every rank validates the configuration
+and the ranks agree on it before any group is made, so a bad one fails with the same error everywhere.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism: the communicator, its layout rules and its transports."""
+"""Ulysses sequence parallelism: the communicator, the V-first schedule, the row split, the transports (README.md)."""
 
 from .communicator import UlyssesCommunicator, UlyssesConfigError, UlyssesTransportError
 from .handles import UlyssesHandle, UlyssesProtocolError

@@ -1,48 +1,8 @@
-"""`UlyssesCommunicator`: the one object a model's attention blocks talk to.
+"""`UlyssesCommunicator`: the one object a model's attention blocks talk to; they say what to move, it decides how.
 
-A block says *what* to move (scatter these heads, tag "v", defer completion); the communicator decides *how*.
-The model owns one communicator and shares it between all of its blocks; `close()` releases everything locally.
-
-Transports. scatter_heads runs on the portable `all_to_all_single` path or, when every rank is eligible, on a
-copy-engine transport (pitched copies into peers' cached final-layout buffers, one GPU-side handshake per tagged
-group). The choice is made lazily at the first eligible scatter, agreed by all ranks, and holds until `reset()`.
-gather_heads always uses the portable path (it was faster in the seed's measurements).
-
-The rule: a difference confined to one rank never leaves a peer waiting. Every such difference is one of three kinds.
-
-1. Handled locally. A layout the pitched copy cannot read (heads or channels strided within a row, rows closer than
-   one copy width, an expanded ``stride(1) == 0`` input) is packed into one it can with one local copy, on every
-   transport. It is valid data, not an error, and strides are not part of what ranks agree on.
-2. Agreed: every rank raises the same error at once, or falls back together. A bad input at a new call signature;
-   the configuration (the transport request, the verify mode and every protocol field of `CopyEngineOptions`, whose
-   mismatch raises `UlyssesConfigError` naming the setting and each rank's value); transport selection and
-   eligibility; every setup step (allocations, mappings, handle exchanges, constructors, the probe transfer: an
-   out-of-memory on one rank falls back on all before a group started, and raises `UlyssesTransportError` on all
-   after); evictions; `reset()`.
-3. Bounded. Where neither is possible because the ranks run different call sequences -- a bad input at a repeated
-   signature (agreement is skipped there), a peer that raised before submitting its part of a group, a peer that
-   died, an exception in one rank's forward between groups, a submit-time error on one rank -- every rank gets a
-   clear error within ``CopyEngineOptions.timeout_s`` (default 600 s): a control exchange, the portable all_to_all
-   and the CPU handshake raise `UlyssesTimeoutError`; on a GPU the handshake watchdog ends the process (a stream
-   blocked in a GPU wait cannot be cancelled), naming the stalled epoch and what the peers posted about their own
-   failures. The rank that failed locally raises its own error at once.
-
-Agreement. Every call is validated locally, then -- the first time a call signature (operation, tag, barrier, input
-shape, dtype, device type) is seen, or on every call with ``verify="always"`` -- all ranks exchange their signature,
-configuration and verdict in one small bounded exchange (`ControlChannel`) before any data moves. Repeated signatures
-skip the exchange, which keeps a steady-state call at a few dictionary lookups; ``TELEFUSER_ULYSSES_VERIFY=always``
-checks every call.
-
-Recovery. After a failure (agreed or bounded) the communicator refuses calls until `reset()`: a collective call at a
-request boundary that drops the pending group, releases the copy-engine transport once every rank quiesced, and
-selects again at the next scatter, so one out-of-memory at a new shape does not cost a server its copy-engine path
-for good. A timed-out portable collective leaves the process group itself out of step; then reset() refuses on every
-rank and the processes must restart.
-
-CUDA graphs. A scatter under CUDA graph capture runs on the portable path (NCCL can be captured), never on the copy
-engine: a captured group would replay fixed epochs, so its stream-memory waits would pass without synchronising, and
-fixed buffers, so the two-buffer output lifetime rule would break at the replay boundary. On a gloo-only group (ranks
-sharing a GPU) nothing can be captured, and the call says so.
+It validates each call, agrees new call signatures and the configuration across ranks, picks the transport once
+(copy engine when every rank is eligible, else portable), and keeps the failure state that `reset()` clears. The
+rule: a difference confined to one rank never leaves a peer waiting (the README's "The communicator" says how).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""The communicator's control channel: small exchanges among the ranks of one group, each bounded by a timeout.
+"""Small exchanges among the ranks of one group, each bounded by a timeout: the communicator's control channel.
 
-Every control decision of the Ulysses communicator (call signatures, configuration, transport selection, each setup
-step, evictions, reset) is an exchange: each rank contributes a small value and every rank reads the same list. The
-exchanges go through the key-value store of the default process group rather than through process-group collectives,
-for two reasons:
-
-* A store wait has a timeout of its own. A rank that enters an exchange its peers never join (ranks calling
-  different sequences) gets a clear error after ``timeout_s`` instead of waiting for the process group's timeout.
-* Abandoning a store exchange leaves nothing behind: an abandoned collective would leave the process group's
-  collective order out of step for good, so nothing could recover (see `UlyssesCommunicator.reset`).
-
-Exchanges are numbered per set of ranks, in this process: every rank of a group makes the same exchanges in the same
-order (that is what the agreement protocol guarantees), so the n-th exchange meets at the same keys everywhere, also
-when several communicators share the same ranks. Each exchange carries a description of itself; ranks that meet at
-the same number with different descriptions are out of step, and every one of them says so.
+They go through the default process group's store, not collectives: a store wait has its own timeout and an
+abandoned one leaves nothing behind, where an abandoned collective leaves the group out of step for good.
 """
 
 from __future__ import annotations

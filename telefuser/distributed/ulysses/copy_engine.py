@@ -1,25 +1,7 @@
-"""The copy-engine Ulysses scatter: pitched copies straight into peers' final-layout buffers.
+"""The copy-engine scatter: pitched copies straight into peers' cached final-layout buffers, one handshake per group.
 
-Per call: the copy stream waits for the caller's stream (the projection is ready), then issues one pitched copy per
-peer -- self included -- from the input view into that peer's cached ``[B, S_global, H/W, D]`` target, at rows
-``[rank*S, (rank+1)*S)``; on CUDA the readiness wait and all of a call's copies are one tf-kernel call. Calls with
-``barrier=False`` stop there. The group's completing call adds one handshake on the copy stream -- publish the
-group's epoch into every peer's flag slot, wait until every peer published it here -- and records one completion
-event. A handle's `wait()` only makes the caller's stream wait on that event.
-
-Targets are cached per (tag, direction, shape, dtype, device), at most `max_targets` keys and `max_target_bytes`
-bytes, least recently used evicted. Each key holds two buffers used alternately. Output lifetime contract: a scatter
-output stays valid until this rank *completes* the next group that uses the same tag and shape (its barrier=True
-call). Consume it -- or, on a GPU, enqueue its consumers -- before then, or clone it. Why two buffers make that safe:
-a peer that has passed this group's handshake may already be copying the next group into this rank while this rank
-still reads the current outputs, so the next group lands in the other buffer. Reaching the group after that needs
-this rank's next epoch, which this rank publishes only after its caller's stream reached the completing call, i.e.
-after its reads.
-
-Eviction needs every rank to be done with the buffers: each rank synchronizes locally, then all meet in an agreed
-step, then the mapping releases them. Cache misses are collective (peer mapping setup) and happen in the same order on
-every rank because the call sequence is agreed. Setup ends with a probe: one real scatter of known values through
-the mapping, the copies and the handshake, checked on every rank; wrong data is an agreed setup failure.
+Two buffers per cached target let a peer write the next group while this rank still reads the current one; the
+protocol, the output lifetime rule, eviction and the setup probe are in this folder's README.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Build a copy-engine backend by transport name. Collective: every rank of the group calls it together.
+"""Builds a copy-engine backend by transport name; collective, and every step that can fail is agreed first.
 
-Every step that can fail on one rank -- importing tf-kernel, building the mapping, the backend's allocations, its
-stream and watchdog, the probe transfer -- is agreed before anyone goes on, so a failure anywhere raises the same
-CopyEngineSetupError on every rank and the communicator falls back together.
+So a failure anywhere (tf-kernel import, mapping, allocations, stream, watchdog, probe) raises the same
+`CopyEngineSetupError` on every rank and the communicator falls back together.
 """
 
 from __future__ import annotations

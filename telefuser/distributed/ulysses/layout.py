@@ -1,18 +1,7 @@
-"""Pure shape and stride rules for the Ulysses exchange.
+"""Pure shape and stride rules for the Ulysses exchange: who sends which head slice where, pitches, validation.
 
-Nothing here touches a device or a process group, so every rule is testable on CPU.
-
-Scatter (before attention): each rank holds ``[B, S, H, D]`` (its S sequence rows, all H heads) and ends with
-``[B, W*S, H/W, D]`` (all rows, its H/W heads). Rank r's rows land at ``[r*S, (r+1)*S)`` of every peer's output, and
-peer p receives head slice ``[p*H/W, (p+1)*H/W)``.
-
-Gather (after attention) is the inverse: ``[B, W*S, Hl, D]`` -> ``[B, S, W*Hl, D]``.
-
-Inputs may be strided views (the V view of a fused ``[B, S, 3, H, D]`` projection). The pitched copy reads any layout
-in which, within each sequence row, heads and head channels are contiguous (``stride(3) == 1``, ``stride(2) == D``)
-and rows are at least one copy width apart; rows and batch items may sit at any pitch, even overlapping (sources are
-only read). Any other layout is valid data too: `readable_layout` packs it with one local copy, so a layout never
-makes a rank's call differ from its peers' and is not part of what ranks agree on.
+Nothing here touches a device or a process group, so every rule is tested on CPU. Any input layout is valid data:
+one the pitched copy cannot read is packed locally, so strides never make ranks' calls differ.
 """
 
 from __future__ import annotations

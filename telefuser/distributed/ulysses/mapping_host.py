@@ -1,13 +1,7 @@
-"""Peer buffers in host shared memory: the copy-engine protocol on CPU processes.
+"""Peer buffers in host shared memory (/dev/shm): the copy-engine protocol on gloo CPU ranks.
 
-Each rank's buffer is a file in /dev/shm mapped by every rank of the group (`torch.from_file(shared=True)`), so a
-peer's "destination" is a tensor aliasing the owner's memory. With `HostPrimitives` this runs the whole copy-engine
-engine -- target cache, double buffers, epochs, grouped handshake, agreed fallback, timeouts -- on gloo CPU ranks,
-which is how CI tests the protocol without a GPU. It is also a working same-host CPU transport.
-
-A mapping stays valid after its owner lets go of it (the file is unlinked once every rank mapped it, and each rank's
-mapping lives as long as its tensors), so a peer that still writes into a buffer its owner released writes into memory
-nobody else uses: no lifetime hazard here, unlike device memory handed back to an allocator.
+This is how CI runs the whole engine (cache, double buffers, epochs, handshake, fallback, timeouts) without a GPU;
+it is also a working same-host CPU transport.
 """
 
 from __future__ import annotations

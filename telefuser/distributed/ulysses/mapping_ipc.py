@@ -1,16 +1,7 @@
-"""Peer buffers through legacy CUDA IPC handles (tf-kernel's ipc_* ops).
+"""Peer buffers through legacy CUDA IPC handles (tf-kernel's ipc_* ops); works across processes sharing one GPU.
 
-Each rank allocates its buffer, exports an IPC handle (plus the buffer's offset inside its allocation), all ranks
-exchange the handles and each opens its peers' handles. This works across processes that share one GPU too, which is
-how it is tested on a one-GPU machine. Every step is agreed (`agreed_step`): an out-of-memory or a failed export or
-open on one rank makes every rank undo its part and raise the same CopyEngineSetupError.
-
-Lifetime. A peer writes into this rank's exported buffers until it has synchronized its own copy stream, which this
-rank cannot see. Handing such a buffer back to torch's caching allocator while a peer may still write would corrupt
-whatever tensor the allocator puts there next. So exported memory is released only at an agreed point -- an
-eviction or a `reset()`, both after every rank quiesced -- and a local `close()` parks it instead (`parked_bytes`):
-it stays allocated, out of the allocator's reach, until the process exits. Handles this rank opened are closed at
-once on close: this rank's own copies are finished by then.
+A peer may still write into an exported buffer after this rank is done with it, so exported memory is released only
+at an agreed point (eviction, `reset()`) and a local `close()` parks it until the process exits.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Peer buffers through PyTorch Symmetric Memory (torch >= 2.11, one GPU per rank).
+"""Peer buffers through PyTorch Symmetric Memory (torch >= 2.11, one GPU per rank); PyTorch owns the mappings.
 
-`symm_mem.empty` allocates from PyTorch's symmetric pool and `rendezvous` maps every peer's buffer; the engine only
-needs the peers' device addresses. PyTorch owns the mappings and their lifetime, so release just drops this rank's
-references. The allocation is agreed before anyone enters `rendezvous` (itself collective over the group), so an
-out-of-memory on one rank never leaves its peers inside it. The flags come from the same pool and are zeroed, then
-fenced with an exchange, before any peer may publish into them.
+The allocation is agreed before anyone enters the collective `rendezvous`, so an out-of-memory on one rank never
+leaves its peers inside it.
 """
 
 from __future__ import annotations

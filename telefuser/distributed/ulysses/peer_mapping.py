@@ -1,13 +1,7 @@
 """How copy-engine backends obtain peer buffers: the one thing the transports differ in.
 
-A `PeerMapping` allocates, collectively over the group, one buffer per rank and gives every rank an address for each
-peer's buffer. Its collective steps go through the communicator's `ControlChannel`. The engine only ever sees `PeerBuffers`: its local tensor, one opaque destination per rank (a device
-pointer for CUDA, a tensor for host memory) and a `release()` that undoes the local side of the mapping.
-
-Setup is agreed, step by step: every local action that can fail (an allocation, an export, a mapping, a constructor)
-runs inside `agreed_step`, which reports its outcome through the channel before any rank goes on, and all ranks
-raise the same `CopyEngineSetupError` when any rank failed. So an out-of-memory on one rank falls back (or refuses) on
-every rank together instead of leaving its peers in the next exchange.
+A `PeerMapping` allocates one buffer per rank, collectively, and hands the engine `PeerBuffers` (its tensor, one
+destination per peer, `release()`). Every step that can fail runs in `agreed_step`, so all ranks fail together.
 """
 
 from __future__ import annotations

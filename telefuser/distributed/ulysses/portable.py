@@ -1,12 +1,7 @@
-"""The portable Ulysses transport: one `all_to_all_single` per tensor (NCCL on GPUs, gloo on CPU).
+"""The portable transport: one `all_to_all_single` per tensor (NCCL on GPUs, gloo on CPU).
 
-Eagerly it calls the process group's `alltoall_base` with a per-operation timeout, so a peer that never joins (it died,
-raised, or runs a different call sequence) gives a `UlyssesTimeoutError` after the communicator's timeout instead of the
-process group's (gloo raises it; NCCL's watchdog enforces it and ends the process). Inside `torch.compile` or a CUDA
-graph capture it uses torch's functional collectives, which both can trace. The exchange
-buffer is laid out destination-major, ``[W, B, S, Hl, D]`` for scatter, so that chunk p of the flat send buffer is
-exactly what peer p needs; the received buffer is ``[W(source), B, S, Hl, D]``, which for B == 1 already *is* the
-final ``[B, W*S, Hl, D]`` output and needs no relayout.
+Eagerly it runs with a per-operation timeout, so a peer that never joins raises `UlyssesTimeoutError`; under
+`torch.compile` or graph capture it uses functional collectives. The buffer is destination-major (no relayout at B=1).
 """
 
 from __future__ import annotations

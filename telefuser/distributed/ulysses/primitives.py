@@ -1,10 +1,7 @@
-"""The device primitives the copy-engine engine is written against.
+"""The device primitives the copy engine is written against: CUDA (tf-kernel) and their synchronous host twins.
 
-`CudaPrimitives` issues tf-kernel's pitched copies and stream-memory handshake on a high-priority CUDA stream, with
-CUDA events for readiness and completion. One scatter call is one driver-facing call: `copy_2d_batch` records the
-readiness event on the caller's stream, makes the copy stream wait on it and submits every peer's pitched copy as one
-batch (`cudaMemcpy3DBatchAsync` where the runtime has it). `HostPrimitives` does the same work synchronously on CPU
-shared memory, so the engine's state machine runs unchanged in CI. The engine never calls CUDA or tf-kernel directly.
+`CudaPrimitives` submits a call's copies as one batch on a high-priority stream; `HostPrimitives` does the same on
+CPU shared memory, so the engine's state machine runs unchanged in CI.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Which scatter transport a group can use, decided identically on every rank.
+"""Which scatter transports a group can use, decided identically on every rank from local reports.
 
-Each rank reports what it can do, from local checks only (host name; its GPU's UUID; for every GPU it can see, that
-GPU's UUID and whether it has peer access to it; stream-memory-operation support; and for every copy-engine transport
-either None or why not). Nothing that can fail is asked after the exchange: every rank then computes the same ordered
-list of transports that all ranks support from the same reports, so no rank ever picks a protocol its peers did not.
-
-GPUs are compared by UUID, never by process-local index: with per-rank CUDA_VISIBLE_DEVICES (as Ray and SLURM set
-it) every rank's GPU is "device 0".
+Nothing that can fail is asked after the exchange, so no rank picks a protocol its peers did not. GPUs are compared
+by UUID: with per-rank CUDA_VISIBLE_DEVICES every rank's GPU is "device 0".
 """
 
 from __future__ import annotations

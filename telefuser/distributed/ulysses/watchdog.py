@@ -1,18 +1,7 @@
-"""A watchdog for GPU-side handshakes.
+"""Ends the process when a GPU handshake stays incomplete: a CUDA stream stuck in a wait cannot be cancelled.
 
-A stream-memory wait blocks the copy stream -- and every stream that waits on the group's completion event -- until
-all peers publish the epoch. If a peer died, raised before submitting its part, or runs a different call sequence,
-that never happens and the process would hang in its next synchronization. The watchdog thread watches each group:
-its clock starts when the copy stream *reaches* the handshake (an event recorded just before the waits), so a GPU
-backlog ahead of the handshake or a slow compile on this rank never counts; when the group's completion event stays
-incomplete for `timeout_s` after that, it prints which epoch stalled (and what the peers posted about their own
-failures) and ends the process, as NCCL's watchdog does: a CUDA stream stuck in a wait cannot be cancelled, so the
-process cannot continue.
-
-The thread sets its device before it touches an event (otherwise it would create a context on GPU 0), never holds
-its lock while it queries the GPU (the submitting thread takes that lock for every group), polls at a coarse interval,
-and reports its own failures: a failing query is printed and kept in `error`, which the backend raises at its next
-call instead of running on unwatched.
+Its clock starts when the copy stream reaches the handshake, so a GPU backlog or a compile never counts as a dead
+peer; it names the stalled epoch and what the peers posted, as NCCL's watchdog does.
 """
 
 from __future__ import annotations
