@@ -38,18 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
     p.set_defaults(func=_info)
-    from .serving.stream_cli import add_serve_stream_parser
-    from .serving.video_cli import add_serve_parser
+    from .serving.stream.cli import add_serve_stream_parser
+    from .serving.video.cli import add_serve_parser
 
     add_serve_parser(sub)
-    add_serve_stream_parser(sub, build_factory=_build_lingbot_factory)
+    add_serve_stream_parser(sub)
     return parser
-
-
-def _build_lingbot_factory(args: argparse.Namespace):
-    from .serving.lingbot_factory import build_lingbot_factory  # imports the model stack only when serving it
-
-    return build_lingbot_factory(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,7 @@
-"""Streaming service for chunked autoregressive world models (LingBot-World v2).
+"""The two services, each in its own folder over a common hall.
 
-`create_stream_app(factory, ...)` builds the FastAPI app; a factory implements `protocol.SessionFactory`;
-`fake.FakeSessionFactory` is the test/demo model; `followers` lets rank 0 drive a multi-rank model;
-`stream_cli.add_serve_stream_parser` adds the `serve-stream` command. Importing this package does not import
-FastAPI or torch; the submodules do.
+`stream/` is `telefuser serve-stream` (chunked world-model sessions over WebSocket/SSE, LingBot-World v2);
+`video/` is `telefuser serve` (OpenAI-style batch text-to-video+audio jobs, MiniMax H3); `common/` holds what both
+use: the launch and the leader/follower replay under torchrun, the local server, request bodies and errors, API keys,
+limits and the memory budget, Prometheus text. Importing a package here imports neither FastAPI nor torch.
 """
-
-from .protocol import ALLOWED_KEYS, CONFIG_KEYS, Chunk, SessionFactory, StreamSession
-
-__all__ = ["ALLOWED_KEYS", "CONFIG_KEYS", "Chunk", "SessionFactory", "StreamSession"]

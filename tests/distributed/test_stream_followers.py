@@ -12,13 +12,13 @@ IMAGE = np.full((8, 8, 3), 7, np.uint8)
 
 
 def _factory():
-    from telefuser.serving.fake import FakeSessionFactory
+    from telefuser.serving.stream.fake import FakeSessionFactory
 
     return FakeSessionFactory(defaults={"resolution": "32x32", "num_frames": 29})
 
 
 def _direct_calls(ctx, heartbeat_s):
-    from telefuser.serving.followers import FollowingFactory, follow
+    from telefuser.serving.stream.replay import FollowingFactory, follow
 
     fake = _factory()
     group = dist.new_group(backend="gloo")  # as serve-stream does: a CPU control group
@@ -55,8 +55,8 @@ def test_follower_runs_the_same_calls_in_the_same_order(ranks2):
 def _serve_and_follow(ctx):
     from fastapi.testclient import TestClient
 
-    from telefuser.serving.followers import FollowingFactory, follow
-    from telefuser.serving.stream_app import create_stream_app
+    from telefuser.serving.stream.app import create_stream_app
+    from telefuser.serving.stream.replay import FollowingFactory, follow
 
     fake = _factory()
     group = dist.new_group(backend="gloo")

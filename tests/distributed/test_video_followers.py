@@ -27,9 +27,9 @@ def _serve_and_follow(ctx):
 
     from fastapi.testclient import TestClient
 
-    from telefuser.serving.video_app import create_video_app
-    from telefuser.serving.video_fake import FakeVideoRunner
-    from telefuser.serving.video_followers import FollowingRunner, follow_runner
+    from telefuser.serving.video.app import create_video_app
+    from telefuser.serving.video.fake import FakeVideoRunner
+    from telefuser.serving.video.replay import FollowingRunner, follow_runner
 
     fake = FakeVideoRunner(step_delay_s=0.02)
     group = dist.new_group(backend="gloo")  # as `telefuser serve` does: a CPU control group
@@ -89,7 +89,7 @@ def test_serve_under_torchrun_with_the_tiny_model():
     out = Path(tempfile.mkdtemp(prefix="tf-video-"))
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video_cli", "serve",
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video.cli", "serve",
          "--port", "0", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2", "--output-dir", str(out)],
         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},

@@ -141,7 +141,7 @@ def broken_stream_app():
 
 
 def test_stream_replay_missing_chunk_fails_in_aiperf(tmp_path):
-    from telefuser.serving.local_server import serve_in_thread
+    from telefuser.serving.common.local_server import serve_in_thread
 
     artifacts = tmp_path / "broken"
     with serve_in_thread(broken_stream_app()) as url:

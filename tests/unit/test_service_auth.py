@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from starlette.testclient import WebSocketDenialResponse
 
-from telefuser.serving.auth import ENV_VAR, ApiKeys, RedactTokens, keys_from_args
-from telefuser.serving.fake import FakeSessionFactory
-from telefuser.serving.launch import _loopback
-from telefuser.serving.stream_app import create_stream_app
-from telefuser.serving.video_app import create_video_app
-from telefuser.serving.video_fake import FakeVideoRunner
+from telefuser.serving.common.auth import ENV_VAR, ApiKeys, RedactTokens, keys_from_args
+from telefuser.serving.common.launch import _loopback
+from telefuser.serving.stream.app import create_stream_app
+from telefuser.serving.stream.fake import FakeSessionFactory
+from telefuser.serving.video.app import create_video_app
+from telefuser.serving.video.fake import FakeVideoRunner
 
 KEY, OTHER = "tf-test-key-0123456789", "second-key"
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from telefuser.serving.auth import ApiKeys
-from telefuser.serving.fake import FakeSessionFactory
-from telefuser.serving.local_server import serve_in_thread
-from telefuser.serving.stream_app import create_stream_app
+from telefuser.serving.common.auth import ApiKeys
+from telefuser.serving.common.local_server import serve_in_thread
+from telefuser.serving.stream.app import create_stream_app
+from telefuser.serving.stream.fake import FakeSessionFactory
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -22,12 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from telefuser.serving.client_messages import BURST, MessageBudget
-from telefuser.serving.envelope import CODECS, unpack
-from telefuser.serving.fake import FakeSessionFactory
-from telefuser.serving.protocol import ALLOWED_KEYS
-from telefuser.serving.stream_app import create_stream_app
-from telefuser.serving.stream_limits import StreamLimitFlags
+from telefuser.serving.stream.app import create_stream_app
+from telefuser.serving.stream.client_messages import BURST, MessageBudget
+from telefuser.serving.stream.envelope import CODECS, unpack
+from telefuser.serving.stream.fake import ALLOWED_KEYS, FakeSessionFactory
+from telefuser.serving.stream.limits import StreamLimitFlags
 from tests import hostile_values as hv
 
 PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -454,7 +453,7 @@ def test_property_runs_left_the_service_healthy_and_memory_bounded(fake_client):
 # ---- the soak ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_lingbot():
-    from telefuser.serving.lingbot_factory import build_lingbot_factory
+    from telefuser.serving.stream.lingbot import build_lingbot_factory
 
     args = argparse.Namespace(config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl=None,
                               resolution="64x48", num_frames=29, fps=16, max_sessions=2, warmup="off")  # fmt: skip

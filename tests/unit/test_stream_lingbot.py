@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from telefuser.serving.envelope import unpack
-from telefuser.serving.lingbot_factory import build_lingbot_factory
-from telefuser.serving.local_server import serve_in_thread
-from telefuser.serving.stream_app import create_stream_app
+from telefuser.serving.common.local_server import serve_in_thread
+from telefuser.serving.stream.app import create_stream_app
+from telefuser.serving.stream.envelope import unpack
+from telefuser.serving.stream.lingbot import build_lingbot_factory
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -84,7 +84,7 @@ def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
     metadata must name the transport in use, not the one before any exchange."""
     from types import SimpleNamespace
 
-    from telefuser.serving.lingbot_factory import LingBotSessionFactory
+    from telefuser.serving.stream.lingbot import LingBotSessionFactory
 
     communicator = SimpleNamespace(backend_name="portable")
     pipeline = SimpleNamespace(dit=SimpleNamespace(communicator=communicator))
@@ -115,7 +115,7 @@ def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
 
 
 def test_the_tiny_model_service_refuses_a_session_past_its_memory_share():
-    from telefuser.serving.stream_limits import StreamLimitFlags
+    from telefuser.serving.stream.limits import StreamLimitFlags
 
     factory = build_lingbot_factory(_args())
     app = create_stream_app(factory, max_sessions=1, limits=StreamLimitFlags(max_session_memory_gib=0.05))

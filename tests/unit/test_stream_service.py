@@ -26,12 +26,12 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from telefuser.serving.envelope import decode_frames, unpack
-from telefuser.serving.fake import FakeSessionFactory
-from telefuser.serving.local_server import serve_in_thread
-from telefuser.serving.metrics import StreamMetrics
-from telefuser.serving.session import DoneItem, SessionRuntime, StreamSettings
-from telefuser.serving.stream_app import create_stream_app
+from telefuser.serving.common.local_server import serve_in_thread
+from telefuser.serving.stream.app import create_stream_app
+from telefuser.serving.stream.envelope import decode_frames, unpack
+from telefuser.serving.stream.fake import FakeSessionFactory
+from telefuser.serving.stream.metrics import StreamMetrics
+from telefuser.serving.stream.session import DoneItem, SessionRuntime, StreamSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"resolution": "64x48", "num_frames": 45}  # 3 chunks: 13 + 16 + 16 frames
@@ -456,7 +456,7 @@ def test_sse_chunks_are_lossless_checkable():
         assert sum(c["frames"] for c in chunks) == done["published_frames"] == 77 and done["chunks"] == 5
         assert all(set(c) >= {"type", "chunk", "frames", "first_frame", "checksum", "measurement"} for c in chunks)
         history = fake.sessions[0].history
-        from telefuser.serving.envelope import chunk_checksum
+        from telefuser.serving.stream.envelope import chunk_checksum
 
         assert [c["checksum"] for c in chunks] == [chunk_checksum(h["crc32"]) for h in history]
         r = client.post(f"/v1/stream/sessions/{s['session_id']}/ack", json={"published_frames": 77})
@@ -597,7 +597,7 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
     from websockets.sync.client import connect
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "telefuser.serving.stream_cli", "serve-stream", "--fake", "--port", "0",
+        [sys.executable, "-m", "telefuser.serving.stream.cli", "serve-stream", "--fake", "--port", "0",
          "--resolution", "64x48", "--fake-delay", "0.05", "--max-sessions", "2", "--log-level", "info"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

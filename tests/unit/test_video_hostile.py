@@ -20,12 +20,12 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from telefuser.serving.video_app import create_video_app
-from telefuser.serving.video_fake import FakeVideoRunner
-from telefuser.serving.video_jobs import JobStore, VideoJob, new_job_id
-from telefuser.serving.video_limits import VideoLimitFlags
-from telefuser.serving.video_runner import VideoSpec
-from telefuser.serving.video_worker import Unstorable
+from telefuser.serving.video.app import create_video_app
+from telefuser.serving.video.contract import VideoSpec
+from telefuser.serving.video.fake import FakeVideoRunner
+from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
+from telefuser.serving.video.limits import VideoLimitFlags
+from telefuser.serving.video.worker import Unstorable
 from tests import hostile_values as hv
 
 PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -106,8 +106,8 @@ def test_records_that_cannot_be_read_are_skipped_and_logged_at_restart(tmp_path,
 
 
 def test_nothing_unencodable_is_queued_or_written(tmp_path):
-    from telefuser.serving.video_metrics import VideoMetrics
-    from telefuser.serving.video_worker import VideoQueue
+    from telefuser.serving.video.metrics import VideoMetrics
+    from telefuser.serving.video.worker import VideoQueue
 
     store = JobStore(tmp_path)
     with pytest.raises(ValueError):
@@ -338,7 +338,7 @@ def test_property_runs_left_the_service_healthy_restartable_and_memory_bounded(v
 # ---- the soak ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_runner():
-    from telefuser.serving.minimax_runner import build_minimax_runner
+    from telefuser.serving.video.minimax import build_minimax_runner
 
     args = argparse.Namespace(
         config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl="sdpa",

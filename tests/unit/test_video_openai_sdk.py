@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from telefuser.media import probe_media
-from telefuser.serving.auth import ApiKeys
-from telefuser.serving.local_server import serve_in_thread
-from telefuser.serving.video_app import create_video_app
-from telefuser.serving.video_canvas import RESIZE_METHOD, fit_frames, generation_canvas
-from telefuser.serving.video_fake import FakeVideoRunner
+from telefuser.serving.common.auth import ApiKeys
+from telefuser.serving.common.local_server import serve_in_thread
+from telefuser.serving.video.app import create_video_app
+from telefuser.serving.video.canvas import RESIZE_METHOD, fit_frames, generation_canvas
+from telefuser.serving.video.fake import FakeVideoRunner
 
 openai = pytest.importorskip("openai", reason="the openai package is in the dev extra")
 KEY = "sdk-test-key"

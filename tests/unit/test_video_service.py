@@ -25,10 +25,10 @@ from fastapi.testclient import TestClient
 
 from telefuser.media import probe_media
 from telefuser.pipelines.minimax_h3.shapes import align_frame_count
-from telefuser.serving.video_app import create_video_app
-from telefuser.serving.video_fake import FakeVideoRunner
-from telefuser.serving.video_jobs import JobStore, VideoJob, new_job_id
-from telefuser.serving.video_runner import JobCancelled, RunHooks, VideoSpec
+from telefuser.serving.video.app import create_video_app
+from telefuser.serving.video.contract import JobCancelled, RunHooks, VideoSpec
+from telefuser.serving.video.fake import FakeVideoRunner
+from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = align_frame_count(round(0.2 * 24))  # the frames the model makes for a 0.2 s request (its grid snaps up)
@@ -98,7 +98,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def tiny_runner():
     """The real MiniMax H3 pipeline, tiny random weights, CPU, built the way `telefuser serve` builds it."""
-    from telefuser.serving.minimax_runner import build_minimax_runner
+    from telefuser.serving.video.minimax import build_minimax_runner
 
     args = argparse.Namespace(
         config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl="sdpa",
@@ -430,7 +430,7 @@ def test_models_health_metadata_and_metrics(fake_client):
 
 def test_serve_fake_on_port_0_and_sigterm(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "telefuser.serving.video_cli", "serve", "--fake", "--port", "0", "--output-dir",
+        [sys.executable, "-m", "telefuser.serving.video.cli", "serve", "--fake", "--port", "0", "--output-dir",
          str(tmp_path), "--fake-step-delay", "0.2", "--steps-default", "50"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},

@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--service-arg", action="append", default=[],
                    help="extra service flag, e.g. --service-arg=--tp-degree=2")
     m.add_argument("--service-module", default=None,
-                   help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video_cli)")
+                   help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video.cli)")
     m.add_argument("--output-dir", type=Path, default=None,
                    help="service --output-dir (default: <artifact dir>/service_videos)")
     add_launch_options(p, m)
@@ -75,7 +75,7 @@ def serve_module(python: str, override: str | None) -> str:
     probe = subprocess.run(
         [python, "-m", "telefuser.cli", "serve", "--help"], cwd=REPO_ROOT, capture_output=True, check=False
     )
-    return "telefuser.cli" if probe.returncode == 0 else "telefuser.serving.video_cli"
+    return "telefuser.cli" if probe.returncode == 0 else "telefuser.serving.video.cli"
 
 
 def service_args(args: argparse.Namespace, port: int, output_dir: Path) -> list[str]:

@@ -1,0 +1,146 @@
+"""What `serve` and `serve-stream` share: the service flags, one HTTP server until a signal, and under torchrun the
+split into rank 0 (serving) and followers (replaying its model calls; replay.py).
+
+Rank 0 runs the app on a socket it binds itself (so `--port 0` works and the log names the real port); Ctrl-C and
+SIGTERM both end it gracefully. WebSocket frames are capped at `WS_MAX_BYTES` by the server (a client's message is
+a few hundred bytes), access logs hide `token=` values, and binding beyond loopback without an API key is warned
+about: anyone who reaches the port can then queue work. The other ranks follow rank 0's model calls over a CPU
+(gloo) group and leave only when rank 0 broadcasts stop, never in the middle of a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from .auth import add_auth_args, keys_from_args
+
+log = logging.getLogger("telefuser.serving")
+WS_MAX_BYTES = 64 << 10  # a larger client frame closes the connection (1009) before the app reads it
+
+
+def add_server_args(group, *, port: int) -> None:
+    """--host, --port, --log-level and the API keys, the same for both services."""
+    group.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (default) serves this machine only; see the "
+                                                           "README before exposing a service")  # fmt: skip
+    group.add_argument("--port", type=int, default=port, help="0 picks a free port (the log names it)")
+    group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    add_auth_args(group)
+
+
+def run_service(
+    args: argparse.Namespace,
+    build: Callable[[argparse.Namespace], Any],
+    *,
+    serve: Callable[[Any], int],
+    lead: Callable[[Any, Any], Any],
+    follow: Callable[[Any, Any], int],
+    close_model: bool = False,
+) -> int:
+    """Build the model on this rank and serve it. Under torchrun rank 0 serves `lead(model, group)` (which replays
+    each model call on the followers and has `shutdown()`), and the other ranks run `follow(model, group)`."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys_from_args(args)  # a malformed key fails now, not after the model is loaded
+    model = build(args)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    try:
+        if world == 1:
+            return serve(model)
+        group = control_group()
+        if rank != 0:
+            follow_until_stopped(follow, model, group, rank)
+            return 0
+        leader = lead(model, group)
+        try:
+            return serve(leader)
+        finally:
+            leader.shutdown()  # also when binding failed: the followers must not wait forever
+    finally:
+        if close_model:
+            model.close()
+
+
+def run_command(add_parser: Callable[[Any], Any], prog: str, argv: list[str] | None = None) -> int:
+    """`python -m` a service's cli: parse its one subcommand and run it."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def serve_until_stopped(app, *, host: str, port: int, log_level: str, describe: str) -> None:
+    """Serve `app` on host:port until Ctrl-C or SIGTERM, then shut down gracefully. `describe` ends the log line."""
+    import uvicorn
+
+    from .auth import RedactTokens
+    from .local_server import make_server
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                            lifespan="on", ws_max_size=WS_MAX_BYTES)
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(RedactTokens())
+    keys = getattr(getattr(app, "state", None), "api_keys", None)
+    if not _loopback(host) and not (keys is not None and keys.enabled):
+        log.warning("listening on %s without an API key: anyone who can reach this port can queue work; set "
+                    "TELEFUSER_API_KEY (or --api-key) and put TLS in front (see the README)", host)
+    server = make_server(config)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
+        shown = f"[{host}]" if ":" in host else host
+        log.info("serving on http://%s:%d (%s)", shown, sock.getsockname()[1], describe)
+        # uvicorn re-raises the captured signal after its graceful shutdown; make SIGTERM an exception, as SIGINT
+        # is, so that the caller still runs its cleanup (the followers' stop).
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        try:
+            server.run(sockets=[sock])
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            sock.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def control_group():
+    """A gloo group beside whatever the model uses: the leader's calls reach the followers through it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # the model builder has normally done it (init_distributed)
+        dist.init_process_group("gloo")
+    return dist.new_group(backend="gloo")
+
+
+def follow_until_stopped(follow: Callable[[object, object], int], model, group, rank: int) -> int:
+    """Run a follower rank: replay rank 0's model calls until it broadcasts stop; returns the number of calls.
+
+    A terminal Ctrl-C reaches every rank, and torchrun's agent then sends SIGTERM to all workers; followers ignore
+    both and leave when rank 0 (which shuts down in order) says so. If rank 0 dies instead, the broadcast fails and
+    the follower exits with that error."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    calls = follow(model, group)
+    log.info("rank %d: follower stopped after %d model calls", rank, calls)
+    return calls

@@ -1,0 +1,121 @@
+"""`telefuser serve-stream`: run the streaming service (rank 0) and, under torchrun, the follower ranks.
+
+    telefuser serve-stream --config tiny --device cpu               # LingBot-World v2, tiny random weights, CPU
+    telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
+    torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
+
+The model is built by a `build_factory(args)` hook (default: `lingbot.build_lingbot_factory`, imported only when
+serving it). Model options (--config, --checkpoint, --device, ...) are parsed here and handed to it as-is.
+Ctrl-C (SIGINT) or SIGTERM shuts down cleanly: streams end with a `closed` event, sessions close, followers stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..common.auth import keys_from_args
+from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
+from ..common.limits import add_canvas_limit_args
+from .contract import SessionFactory
+from .envelope import CODECS
+from .limits import StreamLimitFlags
+from .replay import FollowingFactory, follow
+
+log = logging.getLogger("telefuser.serving")
+FactoryBuilder = Callable[[argparse.Namespace], SessionFactory]
+
+
+def build_factory(args: argparse.Namespace) -> SessionFactory:
+    from .lingbot import build_lingbot_factory  # imports the model stack only when serving it
+
+    return build_lingbot_factory(args)
+
+
+def build_fake_factory(args: argparse.Namespace) -> SessionFactory:
+    from .fake import FakeSessionFactory
+
+    defaults: dict[str, Any] = {}
+    for key, value in (("resolution", args.resolution), ("num_frames", args.num_frames), ("fps", args.fps)):
+        if value is not None:
+            defaults[key] = value
+    return FakeSessionFactory(delay_s=args.fake_delay, defaults=defaults, max_sessions=args.max_sessions or 4)
+
+
+def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = None) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve-stream",
+        help="serve a streaming world model over HTTP/WebSocket/SSE with a web client at /",
+        description="Streaming service: rank 0 serves HTTP, other torchrun ranks follow its model calls.",
+    )
+    g = p.add_argument_group("service")
+    add_server_args(g, port=8088)
+    g.add_argument("--max-sessions", type=int, default=None,
+                   help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1")
+    g.add_argument("--buffer-chunks", type=int, default=4, help="per-session delivery queue, in chunks")
+    g.add_argument("--delivery-mode", choices=("lossless", "realtime"), default="lossless",
+                   help="lossless: a slow client slows generation (backpressure); realtime: drop the oldest chunk")
+    g.add_argument("--codec", choices=CODECS, default="jpeg", help="default frame codec of the WebSocket envelope")
+    g.add_argument("--jpeg-quality", type=int, default=85)
+    g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
+    g.add_argument("--idle-timeout", type=float, default=120.0, help="close sessions nobody attaches to within this")
+    g.add_argument("--max-body-mib", type=float, default=32.0, help="largest create request (the image is in it)")
+    g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
+    g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
+    lim = add_canvas_limit_args(p, "canvas")
+    lim.add_argument("--max-frames", type=int, default=None,
+                     help="frames per session; open-ended sessions end there (default: 10 minutes at the model fps)")
+    lim.add_argument("--max-session-memory-gib", type=float, default=None,
+                     help="estimated memory one session may take (default: free device memory / max sessions)")
+    lim.add_argument("--max-image-pixels", type=int, default=None,
+                     help="uploaded image, checked before decoding (default: 40 megapixels)")
+    m = p.add_argument_group("model (handed to the model factory)")
+    m.add_argument("--config", choices=("tiny", "official"), default="official")
+    m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
+    m.add_argument("--device", default=None)
+    m.add_argument("--dtype", default=None)
+    m.add_argument("--attn-impl", default=None)
+    m.add_argument("--resolution", default=None, help="default resolution WxH")
+    m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
+    m.add_argument("--fps", type=float, default=None, help="default target FPS")
+    m.add_argument("--warmup", choices=("auto", "on", "off"), default="auto",
+                   help="run a 2-chunk session at start-up so the first client does not pay for kernel compilation "
+                        "(auto: on for CUDA)")
+    p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
+    return p
+
+
+def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = None) -> int:
+    build = build_fake_factory if args.fake else (builder or build_factory)
+    return run_service(args, build, serve=lambda factory: _serve(args, factory), lead=FollowingFactory, follow=follow)
+
+
+def _serve(args: argparse.Namespace, factory: SessionFactory) -> int:
+    from .app import create_stream_app
+
+    max_sessions = args.max_sessions or int(factory.metadata.get("max_sessions") or 1)
+    limits = StreamLimitFlags(
+        max_width=args.max_width, max_height=args.max_height, max_pixels=args.max_pixels, max_frames=args.max_frames,
+        max_session_memory_gib=args.max_session_memory_gib, max_image_pixels=args.max_image_pixels,
+    )  # fmt: skip
+    app = create_stream_app(
+        factory, max_sessions=max_sessions, delivery_mode=args.delivery_mode, buffer_chunks=args.buffer_chunks,
+        codec=args.codec, jpeg_quality=args.jpeg_quality, ack_timeout_s=args.ack_timeout,
+        idle_timeout_s=args.idle_timeout, max_body_bytes=int(args.max_body_mib * 2**20), limits=limits,
+        api_keys=keys_from_args(args),
+    )  # fmt: skip
+    serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
+                        describe=f"model: {factory.metadata.get('model')}")  # fmt: skip
+    log.info("serve-stream exited cleanly")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(add_serve_stream_parser, "python -m telefuser.serving.stream.cli", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Messages a client sends on the WebSocket: control, delivery_ack, stop. Bad ones become non-fatal error events.
+
+A message is JSON text of at most `MAX_MESSAGE_BYTES`, parsed with the request-body rules (bounded depth, no NaN,
+valid Unicode). A connection may send `RATE` messages a second on average (`BURST` at once, far above what held
+keys produce); messages over that are dropped unread and counted, with at most one error event a second saying so.
+Nothing a client sends here can end the stream or reach the model except a valid control.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..common.http_errors import RequestError
+from ..common.request_body import parse_json
+from .contract import normalize_keys
+from .session import SessionRuntime, StateError
+
+MAX_MESSAGE_BYTES = 4096  # a control with every key is ~150 bytes
+RATE, BURST = 30.0, 60  # messages per second, and at once
+
+
+class MessageBudget:
+    """A token bucket: `take()` is True while the client stays within RATE messages a second (BURST at once)."""
+
+    def __init__(self, rate: float = RATE, burst: int = BURST, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.last = float(burst), clock()
+        self.dropped = 0
+        self._warned_at: float | None = None
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        self.dropped += 1
+        return False
+
+    def should_warn(self) -> bool:
+        """True at most once a second while messages are being dropped."""
+        now = self.clock()
+        if self._warned_at is None or now - self._warned_at >= 1.0:
+            self._warned_at = now
+            return True
+        return False
+
+
+def receive_client_message(runtime: SessionRuntime, message: dict, budget: MessageBudget) -> None:
+    """One ASGI websocket.receive message (text or bytes) from the client."""
+    if not budget.take():
+        runtime.metrics.inc("client_messages_dropped_total")
+        if budget.should_warn():
+            runtime.client_error(f"too many messages: at most {RATE:g} a second ({BURST} at once); the excess is "
+                                 "dropped unread")  # fmt: skip
+        return
+    text = message.get("text")
+    if text is None:
+        runtime.client_error("binary messages are not accepted; send JSON text")
+        return
+    if len(text) > MAX_MESSAGE_BYTES:  # characters; the server's frame limit bounds the bytes
+        runtime.client_error(f"message of {len(text)} characters ignored; the limit is {MAX_MESSAGE_BYTES}")
+        return
+    handle_client_message(runtime, text)
+
+
+def handle_client_message(runtime: SessionRuntime, text: str) -> None:
+    try:
+        msg = parse_json(text, what="JSON message")
+    except RequestError as exc:
+        runtime.client_error(exc.detail)
+        return
+    if not isinstance(msg, dict):
+        runtime.client_error(f"a message must be a JSON object, got {type(msg).__name__}")
+        return
+    kind = msg.get("type")
+    try:
+        if kind == "control":
+            try:
+                keys = normalize_keys(msg.get("keys"), runtime.settings.keys)
+            except ValueError as exc:
+                runtime.client_error(f"control rejected: {exc}")
+                return
+            runtime.set_controls(keys)
+        elif kind == "delivery_ack":
+            frames = msg.get("published_frames")
+            if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
+                runtime.client_error(f"delivery_ack needs a non-negative integer 'published_frames', got "
+                                     f"{repr(frames)[:40]}")  # fmt: skip
+                return
+            runtime.record_ack(frames)
+        elif kind == "stop":
+            runtime.request_stop()
+        else:
+            runtime.client_error(f"unknown message type {repr(kind)[:40]}; expected 'control', 'delivery_ack' or "
+                                 "'stop'")  # fmt: skip
+    except StateError as exc:
+        runtime.client_error(str(exc))

@@ -1,0 +1,188 @@
+"""The sessions of one service: slot accounting, lookup, idle reaping and shutdown.
+
+A slot is taken when a create starts and given back when the model session's close() returns, so `max_sessions`
+bounds the model's KV slots, not the HTTP objects. Closed sessions stay findable for a while (`finished`) so that a
+late delivery ack or a status query still gets an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..common.http_errors import RequestError
+from ..common.limits import LimitSet
+from .contract import SessionFactory
+from .limits import check_stream_config, delivery_bytes
+from .metrics import StreamMetrics
+from .request import CreateRequest
+from .session import SessionRuntime, StreamSettings
+
+log = logging.getLogger("telefuser.serving")
+
+
+class SessionRegistry:
+    def __init__(self, factory: SessionFactory, settings: StreamSettings, metrics: StreamMetrics, limits: LimitSet):
+        self.factory, self.settings, self.metrics, self.limits = factory, settings, metrics, limits
+        # Model calls block (GPU work, or the followers' broadcast): one thread per session slot plus create/validate.
+        self.executor = ThreadPoolExecutor(max_workers=settings.max_sessions + 2, thread_name_prefix="tf-stream")
+        self.live: dict[str, SessionRuntime] = {}
+        self.finished: OrderedDict[str, SessionRuntime] = OrderedDict()
+        self._holding: set[str] = set()  # sessions whose model slot is not yet released
+        self._reserved = 0  # creates in progress
+        self._tasks: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
+        self.shutting_down = False
+        self.closed_at_shutdown = 0
+        self.consumers = 0  # WebSocket/SSE handlers running
+
+    @property
+    def slots_in_use(self) -> int:
+        return len(self._holding) + self._reserved
+
+    def run_blocking(self, fn, *args) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
+        """A detached task we keep a reference to (teardown from places that may be cancelled themselves)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def get(self, session_id: str) -> SessionRuntime | None:
+        return self.live.get(session_id) or self.finished.get(session_id)
+
+    # ---- create --------------------------------------------------------------------------------------------------
+    def effective_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {**(getattr(self.factory, "metadata", {}) or {}).get("defaults", {}), **config}
+
+    async def create(self, request: CreateRequest) -> SessionRuntime:
+        if self.shutting_down:
+            raise RequestError(503, "the service is shutting down")
+        config = self.effective_config(request.config)
+        try:
+            check_stream_config(self.limits, config)  # cheap bounds first: nothing is planned past them
+            await self.run_blocking(self._validate, request, config)
+        except (ValueError, RequestError) as exc:
+            self.metrics.inc("sessions_rejected_total", reason="invalid")
+            if isinstance(exc, RequestError):
+                raise
+            raise RequestError(422, f"invalid request: {exc}") from None
+        if self.slots_in_use >= self.settings.max_sessions:
+            self.metrics.inc("sessions_rejected_total", reason="capacity")
+            raise RequestError(
+                429,
+                f"all {self.settings.max_sessions} session slot(s) are in use (max_sessions={self.settings.max_sessions}); "
+                "retry when a session ends",
+            )
+        self._reserved += 1
+        # Shielded: if the HTTP request goes away mid-create, the session still registers and the idle reaper frees it.
+        return await asyncio.shield(self._create(request, config))
+
+    def _validate(self, request: CreateRequest, config: dict[str, Any]) -> None:
+        """The model's own checks, then its memory estimate against the session's share of the device."""
+        self.factory.validate(request.image, request.prompt, config)
+        estimate = getattr(self.factory, "memory_estimate", None)
+        if callable(estimate) and self.limits.value("max_session_memory_bytes") is not None:
+            terms = dict(estimate(config))
+            chunk = int((self.factory.metadata.get("chunk_frames") or {}).get("later", 16))
+            terms["delivery"] = delivery_bytes(config, chunk, self.settings.buffer_chunks)
+            self.limits.check_memory(terms, f"a {config.get('resolution')} session", "max_session_memory_bytes")
+
+    async def _create(self, request: CreateRequest, config: dict[str, Any]) -> SessionRuntime:
+        try:
+            model = await self.run_blocking(self.factory.create, request.image, request.prompt, config)
+        except ValueError as exc:
+            self.metrics.inc("sessions_rejected_total", reason="invalid")
+            raise RequestError(422, f"invalid request: {exc}") from None
+        except Exception:
+            self.metrics.inc("sessions_rejected_total", reason="error")
+            raise  # a server fault: logged with the request id, answered with a generic 500
+        finally:
+            self._reserved -= 1
+        runtime = SessionRuntime(
+            uuid.uuid4().hex,
+            model,
+            prompt=request.prompt,
+            config=config,
+            codec=request.codec or self.settings.codec,
+            settings=self.settings,
+            metrics=self.metrics,
+            run_blocking=self.run_blocking,
+            on_released=self._released,
+            on_closed=self._closed,
+        )
+        runtime.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
+        self.live[runtime.id] = runtime
+        self._holding.add(runtime.id)
+        self.metrics.inc("sessions_created_total")
+        if self.shutting_down:
+            await runtime.aclose("shutdown")
+            raise RequestError(503, "the service is shutting down")
+        return runtime
+
+    def _released(self, runtime: SessionRuntime) -> None:
+        self._holding.discard(runtime.id)
+
+    def _closed(self, runtime: SessionRuntime) -> None:
+        if runtime.close_reason == "shutdown":
+            self.closed_at_shutdown += 1
+        self.live.pop(runtime.id, None)
+        self.finished[runtime.id] = runtime
+        while len(self.finished) > self.settings.finished_history:
+            self.finished.popitem(last=False)
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        idle = self.settings.idle_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, idle / 4))
+            now = time.monotonic()
+            for runtime in list(self.live.values()):
+                if runtime.consumer is None and now - runtime.created_at > idle:
+                    log.info("session %s: nobody attached within %.0fs, closing", runtime.id, idle)
+                    self.spawn(runtime.aclose("idle"))
+
+    async def drain_for_shutdown(self, timeout_s: float = 5.0) -> None:
+        """Before the server closes connections: refuse new sessions, end every stream with a `closed` event and wait
+        (bounded) for the consumers to send it; open SSE responses would otherwise hold uvicorn's graceful exit."""
+        self.shutting_down = True
+        await self.close_all("shutdown")
+        deadline = time.monotonic() + timeout_s
+        while self.consumers and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def close_all(self, reason: str) -> int:
+        sessions = list(self.live.values())
+        await asyncio.gather(*(s.aclose(reason) for s in sessions), return_exceptions=True)
+        return len(sessions)
+
+    async def shutdown(self) -> int:
+        """Lifespan exit: close every session, then the worker pool."""
+        self.shutting_down = True
+        await self.close_all("shutdown")
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
+        return self.closed_at_shutdown
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "sessions_in_use": self.slots_in_use,
+            "sessions_live": len(self.live),
+            "sessions_streaming": sum(1 for s in self.live.values() if s.state == "streaming"),
+            "max_sessions": self.settings.max_sessions,
+        }

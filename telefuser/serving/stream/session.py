@@ -1,0 +1,425 @@
+"""One streaming session at run time: its generation task, bounded delivery FIFO, controls and delivery ack.
+
+Data flow::
+
+    generator task (event loop)                              consumer (the WebSocket or SSE handler)
+      keys = held controls ──► model.next_chunk(keys)          events(): notices first, then FIFO items
+      (worker thread)          + encode (worker thread)        sends chunk ─► mark_sent(); done ─► done_payload()
+      ──► FIFO (buffer_chunks) ─────────────────────────────►
+
+The generator computes chunk i+1 while the consumer sends chunk i. In lossless mode a full FIFO makes the generator
+wait (backpressure; the wait is counted in the metrics), so nothing is ever dropped; in realtime mode the oldest queued
+chunk is dropped instead (counted). Blocking model calls run in the registry's thread pool and are shielded from
+cancellation, so `close()` is never called while `next_chunk()` is still running in its thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..common.request_body import encodable_text
+from .contract import StreamSession, parse_resolution
+from .envelope import chunk_checksum, encode_frame, frame_crc32, pack
+from .metrics import StreamMetrics
+
+log = logging.getLogger("telefuser.serving")
+DELIVERY_MODES = ("lossless", "realtime")
+
+
+@dataclass
+class StreamSettings:
+    max_sessions: int = 1
+    delivery_mode: str = "lossless"
+    buffer_chunks: int = 4  # chunks queued between the generator and the client
+    codec: str = "jpeg"  # default frame codec of the binary envelope
+    jpeg_quality: int = 85
+    ack_timeout_s: float = 10.0  # how long to wait for the client's delivery_ack after done
+    idle_timeout_s: float = 120.0  # a session nobody attaches to within this is closed
+    keepalive_s: float = 15.0  # SSE comment interval
+    max_body_bytes: int = 32 << 20
+    finished_history: int = 256  # closed sessions kept for status / late acks
+    max_frames: int | None = None  # an open-ended session ends (reason "frame_limit") once it has made this many
+    max_notices: int = 64  # status events queued for one consumer; more are dropped (a client that never reads)
+    keys: tuple[str, ...] = ()  # the control keys the model takes (its metadata's key_bindings), in its order
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.buffer_chunks < 1:
+            raise ValueError(f"buffer_chunks must be >= 1, got {self.buffer_chunks}")
+        if self.delivery_mode not in DELIVERY_MODES:
+            raise ValueError(f"delivery_mode must be one of {DELIVERY_MODES}, got {self.delivery_mode!r}")
+
+
+class StateError(Exception):
+    """An operation that the session's state does not allow (second consumer, closed session...)."""
+
+
+@dataclass
+class ChunkItem:
+    index: int
+    first_frame: int
+    frames: int
+    width: int
+    height: int
+    measurement: dict[str, Any]
+    checksum: str
+    frame_crc32: list[int]
+    codec: str | None  # None: the consumer wants events only, frames were not encoded
+    images: list[bytes] | None
+    encode_seconds: float
+
+    def envelope(self, fps: float) -> bytes:
+        header = {
+            "chunk": self.index, "first_frame": self.first_frame, "frames": self.frames, "width": self.width,
+            "height": self.height, "fps": fps, "codec": self.codec, "crc32": self.frame_crc32,
+        }  # fmt: skip
+        return pack(header, self.images or [])
+
+
+@dataclass
+class DoneItem:
+    reason: str  # "completed" | "stopped"
+    chunks: int
+
+
+@dataclass
+class Notice:
+    payload: dict[str, Any]
+    final: bool = False  # the consumer stops after sending it (closed, fatal error)
+
+
+KEEPALIVE = object()
+
+
+def prepare_chunk(chunk: Any, index: int, first_frame: int, codec: str | None, quality: int, wall: float) -> ChunkItem:
+    """Check a model chunk, checksum it and encode its frames (runs in a worker thread)."""
+    frames = chunk.frames
+    if getattr(chunk, "index", index) != index:
+        raise ValueError(f"model returned chunk {chunk.index} where chunk {index} was expected")
+    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"chunk {index}: frames must be uint8 [F, H, W, 3], got {getattr(frames, 'dtype', type(frames))} "
+                         f"{tuple(getattr(frames, 'shape', ()))}")
+    t0 = time.perf_counter()
+    crcs = frame_crc32(frames)
+    images = [encode_frame(f, codec, quality) for f in frames] if codec else None
+    measurement = dict(chunk.measurement or {})
+    measurement.setdefault("index", index)
+    measurement.setdefault("frames", int(frames.shape[0]))
+    measurement.setdefault("compute_seconds", wall)
+    measurement.setdefault("phases", {})
+    return ChunkItem(
+        index=index, first_frame=first_frame, frames=int(frames.shape[0]), width=int(frames.shape[2]),
+        height=int(frames.shape[1]), measurement=measurement, checksum=chunk_checksum(crcs), frame_crc32=crcs,
+        codec=codec, images=images, encode_seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+class SessionRuntime:
+    def __init__(
+        self,
+        session_id: str,
+        model: StreamSession,
+        *,
+        prompt: str,
+        config: dict[str, Any],
+        codec: str,
+        settings: StreamSettings,
+        metrics: StreamMetrics,
+        run_blocking: Callable[..., asyncio.Future],
+        on_released: Callable[[SessionRuntime], None],
+        on_closed: Callable[[SessionRuntime], None],
+    ):
+        self.id, self.model, self.prompt, self.config, self.codec = session_id, model, prompt, config, codec
+        self.settings, self.metrics = settings, metrics
+        self._run, self._on_released, self._on_closed = run_blocking, on_released, on_closed
+        self.fps = config.get("fps")
+        self.resolution = config.get("resolution")
+        self.width, self.height = parse_resolution(self.resolution) if self.resolution else (None, None)
+        self.total_chunks: int | None = model.total_chunks
+        self.total_frames: int | None = getattr(model, "total_frames", None)
+        self.created_at = time.monotonic()
+        self.state = "created"  # created -> streaming -> done -> closed
+        self.consumer: str | None = None
+        self.fifo: asyncio.Queue = asyncio.Queue(maxsize=settings.buffer_chunks)
+        self.notices: asyncio.Queue = asyncio.Queue()
+        self.keys: list[str] = []
+        self.next_index = 0  # the chunk that controls received now apply to
+        self.stop_requested = False
+        self.chunks_generated = self.frames_generated = 0
+        self.chunks_sent = self.frames_sent = self.chunks_dropped = self.frames_dropped = 0
+        self.published_frames: int | None = None  # declared in done
+        self.acked_frames: int | None = None
+        self.ack_event = asyncio.Event()
+        self.close_reason: str | None = None
+        self.stream_token: str | None = None  # set by the registry; a query token for this session's stream
+        self.model_released = False
+        self._task: asyncio.Task | None = None
+        self._inflight: asyncio.Future | None = None
+        self._release: asyncio.Future | None = None
+        self._closed = False
+        self._close_done = asyncio.Event()
+
+    # ---- consumer side -------------------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def attach(self, consumer: str, *, images: bool) -> None:
+        """Bind the one consumer and start generating; images=False skips frame encoding (events only)."""
+        if self._closed:
+            raise StateError(f"session {self.id} is closed ({self.close_reason})")
+        if self.consumer is not None:
+            raise StateError(f"session {self.id} already has a consumer ({self.consumer}); one stream per session")
+        self.consumer, self.state = consumer, "streaming"
+        self._task = asyncio.get_running_loop().create_task(
+            self._generate(self.codec if images else None), name=f"stream-{self.id}"
+        )
+
+    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[Any]:
+        """What the consumer must send, in order: notices jump ahead of queued chunks; ends after done or a final notice."""
+        get_note = get_item = None
+        try:
+            while True:
+                get_note = get_note or asyncio.ensure_future(self.notices.get())
+                get_item = get_item or asyncio.ensure_future(self.fifo.get())
+                done, _ = await asyncio.wait({get_note, get_item}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    yield KEEPALIVE
+                elif get_note in done:
+                    note, get_note = get_note.result(), None
+                    yield note
+                    if note.final:
+                        return
+                else:
+                    item, get_item = get_item.result(), None
+                    yield item
+                    if isinstance(item, DoneItem):
+                        return
+        finally:
+            for task in (get_note, get_item):
+                if task is not None:
+                    task.cancel()
+
+    def ready_payload(self) -> dict[str, Any]:
+        return {
+            "type": "status", "stage": "runtime_ready", "session_id": self.id, "total_chunks": self.total_chunks,
+            "total_frames": self.total_frames, "fps": self.fps, "resolution": self.resolution, "width": self.width,
+            "height": self.height, "delivery_mode": self.settings.delivery_mode,
+            "buffer_chunks": self.settings.buffer_chunks, "codec": self.codec, "keys": list(self.settings.keys),
+        }  # fmt: skip
+
+    def mark_sent(self, item: ChunkItem, nbytes: int) -> dict[str, Any]:
+        """Count a delivered chunk; returns its event fields (shared by chunk_sent and the SSE chunk event)."""
+        self.chunks_sent += 1
+        self.frames_sent += item.frames
+        self.metrics.inc("chunks_sent_total")
+        self.metrics.inc("frames_sent_total", item.frames)
+        self.metrics.inc("bytes_sent_total", nbytes)
+        return {
+            "chunk": item.index, "frames": item.frames, "first_frame": item.first_frame, "checksum": item.checksum,
+            "bytes": nbytes, "queue_depth": self.fifo.qsize(), "encode_seconds": round(item.encode_seconds, 6),
+            "measurement": item.measurement,
+        }  # fmt: skip
+
+    def done_payload(self, item: DoneItem) -> dict[str, Any]:
+        self.published_frames, self.state = self.frames_sent, "done"
+        return {
+            "type": "status", "stage": "done", "published_frames": self.frames_sent, "chunks": self.chunks_sent,
+            "reason": item.reason, "dropped_frames": self.frames_dropped,
+        }  # fmt: skip
+
+    def ack_payload(self) -> dict[str, Any]:
+        return {
+            "type": "status", "stage": "delivery_ack", "received": self.acked_frames is not None,
+            "published_frames": self.published_frames, "acked_frames": self.acked_frames, "match": self.ack_matches,
+        }  # fmt: skip
+
+    @property
+    def ack_matches(self) -> bool | None:
+        if self.acked_frames is None:
+            return None
+        return self.acked_frames == self.published_frames
+
+    # ---- client messages -----------------------------------------------------------------------------------------
+    def set_controls(self, keys: list[str]) -> int:
+        """Hold `keys` from the next chunk that has not started; acknowledged with a control_state notice."""
+        if self._closed:
+            raise StateError(f"session {self.id} is closed")
+        self.keys = list(keys)
+        applies = self.next_index
+        self.metrics.inc("controls_total")
+        self._notify({"type": "status", "stage": "control_state", "keys": self.keys, "applies_from_chunk": applies})
+        return applies
+
+    def client_error(self, message: str) -> None:
+        """A bad client message: reported as a non-fatal error event; the stream goes on."""
+        self.metrics.inc("control_errors_total")
+        self._notify({"type": "status", "stage": "error", "message": message, "fatal": False})
+
+    def _notify(self, payload: dict[str, Any]) -> None:
+        """Queue a non-final status event, unless the consumer already has `max_notices` unread: a client that floods
+        controls without reading must not grow the server's memory. Final notices (closed, fatal errors) always go."""
+        if self.notices.qsize() >= self.settings.max_notices:
+            self.metrics.inc("notices_dropped_total")
+            return
+        self.notices.put_nowait(Notice(payload))
+
+    def record_ack(self, published_frames: int) -> bool:
+        if self.published_frames is None:
+            raise StateError("delivery_ack is only valid after the done event")
+        if self.acked_frames is None:
+            self.acked_frames = published_frames
+            self.metrics.inc("delivery_acks_total", result="match" if self.ack_matches else "mismatch")
+            self.ack_event.set()
+        return bool(self.ack_matches)
+
+    def request_stop(self) -> None:
+        """End an (open-ended) stream after the chunk in progress; done follows with reason 'stopped'."""
+        self.stop_requested = True
+
+    async def finish_after_ack(self) -> None:
+        """After done: wait for the client's delivery_ack (bounded), then close."""
+        waits = [asyncio.ensure_future(self.ack_event.wait()), asyncio.ensure_future(self._close_done.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self.settings.ack_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        await self.aclose("completed")
+
+    # ---- generation ----------------------------------------------------------------------------------------------
+    async def _blocking(self, fn: Callable, *args: Any) -> Any:
+        """Run fn in the worker pool; shielded so that cancelling us never leaves the thread running unnoticed."""
+        fut = self._run(fn, *args)
+        self._inflight = fut
+        result = await asyncio.shield(fut)
+        self._inflight = None  # the future holds the result (frames): do not keep it past its use
+        return result
+
+    async def _generate(self, codec: str | None) -> None:
+        index = first_frame = 0
+        reason = "completed"
+        try:
+            while True:
+                if self.stop_requested:
+                    reason = "stopped"
+                    break
+                if self.total_chunks is None and self.settings.max_frames is not None and first_frame >= self.settings.max_frames:
+                    reason = "frame_limit"  # an open-ended session, at the service's max_frames
+                    break
+                if self.total_chunks is not None and index >= self.total_chunks:
+                    break
+                keys, self.next_index = list(self.keys), index + 1
+                t0 = time.perf_counter()
+                chunk = await self._blocking(self.model.next_chunk, keys)
+                item = await self._blocking(
+                    prepare_chunk, chunk, index, first_frame, codec, self.settings.jpeg_quality, time.perf_counter() - t0
+                )
+                del chunk
+                index, first_frame = index + 1, first_frame + item.frames
+                self.chunks_generated, self.frames_generated = index, first_frame
+                self.metrics.inc("chunks_generated_total")
+                self.metrics.inc("frames_generated_total", item.frames)
+                self.metrics.inc("encode_seconds_total", item.encode_seconds)
+                self.metrics.observe(float(item.measurement.get("compute_seconds", 0.0)))
+                if self.total_chunks is not None and index >= self.total_chunks:
+                    await self._release_model("completed")  # free the KV slot while the last chunks drain
+                await self._publish(item)
+            await self._release_model(reason)
+            await self._publish(DoneItem(reason, index))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: generation failed at chunk %d", self.id, index)
+            self.close_reason = "error"
+            self.notices.put_nowait(
+                Notice({"type": "status", "stage": "error", "fatal": True,
+                        "message": encodable_text(f"generation failed at chunk {index}: {type(exc).__name__}: {exc}")},
+                       final=True)
+            )  # fmt: skip
+            await self._release_model("error")
+
+    async def _publish(self, item: ChunkItem | DoneItem) -> None:
+        if self.settings.delivery_mode == "lossless":
+            if self.fifo.full():
+                t0 = time.perf_counter()
+                await self.fifo.put(item)  # backpressure: wait for the consumer, never drop
+                self.metrics.inc("backpressure_seconds_total", time.perf_counter() - t0)
+            else:
+                self.fifo.put_nowait(item)
+            return
+        while self.fifo.full():  # realtime: the newest chunk wins
+            old = self.fifo.get_nowait()
+            if isinstance(old, ChunkItem):
+                self.chunks_dropped += 1
+                self.frames_dropped += old.frames
+                self.metrics.inc("chunks_dropped_total")
+                self.metrics.inc("frames_dropped_total", old.frames)
+        self.fifo.put_nowait(item)
+
+    # ---- teardown ------------------------------------------------------------------------------------------------
+    async def _release_model(self, reason: str) -> None:
+        """Close the model session once (never during next_chunk); the slot is freed when close() returns."""
+        if self._release is None:
+            self._release = self._run(self._close_model)
+            self._release.add_done_callback(lambda _f: self._released(reason))
+        await asyncio.shield(self._release)
+
+    def _close_model(self) -> None:
+        try:
+            self.model.close()
+        except Exception:
+            log.exception("session %s: model close() failed", self.id)
+
+    def _released(self, reason: str) -> None:
+        self.model_released = True
+        self.model = None  # drop the model's buffers with our reference
+        self.metrics.inc("sessions_closed_total", reason=reason)
+        self._on_released(self)
+
+    async def aclose(self, reason: str) -> None:
+        """Stop generating, release the model slot and buffers, tell the consumer; idempotent."""
+        if self._closed:
+            await self._close_done.wait()
+            return
+        self._closed = True
+        self.close_reason = self.close_reason or reason
+        try:
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
+                await asyncio.wait([self._task])
+            if self._inflight is not None and not self._inflight.done():
+                await asyncio.wait([self._inflight])  # a next_chunk still running in its thread
+            if self._inflight is not None and self._inflight.done() and not self._inflight.cancelled():
+                self._inflight.exception()  # retrieved: no "exception never retrieved" noise
+            await self._release_model(self.close_reason)
+        finally:
+            if self.published_frames is not None and self.acked_frames is None:
+                self.metrics.inc("delivery_acks_total", result="missing")
+            while not self.fifo.empty():
+                self.fifo.get_nowait()
+            self.state = "closed"
+            self.notices.put_nowait(
+                Notice({"type": "status", "stage": "closed", "reason": self.close_reason}, final=True)
+            )
+            self._task = self._inflight = None
+            self._on_closed(self)
+            self._close_done.set()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "session_id": self.id, "state": self.state, "consumer": self.consumer, "total_chunks": self.total_chunks,
+            "total_frames": self.total_frames, "chunks_generated": self.chunks_generated,
+            "frames_generated": self.frames_generated, "chunks_sent": self.chunks_sent, "frames_sent": self.frames_sent,
+            "frames_dropped": self.frames_dropped, "queue_depth": self.fifo.qsize(), "keys": self.keys,
+            "published_frames": self.published_frames, "acked_frames": self.acked_frames, "ack_match": self.ack_matches,
+            "model_released": self.model_released, "close_reason": self.close_reason,
+        }  # fmt: skip

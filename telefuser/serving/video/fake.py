@@ -1,0 +1,109 @@
+"""A model-free `VideoRunner`: sleeps per "denoising step", then writes a small valid MP4 with a stereo audio track.
+
+It plans requests exactly as MiniMax H3 does (24 fps, 17n+5 frames, sizes in multiples of 32; `plan_shape`), so the
+service's validation, queueing, progress, cancellation and persistence can be tested, and AIPerf runs in CI, without
+weights. Pictures are a seeded gradient with a moving bar; audio is a 440/660 Hz tone at 32 kHz.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from telefuser.pipelines.minimax_h3.shapes import plan_shape  # imported now, not on the first request
+
+from .canvas import write_clip
+from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
+
+FPS = 24
+SAMPLE_RATE = 32_000
+SIZE_MULTIPLE = 32
+
+
+class FakeVideoRunner:
+    def __init__(
+        self,
+        *,
+        model: str = "MiniMax-H3",
+        step_delay_s: float = 0.01,
+        defaults: dict[str, Any] | None = None,
+    ):
+        self.model = model
+        self.step_delay_s = float(step_delay_s)
+        self.defaults = {"size": "64x64", "seconds": 0.5, "steps": 4, "seed": 0, **(defaults or {})}
+        self.metadata = {
+            "model": model,
+            "runner": "fake (test pattern and tone, no weights)",
+            "native_size": "1344x768",  # MiniMax H3's canvas, which the fake imitates
+            "device": "cpu",
+            "fps": FPS,
+            "sample_rate": SAMPLE_RATE,
+            "audio_channels": 2,
+            "size_multiple": SIZE_MULTIPLE,
+            "frame_grid": "17n+5 frames at 24 fps (requested seconds are snapped up)",
+            "guidance": False,
+            "defaults": dict(self.defaults),
+        }
+        self.calls: list[dict[str, Any]] = []  # every run's spec, in order (the follower tests compare ranks)
+        self.steps_run: list[int] = []  # denoising steps each run completed (a cancelled run stops early)
+        self._lock = threading.Lock()
+
+    def plan(self, spec: VideoSpec) -> VideoPlan:
+        shape = plan_shape(duration_s=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
+        if spec.steps < 2:
+            raise ValueError(f"steps must be >= 2, got {spec.steps}")
+        return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
+
+    def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
+        """The rendered clip (frames and two index grids) and its tone."""
+        pixels = plan.width * plan.height
+        return {"frames": plan.frames * pixels * 3 + 2 * pixels * 8, "audio": int(plan.duration_s * SAMPLE_RATE) * 8}
+
+    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+        plan = self.plan(spec)
+        with self._lock:
+            self.calls.append(spec.as_dict())
+            self.steps_run.append(0)
+        started = time.perf_counter()
+        for step in range(plan.dit_calls):
+            if hooks.cancelled():
+                raise JobCancelled(step)
+            time.sleep(self.step_delay_s)
+            self.steps_run[-1] = step + 1
+            hooks.progress(step + 1, plan.dit_calls)
+        frames, audio = render(plan, spec.seed)
+        inference_s = time.perf_counter() - started
+        mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
+        width, height = spec.output_dims or (plan.width, plan.height)
+        return RunOutcome(
+            inference_time_s=inference_s, peak_memory_bytes=int(frames.nbytes + audio.nbytes),
+            peak_memory_kind="fake (bytes of the rendered clip)", frames=plan.frames, fps=FPS, width=width,
+            height=height, duration_s=plan.duration_s, audio_channels=2, audio_samples=int(audio.shape[1]),
+            sample_rate=SAMPLE_RATE, dit_calls=plan.dit_calls, mux_s=mux_s,
+            generated_size=plan.generated_size if spec.output_dims else None,
+            timings={"pipeline_s": inference_s, "dit_total_s": plan.dit_calls * self.step_delay_s},
+        )  # fmt: skip
+
+    def close(self) -> None:
+        return None
+
+
+def render(plan: VideoPlan, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 [F, H, W, 3] frames and float32 [2, S] audio, deterministic in (plan, seed)."""
+    h, w, n = plan.height, plan.width, plan.frames
+    base = np.random.default_rng(seed).integers(0, 256, 3)
+    ys, xs = np.mgrid[0:h, 0:w]
+    frame0 = np.stack([(xs * 255 // max(1, w - 1) + base[0]) % 256, (ys * 255 // max(1, h - 1) + base[1]) % 256,
+                       np.full_like(xs, base[2])], axis=-1).astype(np.uint8)  # fmt: skip
+    frames = np.repeat(frame0[None], n, axis=0)
+    bar = max(2, w // 16)
+    for i in range(n):
+        x = (i * 4) % max(1, w - bar)
+        frames[i, :, x : x + bar] = 255
+    t = np.arange(int(round(plan.duration_s * SAMPLE_RATE)), dtype=np.float32) / SAMPLE_RATE
+    audio = 0.2 * np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)]).astype(np.float32)
+    return frames, audio

@@ -1,0 +1,207 @@
+"""The video service's real model: MiniMax H3 text -> video + audio behind the `VideoRunner` interface.
+
+Progress and cancellation need no change to the pipeline: the runner wraps the pipeline's DiT (`pipe.dit`, which the
+denoising loop calls once per step) in `_HookedDiT`, which asks `hooks.cancelled()` before each call and reports
+`hooks.progress(calls, total)` after it. A cancelled job therefore stops between two denoising steps.
+
+Under torchrun every rank builds the same runner on its share of the mesh (`init_distributed(ParallelConfig(...))`);
+rank 0 serves and replays each job on the others (replay.py); followers run with `output=None` and write nothing.
+
+`memory_estimate(plan)` is what one job needs on a rank beyond the resident weights (the service compares it with
+the device's free memory at start-up; limits.py):
+
+* activations: ``(12 x hidden + 4 x ffn / TP)`` elements per token of the joint sequence on this rank (video +
+  audio + `TEXT_TOKENS` text tokens, over Ulysses). Calibrated on the H200: the official DiT call at 1344x768, 5 s
+  (37,966 tokens) peaked 8.4 GiB above its weights (docs/perf run3); this gives 8.6 GiB there;
+* latents: the video and audio latents in float32, `LATENT_COPIES` alive at once (state, noise, velocity, x0...);
+* decode: the decoded clip as float32 (two copies) and uint8, plus `DECODE_FEATURE_MAPS` full-resolution feature
+  maps of `DECODE_CHANNELS` channels in float32 (assumed for the video VAE, not measured);
+* text_encoder: with --offload-text-encoder, the encoder's weights lent to the device while a prompt is encoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .canvas import write_clip
+from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 768, area cap)
+TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
+LATENT_COPIES = 6
+DECODE_FEATURE_MAPS, DECODE_CHANNELS = 8, 128
+
+
+class _HookedDiT:
+    """Stands in for `pipe.dit`: the same call, with the current job's hooks around it."""
+
+    def __init__(self, dit):
+        self._dit = dit
+        self.hooks: RunHooks | None = None
+        self.calls = 0
+        self.total = 0
+
+    def __call__(self, *args, **kwargs):
+        hooks = self.hooks
+        if hooks is not None and hooks.cancelled():
+            raise JobCancelled(self.calls)
+        out = self._dit(*args, **kwargs)
+        self.calls += 1
+        if hooks is not None:
+            hooks.progress(self.calls, self.total)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # close(), config, ... of the wrapped DiT
+        return getattr(self._dit, name)
+
+
+class MiniMaxRunner:
+    def __init__(self, pipeline, *, model: str = "MiniMax-H3", defaults: dict[str, Any],
+                 info: dict[str, Any] | None = None, feature_cache: str | None = None,
+                 lent_bytes: int = 0):  # fmt: skip
+        from telefuser.pipelines.minimax_h3.shapes import AUDIO_SAMPLE_RATE, FPS, VAE_SPATIAL
+
+        self._pipe = pipeline
+        self._lent_bytes = int(lent_bytes)
+        info = dict(info or {})
+        self._dtype_bytes = torch.empty((), dtype=DTYPES[info.get("dtype", "float32")]).element_size()
+        self._ulysses, self._tp = int(info.get("ulysses_degree", 1)), int(info.get("tp_degree", 1))
+        self._dit = _HookedDiT(pipeline.dit)
+        pipeline.dit = self._dit
+        self._lock = threading.Lock()  # one job at a time: the hooks and call counter are per job
+        self.model = model
+        self.feature_cache = feature_cache
+        self.defaults = dict(defaults)
+        self.metadata = {
+            "model": model,
+            "runner": "MiniMax H3 text-to-video+audio",
+            "weights": pipeline.weights.get("summary", ""),
+            "native_size": NATIVE_SIZE,
+            **info,
+            "feature_cache": feature_cache or "none",
+            "fps": FPS,
+            "sample_rate": AUDIO_SAMPLE_RATE,
+            "audio_channels": 2,
+            "size_multiple": VAE_SPATIAL * max(pipeline.patch_size[1:]),
+            "frame_grid": "17n+5 frames at 24 fps (requested seconds are snapped up)",
+            "steps": "num_inference_steps = N sigma points -> N-1 DiT calls",
+            "guidance": False,
+            "defaults": dict(self.defaults),
+        }
+
+    def plan(self, spec: VideoSpec) -> VideoPlan:
+        from telefuser.pipelines.minimax_h3 import FlowSchedule
+        from telefuser.pipelines.minimax_h3.shapes import FPS
+
+        shape = self._pipe.plan(duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
+        schedule = FlowSchedule.build(spec.steps)  # the pipeline's default flow shifts
+        return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, schedule.num_dit_calls)
+
+    def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
+        """Bytes one job needs on this rank beyond the resident weights (module docstring)."""
+        shape = self._pipe.plan(duration=plan.duration_s, resolution=f"{plan.width}x{plan.height}")
+        config = self._dit.config
+        hidden, ffn = int(config.hidden_size), int(config.ffn_hidden_size)
+        pt, ph, pw = self._pipe.patch_size
+        video_tokens = (shape.video_latent_t // pt) * (shape.latent_h // ph) * (shape.latent_w // pw)
+        tokens = video_tokens + shape.audio_tokens + TEXT_TOKENS
+        latents = (int(torch.Size(shape.video_latent_shape).numel()) + int(torch.Size(shape.audio_latent_shape).numel()))
+        pixels = plan.frames * plan.width * plan.height
+        return {
+            "activations": -(-tokens // self._ulysses) * (12 * hidden + 4 * ffn // self._tp) * self._dtype_bytes,
+            "latents": LATENT_COPIES * latents * 4,
+            "decode": pixels * 3 * (2 * 4 + 1) + DECODE_FEATURE_MAPS * plan.width * plan.height * DECODE_CHANNELS * 4,
+            "text_encoder": self._lent_bytes,
+        }
+
+    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+        plan = self.plan(spec)
+        with self._lock:
+            self._dit.hooks, self._dit.calls, self._dit.total = hooks, 0, plan.dit_calls
+            try:
+                result = self._pipe(
+                    spec.prompt, duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio,
+                    steps=spec.steps, seed=spec.seed, feature_cache=self.feature_cache,
+                )  # fmt: skip
+                calls = self._dit.calls
+            finally:
+                self._dit.hooks = None
+        mux_s = 0.0
+        if output is not None:
+            mux_s = write_clip(output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate,
+                               spec.output_dims)  # fmt: skip
+        metrics = result.metrics()
+        width, height = spec.output_dims or (result.shape.width, result.shape.height)
+        return RunOutcome(
+            inference_time_s=result.timings.pipeline_s, peak_memory_bytes=int(result.peak_memory_bytes),
+            peak_memory_kind=result.peak_memory_kind, frames=int(result.frames.shape[0]), fps=int(result.fps),
+            width=width, height=height, duration_s=result.shape.duration_s,
+            generated_size=f"{result.shape.width}x{result.shape.height}" if spec.output_dims else None,
+            audio_channels=int(result.audio.shape[0]), audio_samples=int(result.audio.shape[-1]),
+            sample_rate=int(result.sample_rate), dit_calls=calls, dit_calls_skipped=int(result.dit_calls_skipped),
+            mux_s=mux_s, timings=result.timings.as_dict(), metrics=metrics,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._pipe.close()
+
+
+def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
+    """`telefuser serve` without --fake: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
+    from telefuser.distributed.mesh import ParallelConfig, init_distributed
+    from telefuser.ops.attention import check_attention_impl
+    from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
+
+    attn_impl = check_attention_impl(args.attn_impl or "sdpa")
+    parallel = ParallelConfig(ulysses_degree=args.ulysses_degree, tp_degree=args.tp_degree)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and parallel.world_size > 1:
+        raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun --nproc-per-node=N")
+    mesh = init_distributed(parallel) if world > 1 else None
+    if args.device:
+        device = torch.device(args.device)
+    elif mesh is not None:
+        device = mesh.device
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    pipe = build_minimax_h3_pipeline(
+        config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
+        attn_impl=attn_impl, show_progress=False, offload_text_encoder=args.offload_text_encoder,
+        qkv_layout=getattr(args, "qkv_layout", None),
+    )  # fmt: skip
+    tiny = args.checkpoint is None and args.config == "tiny"
+    defaults = {
+        "size": args.size_default or ("64x32" if tiny else "1344x768"),
+        "seconds": args.seconds_default or (0.5 if tiny else 5.0),
+        "steps": args.steps_default or 50,
+        "seed": 0,
+    }
+    info = {
+        "config": "checkpoint" if args.checkpoint else args.config,
+        "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+        "device": str(device),
+        "dtype": dtype_name,
+        "attn_impl": attn_impl,
+        "world_size": world,
+        "ulysses_degree": parallel.ulysses_degree,
+        "tp_degree": parallel.tp_degree,
+    }
+    lent = _module_bytes(getattr(pipe.prompt_encoder, "encoder", None)) if args.offload_text_encoder else 0
+    return MiniMaxRunner(pipe, model=args.served_model_name, defaults=defaults, info=info, lent_bytes=lent,
+                         feature_cache="ada_taylor" if args.enable_feature_cache else None)  # fmt: skip
+
+
+def _module_bytes(module) -> int:
+    """Bytes of a module's parameters and buffers (0 for anything that is not a module)."""
+    if not isinstance(module, torch.nn.Module):
+        return 0
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,85 @@
+"""The video service under torchrun: rank 0's jobs run on every rank, and a cancel is one decision for all.
+
+`FollowingRunner` is rank 0's `VideoRunner`; `follow_runner(runner, group)` is a follower rank's loop. Both are the
+video contract over common/replay.py: a job is the object "job" made with its spec, `run()` its replayed call, and
+`close()` ends it. Only rank 0 writes the clip; a follower runs with `output=None`.
+
+Cancellation must be the same decision on every rank, or the ranks would leave the denoising loop at different steps
+and the next collective would hang. So `hooks.cancelled()`, which the runner asks once before every DiT call on every
+rank, is itself replayed: rank 0 shares its answer inside the run, and the followers' `cancelled()` receives it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..common.replay import Follower, Leader
+from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoRunner, VideoSpec
+
+log = logging.getLogger("telefuser.serving")
+
+
+class _Job:
+    """One generation on one rank."""
+
+    def __init__(self, runner: VideoRunner, spec: VideoSpec, output: Path | None, hooks: RunHooks):
+        self._runner, self._spec, self._output, self._hooks = runner, spec, output, hooks
+
+    def run(self) -> RunOutcome | None:
+        return self._runner.run(self._spec, self._output, self._hooks)
+
+    def close(self) -> None:
+        return None  # nothing to free: the runner owns the model, and run() has written the clip
+
+
+class _FollowerJob(_Job):
+    def run(self) -> RunOutcome | None:
+        try:
+            return super().run()
+        except JobCancelled as exc:  # rank 0 cancelled it: expected, not a follower error
+            log.info("follower: job cancelled after %d step(s)", exc.step)
+            return None
+
+
+class FollowingRunner:
+    """Rank 0's runner: every `run` is first replayed on the followers, then run here; `shutdown()` stops them."""
+
+    def __init__(self, runner: VideoRunner, group, *, heartbeat_s: float = 60.0):
+        self._runner = runner
+        self._leader = Leader(group, heartbeat_s=heartbeat_s)
+        self.model, self.metadata = runner.model, runner.metadata
+        if callable(getattr(runner, "memory_estimate", None)):  # arithmetic on rank 0 only: nothing is broadcast
+            self.memory_estimate = runner.memory_estimate
+
+    @property
+    def pings(self) -> int:
+        return self._leader.pings
+
+    def plan(self, spec: VideoSpec) -> VideoPlan:
+        return self._runner.plan(spec)
+
+    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+        self._runner.plan(spec)  # raises here, before any follower hears of the job
+        shared = RunHooks(progress=hooks.progress, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
+        job = self._leader.make("job", spec.as_dict(), local=lambda: _Job(self._runner, spec, output, shared))
+        try:
+            return job.call("run")
+        finally:
+            job.close()
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def shutdown(self) -> None:
+        self._leader.shutdown()
+
+
+def follow_runner(runner: VideoRunner, group) -> int:
+    """A follower rank: run rank 0's jobs on `runner` until it stops; returns the number of calls."""
+    follower = Follower(group)
+
+    def job(spec: dict) -> _FollowerJob:
+        return _FollowerJob(runner, VideoSpec.from_dict(spec), None, RunHooks(cancelled=lambda: bool(follower.receive())))
+
+    return follower.follow({"job": job})

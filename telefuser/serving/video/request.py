@@ -1,0 +1,253 @@
+"""Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's default) or urlencoded -> a `VideoSpec`.
+
+Form fields arrive as text, JSON fields as numbers or text; both are coerced the same way. Every failure is a
+`RequestError` (400 unreadable body, 413 too large, 415 other content type, 422 readable but invalid, text that
+is not valid Unicode included) whose message names the field and what is allowed. Whether a size or duration can
+actually be made is the runner's `plan()`; what the service is configured to allow (max seconds, the served model
+name) is `VideoPolicy`; the bounds derived from the model and the device are limits.py's.
+
+A `size` off the model's grid (the OpenAI SDK's 1280x720) is generated on the nearest grid canvas and resized to
+exactly the size asked for (canvas.py); the spec carries both.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..common.http_errors import RequestError
+from ..common.limits import amount
+from ..common.request_body import check_prompt, json_object, parse_multipart, short_repr
+from .canvas import generation_canvas
+from .contract import VideoSpec
+
+FIELDS = (
+    "prompt", "model", "size", "resolution", "aspect_ratio", "seconds", "num_frames", "fps", "num_inference_steps",
+    "steps", "seed", "guidance_scale", "negative_prompt",
+)  # fmt: skip
+REFUSED = {
+    "input_reference": "image input ('input_reference') is not supported: this service is text-to-video+audio only",
+    "image": "image input is not supported: this service is text-to-video+audio only",
+}
+MAX_SEED = 2**63 - 1
+MIN_SIDE = 16  # of the MP4; it must also be even (H.264 4:2:0)
+_SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX\u00d7]\s*(\d{1,6})\s*$")
+
+
+@dataclass(frozen=True)
+class VideoPolicy:
+    """What this service accepts; built from the runner's metadata plus the server options."""
+
+    model: str
+    max_seconds: float
+    fps: int = 24
+    size_multiple: int = 32
+    max_steps: int = 1000
+    guidance: bool = False  # False: the model has no classifier-free guidance (guidance_scale / negative_prompt)
+    defaults: dict[str, Any] = field(default_factory=dict)  # size, seconds, steps, seed, aspect_ratio
+    max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
+
+    @classmethod
+    def from_runner(cls, runner, *, max_seconds: float, max_steps: int = 1000,
+                    max_frames: int | None = None) -> VideoPolicy:  # fmt: skip
+        meta = runner.metadata
+        return cls(
+            model=runner.model, max_seconds=float(max_seconds), fps=int(meta.get("fps", 24)),
+            size_multiple=int(meta.get("size_multiple", 32)), max_steps=int(max_steps),
+            guidance=bool(meta.get("guidance", False)), defaults=dict(meta.get("defaults", {})),
+            max_frames=max_frames,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    spec: VideoSpec
+    model: str
+    fields: dict[str, Any]  # what the client sent, for the job record
+    num_frames: int | None  # when given, the plan must produce exactly this many frames
+
+
+def read_fields(content_type: str, body: bytes) -> dict[str, Any]:
+    mime = content_type.split(";", 1)[0].strip().lower()
+    if mime == "multipart/form-data":
+        out: dict[str, Any] = {}
+        boundary = re.search(r'boundary="?([^";]+)"?', content_type)
+        if boundary and body.strip() == b"--" + boundary.group(1).encode("latin-1") + b"--":
+            return out  # a form with no fields (parse_multipart wants at least one part)
+        for name, (value, _filename) in parse_multipart(content_type, body).items():
+            if name in REFUSED:
+                raise RequestError(422, REFUSED[name])
+            try:
+                out[name] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RequestError(400, f"form field {name!r} is not UTF-8 text") from None
+        return out
+    if mime == "application/x-www-form-urlencoded":
+        try:
+            return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body.strip())))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise RequestError(400, f"malformed urlencoded body: {exc}") from None
+    if mime in ("application/json", ""):
+        return json_object(body, '{"prompt": "..."}')
+    raise RequestError(
+        415, f"unsupported content type {mime!r}; send multipart/form-data, application/json or urlencoded form data"
+    )
+
+
+def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> VideoRequest:
+    raw = read_fields(content_type, body)
+    for name, reason in REFUSED.items():
+        if raw.get(name) not in (None, ""):
+            raise RequestError(422, reason)
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        named = ", ".join(short_repr(name, 40) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise RequestError(422, f"unknown field(s) {named}; accepted: {', '.join(FIELDS)}")
+    given = {k: v for k, v in raw.items() if v is not None and v != ""}  # null / an empty form field: not given
+
+    prompt = check_prompt(given.get("prompt"))
+
+    model = given.get("model")
+    if model is not None and str(model).strip().lower() != policy.model.lower():
+        raise RequestError(422, f"model {short_repr(model)} is not served here; this server serves {policy.model!r}")
+
+    _check_guidance(given, policy)
+    if "fps" in given:
+        fps = _number("fps", given["fps"])
+        if fps != policy.fps:
+            raise RequestError(422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {short_repr(given['fps'])}")
+
+    resolution, aspect_ratio, output_size = _canvas(given, policy)
+    steps = _steps(given, policy)
+    seed = _integer("seed", given.get("seed", policy.defaults.get("seed", 0)))
+    if not 0 <= seed <= MAX_SEED:
+        raise RequestError(422, f"'seed' must be between 0 and {MAX_SEED}, got {amount(seed)}")
+
+    num_frames = _integer("num_frames", given["num_frames"]) if "num_frames" in given else None
+    if num_frames is not None and num_frames < 1:
+        raise RequestError(422, f"'num_frames' must be a positive integer, got {amount(num_frames)}")
+    max_frames = policy.max_frames if policy.max_frames is not None else 10**9
+    if num_frames is not None and num_frames > max_frames:
+        raise RequestError(422, f"'num_frames' is {amount(num_frames)}; the limit is max_frames={max_frames:,} "
+                                "(--max-frames)")  # fmt: skip
+    if "seconds" in given:
+        seconds = _number("seconds", given["seconds"])
+    elif num_frames is not None:
+        seconds = num_frames / policy.fps
+    else:
+        seconds = float(policy.defaults.get("seconds", 5.0))
+    if seconds <= 0:
+        raise RequestError(422, f"'seconds' must be positive, got {short_repr(given.get('seconds'))}")
+    if seconds > policy.max_seconds:
+        raise RequestError(422, f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s")
+
+    spec = VideoSpec(prompt=prompt, resolution=resolution, aspect_ratio=aspect_ratio, seconds=float(seconds),
+                     steps=steps, seed=seed, output_size=output_size)  # fmt: skip
+    return VideoRequest(spec=spec, model=policy.model, fields=dict(given), num_frames=num_frames)
+
+
+def check_plan(request: VideoRequest, plan) -> None:
+    """After the runner planned the request: an explicit num_frames must be what the model makes."""
+    if request.num_frames is not None and plan.frames != request.num_frames:
+        raise RequestError(422, f"'num_frames' {request.num_frames} is not a frame count this model makes (its "
+                                f"grid is in /v1/service/metadata); the next one up is {plan.frames}")  # fmt: skip
+
+
+def _check_guidance(given: dict[str, Any], policy: VideoPolicy) -> None:
+    if policy.guidance:
+        return
+    why = "the model samples without classifier-free guidance (one DiT call per step)"
+    if "guidance_scale" in given and _number("guidance_scale", given["guidance_scale"]) != 1.0:
+        raise RequestError(422, f"'guidance_scale' cannot be honoured: {why}; omit it or send 1.0")
+    negative = given.get("negative_prompt")
+    if negative is not None and (not isinstance(negative, str) or negative.strip()):
+        raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
+
+
+def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str, str | None]:
+    """(resolution, aspect_ratio, output_size) for the pipeline: an explicit "WxH" (generated on the nearest grid
+    canvas and resized when it is off the grid), or a short edge with an aspect ratio."""
+    if "size" in given and "resolution" in given:
+        raise RequestError(422, "give 'size' (WxH) or 'resolution', not both")
+    aspect = given.get("aspect_ratio")
+    if aspect is not None and not isinstance(aspect, str):
+        raise RequestError(422, f"'aspect_ratio' must be a string such as '16:9', got {short_repr(aspect)}")
+    value = given.get("size", given.get("resolution"))
+    name = "size" if "size" in given else "resolution"
+    if value is None:
+        value, name = policy.defaults.get("size", "1344x768"), "size"
+        if aspect is not None:
+            raise RequestError(422, "'aspect_ratio' needs 'resolution' (a short edge in pixels) to apply to")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720', got {short_repr(value)}")
+    text = str(value).strip()
+    match = _SIZE.match(text)
+    if match:
+        if aspect is not None:
+            raise RequestError(422, f"'aspect_ratio' applies only to a short-edge 'resolution'; {name}={text!r} "
+                                    "already fixes the canvas")  # fmt: skip
+        width, height = int(match.group(1)), int(match.group(2))
+        if width <= 0 or height <= 0:
+            raise RequestError(422, f"'{name}' must be positive, got {text!r}")
+        if width < MIN_SIDE or height < MIN_SIDE or width % 2 or height % 2:
+            raise RequestError(422, f"'{name}' {width}x{height}: both sides must be even (H.264 4:2:0) and at least "
+                                    f"{MIN_SIDE}")  # fmt: skip
+        canvas = generation_canvas(width, height, policy.size_multiple)
+        output = f"{width}x{height}" if canvas != (width, height) else None
+        return f"{canvas[0]}x{canvas[1]}", str(policy.defaults.get("aspect_ratio", "16:9")), output
+    if name == "size" or not text.isdigit() or len(text) > 6:
+        alternative = " or a short edge in pixels" if name == "resolution" else ""
+        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720'{alternative}, got {short_repr(value)}")
+    return int(text), aspect or str(policy.defaults.get("aspect_ratio", "16:9")), None
+
+
+def _steps(given: dict[str, Any], policy: VideoPolicy) -> int:
+    values = {k: _integer(k, given[k]) for k in ("num_inference_steps", "steps") if k in given}
+    if len(set(values.values())) > 1:
+        raise RequestError(422, f"'num_inference_steps' and 'steps' disagree: {values}")
+    steps = next(iter(values.values()), None)
+    if steps is None:
+        steps = int(policy.defaults.get("steps", 50))
+    name = next(iter(values), "num_inference_steps")
+    if steps < 2:
+        raise RequestError(422, f"'{name}' must be at least 2 (N steps give N-1 denoising calls), got {amount(steps)}")
+    if steps > policy.max_steps:
+        raise RequestError(422, f"'{name}' is {amount(steps)}; this server allows at most {policy.max_steps}")
+    return steps
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise RequestError(422, f"'{name}' must be a number, got {value!r}")
+    try:
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str) and len(value) <= 64:
+            number = float(value.strip())
+        elif isinstance(value, str):
+            raise ValueError(value)
+        else:
+            raise RequestError(422, f"'{name}' must be a number, got {type(value).__name__}")
+    except ValueError:
+        raise RequestError(422, f"'{name}' must be a number, got {short_repr(value)}") from None
+    except OverflowError:  # an integer past a float's range
+        raise RequestError(422, f"'{name}' must be a finite number, got {short_repr(value)}") from None
+    if not math.isfinite(number):
+        raise RequestError(422, f"'{name}' must be a finite number, got {short_repr(value)}")
+    return number
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        if len(value.strip()) > 30:
+            raise RequestError(422, f"'{name}' has {len(value.strip())} digits; no limit here needs more than 20")
+        return int(value)  # exact, also past 2**53 (seeds)
+    number = _number(name, value)
+    if number != int(number):
+        raise RequestError(422, f"'{name}' must be an integer, got {short_repr(value)}")
+    return int(number)
