@@ -1,17 +1,8 @@
 """The model-independent steps of loading a DiT from safetensors shards, or filling it with seeded random weights.
 
-A loader builds its model on the meta device and then, with these helpers: lists the shards (`list_shards`), maps
-every tensor name to its shard (`locate_keys`), checks the names against the model (`check_keys`), streams the
-tensors into the model one at a time (`load_shards`) or draws random ones (`fill_random`), and finally checks that
-nothing is left on meta and freezes the model for inference (`finish_loading`).
-
-A loader whose model tensors are not one checkpoint tensor each (renamed, split, merged, or only a tensor-parallel
-slice of one) opens the shards as a `ShardedCheckpoint`, which reads a tensor or just a slice of it
-(``safe_open(...).get_slice``: under TP a rank reads only its rows or columns), and fills the model with
-`load_tensors`, which asks the loader for each model tensor by name.
-
-Each helper raises the error class it is given, so a model package keeps its own ``CheckpointError``; model
-specifics (tensor layouts, TP slicing, extra checks, buffers recomputed from the config) stay in the model's loader.
+A loader builds on meta, then lists shards, locates and checks keys, streams tensors in one at a time (or reads
+slices through `ShardedCheckpoint` when model tensors are not one checkpoint tensor each) and finishes; model
+specifics stay in the model's loader, and each helper raises the model's own error class.
 """
 
 from __future__ import annotations

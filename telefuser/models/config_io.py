@@ -1,15 +1,6 @@
-"""`ReleasedConfig`: ``from_dict`` / ``from_json`` / ``to_dict`` for a frozen dataclass config whose field names are
-those of a released ``config.json``.
+"""`ReleasedConfig`: ``from_dict`` / ``from_json`` / ``to_dict`` for a config named after a released ``config.json``.
 
-A config class inherits it and sets, as plain (unannotated) class attributes:
-
-- ``required_keys``: the keys a released config must carry (they fix weight shapes);
-- ``config_error``: the exception class to raise (a `ValueError` subclass of the model package);
-- ``model_label``: the model's name in messages ("no <label> config at ...", "missing required <label> keys");
-- ``logger``: the logger that reports ignored keys (the config module's own, so its name stays the module's).
-
-Metadata keys (``_class_name``, ``_diffusers_version`` ...) are skipped silently; other unknown keys are logged and
-ignored. Tuple fields (``patch_size``) are written as JSON lists.
+Metadata keys (``_class_name`` ...) are skipped silently, other unknown keys logged and ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +15,11 @@ ConfigT = TypeVar("ConfigT", bound="ReleasedConfig")
 
 
 class ReleasedConfig:
+    """Inherit it from a frozen dataclass config and set, as plain class attributes: `required_keys` (the keys a
+    released config must carry: they fix weight shapes), `config_error` (the model package's ValueError subclass),
+    `model_label` (the model's name in messages) and `logger` (the config module's own, for ignored keys). Tuple
+    fields (``patch_size``) are written as JSON lists."""
+
     required_keys: ClassVar[tuple[str, ...]]
     config_error: ClassVar[type[ValueError]]
     model_label: ClassVar[str]

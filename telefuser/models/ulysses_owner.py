@@ -1,10 +1,4 @@
-"""`UlyssesOwner`: a model that owns one `UlyssesCommunicator`, shared by all its blocks.
-
-The model's ``__init__`` sets ``communicator`` and ``ulysses_group`` to None; its ``enable_parallel`` does its own
-checks and then calls `open_ulysses(mesh, communicator_factory)`. `reset_parallel()` is the communicator's collective
-reset at a request boundary; `close()` releases the communicator; `_ulysses_coordinates()` is (rank, world size) in
-the group, (0, 1) when the model runs dense.
-"""
+"""`UlyssesOwner`: the mixin of a model that owns one `UlyssesCommunicator`, shared by all its blocks."""
 
 from __future__ import annotations
 
@@ -17,6 +11,9 @@ from ..distributed.ulysses import UlyssesCommunicator
 
 
 class UlyssesOwner:
+    """The model's ``__init__`` sets `communicator` and `ulysses_group` to None; its ``enable_parallel`` does its own
+    checks, then calls `open_ulysses`. `_ulysses_coordinates()` is (rank, world size) in the group, (0, 1) dense."""
+
     communicator: UlyssesCommunicator | None
     ulysses_group: dist.ProcessGroup | None
 

@@ -1,1 +1,1 @@
-"""Profiling helpers: synchronized wall-clock timing and peak memory (`timing`), torch.profiler traces (`overlap`)."""
+"""Profiling helpers: synchronized timing and peak memory (`timing`), trace overlap (`overlap`), FLOP rates."""

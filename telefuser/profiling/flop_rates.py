@@ -1,14 +1,8 @@
 """Achieved TFLOP/s that count the same work whichever kernel runs it, against both ceilings of the GPU.
 
-torch's FlopCounterMode counts aten ops. It sees the CUDA SDPA backends (cuDNN, flash, efficient), but not attention
-kernels outside aten (flash-attn-4, SageAttention), and it has no formula for the CPU SDPA op. So a DiT's FLOPs are
-split in two: everything but attention as the counter saw it dispatched (`counted_flops`), and attention by formula
-(`attention_flops`: 4·B·H·Sq·Sk·D per call, the two matmuls), from the shapes the model attends over. The counter is
-given a formula for the CPU SDPA op too (`flop_counter`), so on torch SDPA its attention count is a cross-check of the
-formula, CPU or GPU.
-
-Two ceilings, both reported: the measured bf16 dense matmul rate of the lent H200 (786 TFLOP/s, 8192^3, in
-shared/notes/gpu-facts.md) and NVIDIA's datasheet figure for H200 SXM dense bf16 (989 TFLOP/s, no sparsity).
+FlopCounterMode misses attention kernels outside aten (flash-attn-4, SageAttention), so attention is counted by
+formula and the rest as dispatched; on torch SDPA the counter cross-checks the formula. Ceilings: the lent H200's
+measured bf16 matmul rate (786) and the datasheet's dense bf16 figure (989 TFLOP/s).
 """
 
 from __future__ import annotations

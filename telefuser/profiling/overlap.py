@@ -1,10 +1,7 @@
-"""How long GPU copies overlapped GPU compute, read from a torch.profiler Chrome trace.
+"""How long the V scatter's GPU copies overlapped the Q/K preparation kernels, read from a torch.profiler trace.
 
-The attention layers mark their phases with `torch.profiler.record_function` ranges (see `PHASES`). The profiler
-links every CUDA runtime call made on the CPU (a kernel launch, a `cudaMemcpy2DAsync`) to the GPU activity it
-started through a shared `correlation` id. So the GPU intervals of "the V scatter's copies" are the GPU events whose
-correlation matches runtime calls made inside the `ulysses.scatter.v` range, and likewise for the Q/K norm + RoPE
-kernels. The overlap is the total length of the intersection of the two interval sets.
+The profiler links each CUDA call made on the CPU to the GPU work it started (a shared `correlation` id), so the
+GPU intervals of a phase are those started inside its range (`distributed.ulysses.schedule` names the ranges).
 """
 
 from __future__ import annotations

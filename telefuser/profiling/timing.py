@@ -1,7 +1,6 @@
 """Wall-clock timing that is honest on CUDA, and peak-memory readings.
 
-Every boundary waits for the device first (`synchronize`), so queued kernels are charged to the phase that launched
-them, not to whichever phase happens to block next. `Stopwatch` times one block; `PhaseClock` adds up named laps.
+Every boundary synchronizes first, so queued kernels are charged to the phase that launched them.
 """
 
 from __future__ import annotations

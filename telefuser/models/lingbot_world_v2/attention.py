@@ -1,16 +1,8 @@
-"""Causal self-attention over the rolling KV window, with the V-first Ulysses schedule, and cached cross-attention.
+"""Causal self-attention over the rolling KV window, and cross-attention to the prompt's cached K/V.
 
-Self-attention, per block (rank-local rows in, rank-local rows out)::
-
-    V = v(x)            -> scatter V (tag "v", barrier=False)   # leaves first; the Q/K work below overlaps it
-    Q = RMSNorm(q(x))   -> scatter Q (tag "q", barrier=False)   # the norm spans all heads, so it runs before
-    K = RMSNorm(k(x))   -> scatter K (tag "k", completes the group)
-    wait; drop padding rows; 3-axis RoPE on [B, S_chunk, H_local, D] with the chunk's frame offset
-    keys/values = session window (sink + newest committed rows + this chunk), commit if asked
-    attention (full within the chunk, causal across chunks by construction) -> pad -> gather -> o(.)
-
-Without a communicator the same code runs dense. Linear layers run in their weight dtype; the caller keeps the
-residual stream in fp32.
+Self-attention runs the V-first exchange with separate steps (V, then Q and K each projected and normed over all
+heads); RoPE, the padding-row cut and the window follow on this rank's heads over every row. Linears run in their
+weight dtype; the caller keeps the residual stream in fp32.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The causal DiT block and the output head. Parameter names are those of the official checkpoint.
+"""The causal DiT block (Wan I2V block + camera injection) and the output head, with the checkpoint's names.
 
-Block (Wan I2V block + camera injection), residual stream in fp32::
-
-    shift, scale, gate (x2) = modulation + time_projection(t)            # 6-way, per batch item
-    x = x + gate_msa * self_attn(LN(x) * (1 + scale_msa) + shift_msa)
-    c = cam_injector_layer2(silu(cam_injector_layer1(cam))) + cam       # cam: the chunk's embedded rays
-    x = (1 + cam_scale_layer(c)) * x + cam_shift_layer(c)                 # after self-attn, before cross-attn
-    x = x + cross_attn(norm3(x), text K/V)
-    x = x + gate_mlp * ffn(LN(x) * (1 + scale_mlp) + shift_mlp)
+Residual stream in fp32; the camera scale/shift applies after self-attention and before cross-attention.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Camera conditioning as pure functions: keys -> camera poses -> per-pixel rays -> per-token features.
 
-Conventions (those of the public LingBot code, see README):
-
-* Poses are OpenCV camera-to-world 4x4 matrices (x right, y down, z forward).
-* Keys act per *pixel* frame; one latent frame covers 4 pixel frames (the VAE's temporal stride), so a latent frame's
-  pose is the camera after 4 integration steps. Offline pose files with N = 4(F-1)+1 pixel frames map onto latent
-  frames by taking every 4th pose (`latent_frame_poses`), which is exactly what the public linear/slerp resampling
-  at ``linspace(0, N-1, F)`` gives for such N.
-* The model sees *framewise relative* poses: frame i relative to frame i-1 (the chunk's first frame relative to the
-  previous chunk's last pose, or the identity at the very start), translations divided by the chunk's largest
-  translation norm (when it moves), then multiplied by `translation_scale`.
-* The 6 ray channels are ``[origin (3) | unit direction (3)]`` in world (relative-pose) coordinates: the public
-  implementation feeds the ray origin, *not* the Plucker moment o x d (its cross product is commented out there).
-  Pixel centres are at +0.5.
-* Per token: each latent pixel covers an 8x8 pixel block, giving 6*64 values ordered (channel, dy, dx); a 1x2x2
-  patch of latent pixels gives 6*64*4 = 1536 features ordered (channel, dy, dx, pt, ph, pw).
+Poses are OpenCV camera-to-world matrices; keys act per pixel frame (4 per latent frame); the model sees framewise
+relative poses with normalised translations and 6 ray channels ``[origin | unit direction]`` (the public code feeds
+the origin, not the Plucker moment). The conventions and their sources are in this folder's README.
 """
 
 from __future__ import annotations
@@ -154,7 +142,8 @@ def controls_to_relative_poses(keys: Iterable[str], latent_frames: int, state: C
 
 
 def latent_frame_poses(c2ws: torch.Tensor) -> torch.Tensor:
-    """Pixel-frame poses ``[4(F-1)+1, 4, 4]`` -> latent-frame poses ``[F, 4, 4]`` (every 4th)."""
+    """Pixel-frame poses ``[4(F-1)+1, 4, 4]`` -> latent-frame poses ``[F, 4, 4]`` (every 4th): for such N that is
+    exactly what the public linear/slerp resampling at ``linspace(0, N-1, F)`` gives."""
     n = c2ws.shape[0]
     if n < 1 or (n - 1) % PIXEL_FRAMES_PER_LATENT:
         raise ValueError(f"{n} pixel-frame poses do not map onto latent frames: expected 4(F-1)+1 poses")

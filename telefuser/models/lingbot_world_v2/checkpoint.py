@@ -1,23 +1,7 @@
-"""Loading the LingBot-World v2 causal-fast transformer (original or diffusers layout), and building a seeded random
-one.
+"""Loading the LingBot-World v2 causal-fast transformer (original or diffusers layout), or building a seeded random one.
 
-Layout (``lingbot-world-v2-14b-causal-fast``): ``config.json`` (the `WanModelFast` constructor arguments) in the
-model root or in the weights directory, and ``transformers/`` holding safetensors shards
-(``model-0000N-of-00008.safetensors``) listed in ``diffusion_pytorch_model.safetensors.index.json`` (or
-``model.safetensors.index.json``). Tensor names are the original Wan/LingBot names, equal to this model's state-dict
-names (``blocks.N.self_attn.q.weight``, ``patch_embedding_wancamctrl.weight`` ...).
-
-Diffusers-format directories load too (``model_index.json`` + ``transformer/`` with ``config.json`` and
-``diffusion_pytorch_model*.safetensors``): their config is mapped by `LingBotWorldV2Config.from_dict`, and their
-tensors may carry either layout's names. The ``...-diffusers`` LingBot releases store the original names (as vLLM-Omni
-and FastVideo load them); a directory written by diffusers' ``WanTransformer3DModel.save_pretrained`` carries
-diffusers' Wan names (``condition_embedder.*``, ``blocks.N.attn1.to_q`` ...), which are mapped with diffusers' own
-Wan converter (``convert_wan_transformer_to_diffusers``, applied to this model's names), and the camera layers keep
-their original names there (the converter leaves them alone). What cannot map is refused by name: a CLIP image
-branch, a Wan transformer without camera layers, names of both layouts in one directory.
-
-The model is built on the meta device and filled shard by shard, one tensor at a time, directly in its target
-device and dtype; the host never holds more than one tensor.
+The model is built on the meta device and filled one tensor at a time in its target device and dtype, so the host
+never holds more than one tensor. The layouts it accepts and what it refuses are in this folder's README.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """`LingBotWorldV2Config`: the causal DiT's architecture, with the field names of the official ``config.json``.
 
-The field names are those of the official `WanModelFast` constructor (``in_dim, dim, ffn_dim, freq_dim, text_dim,
-out_dim, num_heads, num_layers, local_attn_size, sink_size, qk_norm, cross_attn_norm, eps`` ...). The defaults are
-the 14B LingBot-World v2 causal-fast values, and `local_attn_size` / `sink_size` default to the streaming window the
-v2 pipeline uses (18 latent frames of KV, the first 6 pinned). `tiny()` is a CPU-sized variant for tests.
-
-A diffusers-format transformer config (``in_channels``, ``num_attention_heads``, ``attention_head_dim`` ... as
-diffusers' ``WanTransformer3DModel`` and the ``...-diffusers`` LingBot releases write it) is read too: its keys are
-mapped onto these (``dim = num_attention_heads * attention_head_dim``), and the Wan-family parts LingBot-World v2 does
-not have (a CLIP image branch, learned position embeddings, per-head Q/K norms) are refused by name.
+Defaults are the 14B v2 causal-fast values and the v2 streaming window (18 latent frames, the first 6 pinned). A
+diffusers-format config is mapped onto these fields; Wan parts v2 lacks are refused by name. `tiny()` is for tests.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""LingBot-World v2: a Wan 2.x I2V DiT made chunk-causal, with camera conditioning and a rolling KV cache.
+"""LingBot-World v2: a Wan 2.x I2V DiT made chunk-causal, with camera conditioning and a rolling KV window.
 
-One session generates one stream. Each chunk of latent frames is denoised with a few `forward_chunk(...,
-update_cache=False)` calls (they read the cache, never change it), then one `forward_chunk(..., update_cache=True)`
-on the clean latent at t=0 commits the chunk's K/V and advances the frame cursor. Queries are the chunk's tokens;
-keys are the window (sink + newest committed frames) plus the chunk itself, so attention is full within a chunk and
-causal across chunks.
-
-Ulysses (`enable_parallel`): the chunk's token rows are split over the group (zero-padded to a multiple of its
-size); each rank embeds and runs its rows; self-attention exchanges heads for rows with one model-owned
-communicator (V, then Q, then K, then gather); the KV cache holds this rank's heads over all rows; the output rows
-are all-gathered, so every rank returns the full prediction. Every rank must call with identical inputs.
+A chunk is denoised by read-only `forward_chunk` calls, then `commit_chunk` writes its clean K/V. Under Ulysses each
+rank embeds and runs its rows and the output rows are gathered, so every rank (called with identical inputs) returns
+the full prediction.
 """
 
 from __future__ import annotations

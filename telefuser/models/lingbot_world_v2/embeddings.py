@@ -1,9 +1,7 @@
 """Token layout and the timestep sinusoid: pure functions shared by the model, its tests and the pipeline.
 
-Tokens are raster (f, h, w) over the patch grid. Latent patch features are ordered (c, pt, ph, pw) -- the flattening
-order of the Conv3d patch embedding's weight -- and output patch values (pt, ph, pw, c), as Wan's unpatchify reads
-them. Camera features arrive on the latent grid as ``[B, 6*64, F, h, w]`` (ray channel, 8x8 pixel block) and are
-patched like the latents: (c, pt, ph, pw).
+Tokens are raster (f, h, w); patch features are ordered (c, pt, ph, pw), as the Conv3d weight flattens, and output
+patch values (pt, ph, pw, c), as Wan's unpatchify reads them.
 """
 
 from __future__ import annotations

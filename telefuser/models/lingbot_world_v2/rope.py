@@ -1,13 +1,7 @@
-"""Wan's 3-axis rotary embedding with the frame axis offset by the chunk's first frame.
+"""Wan's 3-axis rotary embedding (adjacent pairs, split 22/21/21 over frame, height, width for D = 128).
 
-Wan splits a head's D/2 rotation pairs as ``[c - 2*(c//3), c//3, c//3]`` (c = D/2) over (frame, height, width); for
-D = 128 that is 22 + 21 + 21 pairs. Each axis has its own frequency ladder ``theta^(-2i / axis_dim)`` over its own
-channel count (`rope_params(1024, axis_dim)` in Wan). Pairs are adjacent channels ``(x[2i], x[2i+1])``, i.e. the
-complex-number convention of `torch.view_as_complex`, not NeoX halves.
-
-Keys are cached after rotation, so a chunk at frame offset N must rotate its frame axis by positions N..N+F-1: the
-cached keys of earlier chunks keep the positions they were written with. Positions are computed directly (float64
-angles), so there is no 1024-frame table limit.
+Keys are cached after rotation, so a chunk rotates its frame axis from its first frame's offset; positions are
+computed directly, with no 1024-frame table limit.
 """
 
 from __future__ import annotations

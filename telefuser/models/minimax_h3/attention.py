@@ -1,11 +1,7 @@
-"""Joint self-attention over the packed sequence, with the V-first Ulysses schedule.
+"""Joint self-attention over the packed sequence, with the V-first Ulysses exchange.
 
-fused bias-free QKV -> [B, S, 3, H, D] -> submit the strided V view (barrier=False) -> per-head RMSNorm and partial
-RoPE on Q and K while V moves -> submit Q (barrier=False) -> submit K (completes the group) -> attention on the local
-heads over the full sequence, one document at a time -> gather_heads -> out_proj.
-
-Under tensor parallelism `qkv_proj` holds this rank's heads of each of Q, K and V and `out_proj` is completed by an
-all-reduce (see tp.py), so H here is whatever the projection holds locally.
+Fused QKV; V leaves while one step applies per-head RMSNorm and partial RoPE to Q and K; attention runs per document.
+Under TP the projection holds this rank's heads only (tp.py).
 """
 
 from __future__ import annotations

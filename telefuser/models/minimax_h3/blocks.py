@@ -1,7 +1,4 @@
-"""The DiT's blocks: SwiGLU MLP, the text token refiner, the AdaLN-modulated joint block and the final layer.
-
-Module and parameter names are those of the released checkpoint (``blocks.N.attn.qkv_proj.weight`` ...).
-"""
+"""The DiT's blocks: SwiGLU MLP, text token refiner, AdaLN-modulated joint block, final layer (checkpoint names)."""
 
 from __future__ import annotations
 

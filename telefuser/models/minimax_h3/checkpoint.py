@@ -1,19 +1,7 @@
-"""Loading a MiniMax H3 transformer checkpoint, and building a seeded random one when there is no checkpoint.
+"""Loading a MiniMax H3 transformer checkpoint (release, re-export or diffusers layout), or building a random one.
 
-Accepted layouts (checkpoint_formats.py):
-
-* the release: ``<root>/transformer/`` (or that directory itself) with ``config.json`` and safetensors shards
-  ``model-XXXXX-of-XXXXX.safetensors`` listed in ``model.safetensors.index.json``; tensor names are this model's,
-  fused QKV rows interleaved per head;
-* a single-file re-export (``*.safetensors`` path, release names, released architecture), whose QKV row order must
-  be given (``qkv_layout``) or recorded in its metadata;
-* a diffusers ``transformer/`` directory (`MiniMaxH3Transformer3DModel`: config.json plus
-  ``diffusion_pytorch_model*.safetensors``).
-
-The model is built on the meta device and filled one tensor at a time: the parts of the checkpoint that make up
-each model tensor for this TP rank are read straight from their shard (``get_slice``: a TP rank reads only its rows
-or columns), reordered, moved to the target device in the target dtype and assigned. The host never holds more than
-one tensor, and never a full-precision copy of the model.
+Built on meta and filled one tensor at a time: each TP rank reads only its rows or columns straight from the shard
+(``get_slice``), so the host never holds a full-precision copy. The layouts are in checkpoint_formats.py.
 """
 
 from __future__ import annotations

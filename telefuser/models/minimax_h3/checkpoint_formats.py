@@ -1,18 +1,7 @@
-"""The on-disk layouts of the MiniMax H3 transformer, and where each tensor of this model is read from in them.
+"""The on-disk layouts of the MiniMax H3 transformer, and where each of this model's tensors is read from in them.
 
-``release`` (MiniMaxAI/MiniMax-H3 ``FL2VA/transformer/``, and single-file re-exports such as Comfy-Org/MiniMax-H3):
-tensor names equal this model's. The fused ``*.attn.qkv_proj.weight`` comes in two row orders with the same keys
-and shapes: ``interleaved`` per head ``[(q_h, k_h, v_h) for h]`` in the released shards, ``stacked`` ``[Q; K; V]``
-in re-exports (the reference model's post-load order). Nothing in the tensors tells them apart, so the layout comes
-from the caller, from a ``qkv_layout`` entry in the files' metadata, or from the released shard index
-(`decide_qkv_layout`); otherwise loading is refused.
-
-``diffusers`` (`MiniMaxH3Transformer3DModel.save_pretrained`): renamed modules, separate ``to_q``/``to_k``/``to_v``,
-and a SwiGLU input projection stored ``[value; gate]`` where this model keeps ``[gate; up]``; no ``rope.inv_freq``.
-The names follow diffusers' own converter (``convert_minimax_h3_transformer_checkpoint_to_diffusers``).
-
-`sources(key)` says which checkpoint tensors (and which rows or columns of them) make up one model tensor for this
-TP rank, so the loader reads exactly those (``get_slice``) and never another rank's part.
+The release and its re-exports share names but not the fused QKV row order (interleaved per head or stacked), and
+nothing in the tensors tells them apart, so the order must come from the caller, the metadata or the released index.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""`MiniMaxH3Config`: the DiT's architecture, with the field names of the released ``transformer/config.json``.
-
-The defaults are the released FL2VA/Ref2VA values. `from_json` reads a released config (metadata keys such as
-``_class_name`` are skipped, other unknown keys are logged and ignored); `tiny()` is a CPU-sized variant for tests.
-"""
+"""`MiniMaxH3Config`: the DiT's architecture, with the field names and defaults of the released ``config.json``."""
 
 from __future__ import annotations
 

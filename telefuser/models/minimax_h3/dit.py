@@ -1,13 +1,7 @@
 """MiniMax H3: one DiT over a packed joint sequence of text, audio and video tokens.
 
-Text is projected (`condition_proj`) and refined by a small pre-norm transformer; audio latents and 1x2x2 video
-patches are projected in fp32. All rows are packed into one sequence (packing.py) and run through the block stack,
-where attention spans every modality and AdaLN modulation is chosen per token by its modality and its modality's
-timestep. A final modulated norm feeds fp32 output heads; the video and audio rows are cut out and unpacked.
-
-Parallelism (`enable_parallel`): tensor parallelism first (tp.py), then Ulysses: the packed rows are split over the
-Ulysses group, each rank embeds only its rows, attention exchanges heads for rows with one communicator shared by
-all blocks, and the output rows are all-gathered at the end so every rank returns the full velocities.
+Attention spans every modality; AdaLN modulation is picked per token by its modality and that modality's timestep.
+`enable_parallel` applies TP (tp.py), then Ulysses: each rank embeds its rows and the output rows are gathered.
 """
 
 from __future__ import annotations

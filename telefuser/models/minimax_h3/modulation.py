@@ -1,8 +1,7 @@
 """Per-token AdaLN: one modulation table per (timestep, modality), each row picked by the token it modulates.
 
-The projection maps each conditioning row (SiLU of a timestep embedding) to ``params x modalities x hidden``
-values, laid out ``[modality 0 params | modality 1 params | ...]``; viewed as ``[M * modalities, params * hidden]``,
-table row ``timestep_index * modalities + tag`` holds one token's parameters.
+Projected values are laid out ``[modality 0 params | modality 1 params | ...]``, so viewed as
+``[M * modalities, params * hidden]``, row ``timestep_index * modalities + tag`` holds one token's parameters.
 """
 
 from __future__ import annotations

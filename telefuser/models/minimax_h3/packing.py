@@ -1,17 +1,7 @@
-"""The packed joint sequence: where every row comes from, its modality tag, timestep and (t, h, w) position.
+"""The packed joint sequence ``[text | audio | video | padding]``: each row's source, modality tag, timestep, position.
 
-Text-to-video+audio layout of the released pipeline::
-
-    [ text (L rows) | audio (A rows, channel-major) | video (T*H/2*W/2 rows) | padding ]
-
-padded at the end to a multiple of 64 (and of the Ulysses degree, so every rank owns the same number of rows).
-Padding rows form their own attention document, so valid rows never attend to them.
-
-Positions follow the released packer: text row i sits at (i, 0, 0); video rows continue the time axis after the
-text with latent-frame spans 5/3 x (1, 4, 4, 4, 4) (one causal-VAE latent frame covers 1 then 4 pixel frames) and
-use a spatial grid normalised by sqrt(H*W) and scaled by 32; audio row j of every channel sits at time L + j, h = 0,
-with channel 0 pinned to the first w column of the video grid and the other channels to the last one.
-Everything here is pure tensor bookkeeping on the host; nothing touches a device or a process group.
+Padding (to a multiple of 64 and of the Ulysses degree) is its own attention document. Pure host bookkeeping; the
+released packer's positions are spelled out in this folder's README.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Tensor parallelism for the MiniMax H3 DiT, as a plan beside the model (torchtitan style).
+"""Tensor parallelism for the MiniMax H3 DiT, as a plan beside the dense model (torchtitan style).
 
-The model code stays dense; this plan says which linear layers are split and how, slices their weights, and adds the
-one collective each split needs as a forward hook:
-
-* ``attn.qkv_proj``: output split per Q/K/V section, so every rank keeps heads [r*H/tp, (r+1)*H/tp) of each of Q, K
-  and V and the local fused view stays ``[B, S, 3, H/tp, D]``. No communication.
-* ``attn.out_proj``: input split over the same heads; partial outputs are summed by an all-reduce.
-* ``mlp.fc1``: output split per gate/up section (silu_and_mul stays local); ``mlp.fc2``: input split + all-reduce.
-* ``adaln_proj.linear``: output split, all-gathered into the full table.
-
-The same slicing serves the checkpoint loader: each style names the pieces of a full tensor a rank keeps
-(`pieces`, concatenated along dim 0), which the loader reads straight from the file (``get_slice``) so a rank never
-reads the other ranks' parts; `shard_tensor` cuts the same pieces out of a tensor in memory. Slicing is one-way
-for a model instance.
+It names which linears split how, slices their weights and adds each split's one collective as a hook (QKV, fc1 and
+the AdaLN table split by output; out_proj and fc2 by input, then all-reduce). The loader reads the same pieces.
 """
 
 from __future__ import annotations
