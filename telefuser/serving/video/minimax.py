@@ -1,8 +1,7 @@
 """The video service's real model: MiniMax H3 text -> video + audio behind the `VideoRunner` interface.
 
-Progress and cancellation need no change to the pipeline: the runner wraps the pipeline's DiT (`pipe.dit`, which the
-denoising loop calls once per step) in `_HookedDiT`, which asks `hooks.cancelled()` before each call and reports
-`hooks.progress(calls, total)` after it. A cancelled job therefore stops between two denoising steps.
+Progress and cancellation are the pipeline's own: the job's hooks go to its call as `on_step` (after each denoising
+step) and `cancelled` (asked before each), so a cancelled job stops between two denoising steps.
 
 Under torchrun every rank builds the same runner on its share of the mesh (`init_distributed(ParallelConfig(...))`);
 rank 0 serves and replays each job on the others (replay.py); followers run with `output=None` and write nothing.
@@ -29,6 +28,8 @@ from typing import Any
 
 import torch
 
+from telefuser.pipelines.minimax_h3 import GenerationCancelled
+
 from .canvas import write_clip
 from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
 
@@ -37,29 +38,6 @@ NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 7
 TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
 LATENT_COPIES = 6
 DECODE_FEATURE_MAPS, DECODE_CHANNELS = 8, 128
-
-
-class _HookedDiT:
-    """Stands in for `pipe.dit`: the same call, with the current job's hooks around it."""
-
-    def __init__(self, dit):
-        self._dit = dit
-        self.hooks: RunHooks | None = None
-        self.calls = 0
-        self.total = 0
-
-    def __call__(self, *args, **kwargs):
-        hooks = self.hooks
-        if hooks is not None and hooks.cancelled():
-            raise JobCancelled(self.calls)
-        out = self._dit(*args, **kwargs)
-        self.calls += 1
-        if hooks is not None:
-            hooks.progress(self.calls, self.total)
-        return out
-
-    def __getattr__(self, name: str) -> Any:  # close(), config, ... of the wrapped DiT
-        return getattr(self._dit, name)
 
 
 class MiniMaxRunner:
@@ -73,9 +51,7 @@ class MiniMaxRunner:
         info = dict(info or {})
         self._dtype_bytes = torch.empty((), dtype=DTYPES[info.get("dtype", "float32")]).element_size()
         self._ulysses, self._tp = int(info.get("ulysses_degree", 1)), int(info.get("tp_degree", 1))
-        self._dit = _HookedDiT(pipeline.dit)
-        pipeline.dit = self._dit
-        self._lock = threading.Lock()  # one job at a time: the hooks and call counter are per job
+        self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
         self.model = model
         self.feature_cache = feature_cache
         self.defaults = dict(defaults)
@@ -107,7 +83,7 @@ class MiniMaxRunner:
     def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
         """Bytes one job needs on this rank beyond the resident weights (module docstring)."""
         shape = self._pipe.plan(duration=plan.duration_s, resolution=f"{plan.width}x{plan.height}")
-        config = self._dit.config
+        config = self._pipe.dit.config
         hidden, ffn = int(config.hidden_size), int(config.ffn_hidden_size)
         pt, ph, pw = self._pipe.patch_size
         video_tokens = (shape.video_latent_t // pt) * (shape.latent_h // ph) * (shape.latent_w // pw)
@@ -122,17 +98,16 @@ class MiniMaxRunner:
         }
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
-        plan = self.plan(spec)
+        self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
         with self._lock:
-            self._dit.hooks, self._dit.calls, self._dit.total = hooks, 0, plan.dit_calls
             try:
                 result = self._pipe(
                     spec.prompt, duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio,
-                    steps=spec.steps, seed=spec.seed, feature_cache=self.feature_cache,
+                    steps=spec.steps, seed=spec.seed, feature_cache=self.feature_cache, on_step=hooks.progress,
+                    cancelled=hooks.cancelled,
                 )  # fmt: skip
-                calls = self._dit.calls
-            finally:
-                self._dit.hooks = None
+            except GenerationCancelled as exc:
+                raise JobCancelled(exc.steps_done) from None
         mux_s = 0.0
         if output is not None:
             mux_s = write_clip(output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate,
@@ -145,8 +120,8 @@ class MiniMaxRunner:
             width=width, height=height, duration_s=result.shape.duration_s,
             generated_size=f"{result.shape.width}x{result.shape.height}" if spec.output_dims else None,
             audio_channels=int(result.audio.shape[0]), audio_samples=int(result.audio.shape[-1]),
-            sample_rate=int(result.sample_rate), dit_calls=calls, dit_calls_skipped=int(result.dit_calls_skipped),
-            mux_s=mux_s, timings=result.timings.as_dict(), metrics=metrics,
+            sample_rate=int(result.sample_rate), dit_calls=int(result.dit_calls_computed),
+            dit_calls_skipped=int(result.dit_calls_skipped), mux_s=mux_s, timings=result.timings.as_dict(), metrics=metrics,
         )  # fmt: skip
 
     def close(self) -> None:
