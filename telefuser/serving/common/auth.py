@@ -84,8 +84,14 @@ class ApiKeyMiddleware:
     """Refuses requests without a valid key (see the module docstring). `query_token_ok(path, token)` says whether a
     `?token=` opens that path; None: no path accepts a query token."""
 
-    def __init__(self, app, keys: ApiKeys, *, public: Callable[[str], bool],
-                 query_token_ok: Callable[[str, str], bool] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        app,
+        keys: ApiKeys,
+        *,
+        public: Callable[[str], bool],
+        query_token_ok: Callable[[str, str], bool] | None = None,
+    ):
         self.app, self.keys, self.public, self.query_token_ok = app, keys, public, query_token_ok
 
     async def __call__(self, scope, receive, send) -> None:
@@ -108,8 +114,9 @@ class ApiKeyMiddleware:
             detail = "this server requires an API key: send the header 'Authorization: Bearer <API key>'"
             if self.query_token_ok is not None:
                 detail += " (WebSocket and SSE streams also accept ?token=<API key or the session's stream token>)"
-        response = JSONResponse({"detail": detail}, status_code=401,
-                                headers={"WWW-Authenticate": 'Bearer realm="telefuser"'})  # fmt: skip
+        response = JSONResponse(
+            {"detail": detail}, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="telefuser"'}
+        )
         if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
             await response(scope, receive, send)  # Starlette sends a WebSocket refusal as the denial response
         else:  # a server without the denial extension: closing before accept refuses the handshake (HTTP 403)
@@ -121,15 +128,21 @@ class RedactTokens(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and any(isinstance(a, str) and "token=" in a for a in record.args):
-            record.args = tuple(_TOKEN_IN_TEXT.sub(r"\1<redacted>", a) if isinstance(a, str) else a
-                                for a in record.args)  # fmt: skip
+            record.args = tuple(
+                _TOKEN_IN_TEXT.sub(r"\1<redacted>", a) if isinstance(a, str) else a for a in record.args
+            )
         return True
 
 
 def add_auth_args(group) -> None:
-    group.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                       help=f"require 'Authorization: Bearer KEY' on every route but health (repeatable; also "
-                            f"${ENV_VAR}, which keeps the key out of the process list). Default: no key")  # fmt: skip
+    group.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every route but health (repeatable; also "
+        f"${ENV_VAR}, which keeps the key out of the process list). Default: no key",
+    )
 
 
 def keys_from_args(args: argparse.Namespace) -> ApiKeys:

@@ -25,8 +25,9 @@ class RequestError(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
-def error_response(status: int, detail: str, *, retry_after: int | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:  # fmt: skip
+def error_response(
+    status: int, detail: str, *, retry_after: int | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """`{"detail": ...}` with the status; 429 and 503 say when to retry."""
     extra = dict(headers or {})
     if status in (429, 503):
@@ -57,8 +58,10 @@ class ServerFaultMiddleware:
             nonlocal started
             if message["type"] in ("http.response.start", "websocket.http.response.start"):
                 started = True
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (REQUEST_ID_HEADER.encode(), request_id.encode())]}  # fmt: skip
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), request_id.encode())],
+                }
             elif message["type"] == "websocket.accept":
                 started = True
             await send(message)

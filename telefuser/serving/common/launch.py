@@ -27,8 +27,11 @@ WS_MAX_BYTES = 64 << 10  # a larger client frame closes the connection (1009) be
 
 def add_server_args(group, *, port: int) -> None:
     """--host, --port, --log-level and the API keys, the same for both services."""
-    group.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (default) serves this machine only; see the "
-                                                           "README before exposing a service")  # fmt: skip
+    group.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="127.0.0.1 (default) serves this machine only; see the README before exposing a service",
+    )
     group.add_argument("--port", type=int, default=port, help="0 picks a free port (the log names it)")
     group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_auth_args(group)
@@ -78,21 +81,38 @@ def _raise_system_exit(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve_until_stopped(app, *, host: str, port: int, log_level: str, describe: str) -> None:
-    """Serve `app` on host:port until Ctrl-C or SIGTERM, then shut down gracefully. `describe` ends the log line."""
+def serve_until_stopped(app, args: argparse.Namespace, *, describe: str, command: str) -> int:
+    """Serve `app` on --host:--port until Ctrl-C or SIGTERM, then shut down gracefully; `describe` ends the log line
+    that names the URL, `command` the one that says it exited."""
+    _serve_socket(app, host=args.host, port=args.port, log_level=args.log_level, describe=describe)
+    log.info("%s exited cleanly", command)
+    return 0
+
+
+def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -> None:
     import uvicorn
 
     from .auth import RedactTokens
     from .local_server import make_server
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            lifespan="on", ws_max_size=WS_MAX_BYTES)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        ws_max_size=WS_MAX_BYTES,
+    )
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactTokens())
     keys = getattr(getattr(app, "state", None), "api_keys", None)
     if not _loopback(host) and not (keys is not None and keys.enabled):
-        log.warning("listening on %s without an API key: anyone who can reach this port can queue work; set "
-                    "TELEFUSER_API_KEY (or --api-key) and put TLS in front (see the README)", host)
+        log.warning(
+            "listening on %s without an API key: anyone who can reach this port can queue work; set "
+            "TELEFUSER_API_KEY (or --api-key) and put TLS in front (see the README)",
+            host,
+        )
     server = make_server(config)
     previous = signal.getsignal(signal.SIGTERM)
     try:

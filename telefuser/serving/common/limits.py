@@ -8,7 +8,7 @@ detail, and the work grows with the square of the tokens. Memory comes from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .http_errors import RequestError
@@ -35,6 +35,11 @@ class CanvasLimitFlags:
     max_height: int | None = None
     max_pixels: int | None = None
     max_frames: int | None = None
+
+    @classmethod
+    def from_args(cls, args) -> CanvasLimitFlags:
+        """The flags of a parsed command line (each field is its flag's dest)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 def size_text(nbytes: float) -> str:
@@ -71,8 +76,9 @@ def canvas_limits(native: tuple[int, int], *, max_width=None, max_height=None, m
 
 def add_canvas_limit_args(parser, what: str) -> object:
     """The request-limit group with the flags both services share; `what` names a request ("canvas", "clip")."""
-    group = parser.add_argument_group("request limits (defaults derived from the model and the device; see "
-                                      "/v1/service/metadata)")  # fmt: skip
+    group = parser.add_argument_group(
+        "request limits (defaults derived from the model and the device; see /v1/service/metadata)"
+    )
     group.add_argument(
         "--max-width", type=int, default=None, help=f"widest {what} (default: 2 x the model's long edge)"
     )

@@ -37,7 +37,9 @@ def serve_in_thread(app, *, host: str = "127.0.0.1", startup_timeout_s: float = 
     port = sock.getsockname()[1]
     from .launch import WS_MAX_BYTES
 
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=WS_MAX_BYTES)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=WS_MAX_BYTES
+    )
     server = make_server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
     thread.start()

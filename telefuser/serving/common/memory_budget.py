@@ -27,8 +27,10 @@ def available_memory(device: str | None) -> MemoryBudget:
         import torch
 
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        return MemoryBudget(int(free * HEADROOM), f"{HEADROOM:g} x free memory of {device} at start-up "
-                                                   f"({free / GIB:.1f} of {total / GIB:.1f} GiB)")  # fmt: skip
+        return MemoryBudget(
+            int(free * HEADROOM),
+            f"{HEADROOM:g} x free memory of {device} at start-up ({free / GIB:.1f} of {total / GIB:.1f} GiB)",
+        )
     free = _host_available()
     return MemoryBudget(
         int(free * HEADROOM), f"{HEADROOM:g} x available host memory at start-up ({free / GIB:.1f} GiB)"

@@ -47,8 +47,9 @@ class Leader:
         self.pings = 0
         self._last_broadcast = time.monotonic()
         self._halt = threading.Event()
-        self._heartbeat = threading.Thread(target=self._beat, args=(heartbeat_s,), name="tf-follow-heartbeat",
-                                           daemon=True)  # fmt: skip
+        self._heartbeat = threading.Thread(
+            target=self._beat, args=(heartbeat_s,), name="tf-follow-heartbeat", daemon=True
+        )
         self._heartbeat.start()
 
     def make(self, kind: str, *args: Any, local: Callable[[], Any]) -> Replayed:

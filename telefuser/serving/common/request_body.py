@@ -156,7 +156,8 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, st
         if not sep:
             raise RequestError(400, "malformed multipart body: a part has no header/body separator")
         disposition = next(
-            (line for line in head.decode("latin-1").split("\r\n") if line.lower().startswith("content-disposition:")), ""
+            (line for line in head.decode("latin-1").split("\r\n") if line.lower().startswith("content-disposition:")),
+            "",
         )
         name = re.search(r'\bname="([^"]*)"', disposition)
         if not name:

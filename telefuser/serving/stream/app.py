@@ -80,11 +80,18 @@ def create_stream_app(
     limit_set = derive_stream_limits(factory, max_sessions=max_sessions, max_body_bytes=max_body_bytes, flags=limits)
     bindings = key_bindings(getattr(factory, "metadata", None))
     settings = StreamSettings(
-        max_sessions=max_sessions, delivery_mode=delivery_mode, buffer_chunks=buffer_chunks, codec=codec,
-        jpeg_quality=jpeg_quality, ack_timeout_s=ack_timeout_s, idle_timeout_s=idle_timeout_s,
-        keepalive_s=keepalive_s, max_body_bytes=max_body_bytes, max_frames=limit_set.value("max_frames"),
+        max_sessions=max_sessions,
+        delivery_mode=delivery_mode,
+        buffer_chunks=buffer_chunks,
+        codec=codec,
+        jpeg_quality=jpeg_quality,
+        ack_timeout_s=ack_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        keepalive_s=keepalive_s,
+        max_body_bytes=max_body_bytes,
+        max_frames=limit_set.value("max_frames"),
         keys=tuple(bindings),
-    )  # fmt: skip
+    )
     registry = SessionRegistry(factory, settings, StreamMetrics(), limit_set)
     keys = api_keys or ApiKeys()
 
@@ -130,8 +137,11 @@ def _add_service_routes(app: FastAPI, registry: SessionRegistry, bindings: dict[
 
     @app.get("/v1/service/health")
     async def health() -> JSONResponse:
-        body = {"status": "shutting_down" if registry.shutting_down else "ok", **registry.describe(),
-                "delivery_mode": settings.delivery_mode}  # fmt: skip
+        body = {
+            "status": "shutting_down" if registry.shutting_down else "ok",
+            **registry.describe(),
+            "delivery_mode": settings.delivery_mode,
+        }
         return JSONResponse(body, status_code=503 if registry.shutting_down else 200)
 
     @app.get("/v1/service/metadata")
@@ -140,15 +150,23 @@ def _add_service_routes(app: FastAPI, registry: SessionRegistry, bindings: dict[
             "service": "telefuser-stream",
             "model": getattr(registry.factory, "metadata", {}),
             "limits": {
-                "max_sessions": settings.max_sessions, "buffer_chunks": settings.buffer_chunks,
-                "delivery_mode": settings.delivery_mode, "ack_timeout_s": settings.ack_timeout_s,
-                "idle_timeout_s": settings.idle_timeout_s, **registry.limits.values(),
-                "ws_message_bytes": MAX_MESSAGE_BYTES, "ws_messages_per_s": RATE, "ws_message_burst": BURST,
+                "max_sessions": settings.max_sessions,
+                "buffer_chunks": settings.buffer_chunks,
+                "delivery_mode": settings.delivery_mode,
+                "ack_timeout_s": settings.ack_timeout_s,
+                "idle_timeout_s": settings.idle_timeout_s,
+                **registry.limits.values(),
+                "ws_message_bytes": MAX_MESSAGE_BYTES,
+                "ws_messages_per_s": RATE,
+                "ws_message_burst": BURST,
                 "max_notices": settings.max_notices,
             },
             "limit_sources": registry.limits.sources(),
-            "auth": {"api_key_required": request.app.state.api_keys.enabled, "scheme": "Bearer",
-                     "stream_query_token": True},
+            "auth": {
+                "api_key_required": request.app.state.api_keys.enabled,
+                "scheme": "Bearer",
+                "stream_query_token": True,
+            },
             "keys": {"allowed": list(settings.keys), "bindings": bindings},
             "config_keys": list(CONFIG_KEYS),
             "codecs": list(CODECS),
@@ -162,12 +180,27 @@ def _add_service_routes(app: FastAPI, registry: SessionRegistry, bindings: dict[
         depths = [s.fifo.qsize() for s in live]
         gauges = [
             ("sessions_active", "Sessions registered (created and not closed).", len(live), {}),
-            ("sessions_in_use", "Model session slots in use (including creates in progress).", registry.slots_in_use, {}),
-            ("sessions_streaming", "Sessions with an attached consumer.", sum(s.state == "streaming" for s in live), {}),
+            (
+                "sessions_in_use",
+                "Model session slots in use (including creates in progress).",
+                registry.slots_in_use,
+                {},
+            ),
+            (
+                "sessions_streaming",
+                "Sessions with an attached consumer.",
+                sum(s.state == "streaming" for s in live),
+                {},
+            ),
             ("sessions_max", "Configured max_sessions.", settings.max_sessions, {}),
             ("queue_depth_chunks", "Chunks queued for delivery, summed over sessions.", sum(depths), {}),
             ("queue_depth_max_chunks", "Deepest per-session delivery queue.", max(depths, default=0), {}),
-            ("queue_capacity_chunks", "Per-session delivery queue capacity (buffer_chunks).", settings.buffer_chunks, {}),
+            (
+                "queue_capacity_chunks",
+                "Per-session delivery queue capacity (buffer_chunks).",
+                settings.buffer_chunks,
+                {},
+            ),
             ("info", "Service configuration.", 1, {"delivery_mode": settings.delivery_mode, "codec": settings.codec}),
         ]
         return PlainTextResponse(registry.metrics.render(gauges), media_type=CONTENT_TYPE)
@@ -195,23 +228,35 @@ def _add_session_routes(app: FastAPI, registry: SessionRegistry) -> None:
         ws_base = ("wss" + base[5:]) if base.startswith("https") else ("ws" + base[4:])
         path = f"/v1/stream/sessions/{runtime.id}"
         query = f"?token={runtime.stream_token}" if request.app.state.api_keys.enabled else ""
-        return {"ws_url": f"{ws_base}{path}/ws{query}", "sse_url": f"{base}{path}/events{query}",
-                "ws_path": f"{path}/ws{query}", "sse_path": f"{path}/events{query}"}  # fmt: skip
+        return {
+            "ws_url": f"{ws_base}{path}/ws{query}",
+            "sse_url": f"{base}{path}/events{query}",
+            "ws_path": f"{path}/ws{query}",
+            "sse_path": f"{path}/events{query}",
+        }
 
     @app.post("/v1/stream/sessions", status_code=201)
     async def create_session(request: Request) -> JSONResponse:
         body = await read_body(request, settings.max_body_bytes)
         image_pixels = registry.limits["max_image_pixels"]
-        parsed = await run_in_threadpool(parse_create_request, request.headers.get("content-type", ""), body,
-                                         image_pixels)  # fmt: skip
+        parsed = await run_in_threadpool(
+            parse_create_request, request.headers.get("content-type", ""), body, image_pixels
+        )
         runtime = await registry.create(parsed)
         return JSONResponse(
             {
-                "session_id": runtime.id, **urls(request, runtime), "total_chunks": runtime.total_chunks,
-                "total_frames": runtime.total_frames, "fps": runtime.fps, "resolution": runtime.resolution,
-                "config": runtime.config, "codec": runtime.codec, "delivery_mode": settings.delivery_mode,
-                "buffer_chunks": settings.buffer_chunks, "keys": list(settings.keys),
-            },  # fmt: skip
+                "session_id": runtime.id,
+                **urls(request, runtime),
+                "total_chunks": runtime.total_chunks,
+                "total_frames": runtime.total_frames,
+                "fps": runtime.fps,
+                "resolution": runtime.resolution,
+                "config": runtime.config,
+                "codec": runtime.codec,
+                "delivery_mode": settings.delivery_mode,
+                "buffer_chunks": settings.buffer_chunks,
+                "keys": list(settings.keys),
+            },
             status_code=201,
         )
 

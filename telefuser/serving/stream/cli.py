@@ -53,11 +53,19 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     )
     g = p.add_argument_group("service")
     add_server_args(g, port=8088)
-    g.add_argument("--max-sessions", type=int, default=None,
-                   help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1")
+    g.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1",
+    )
     g.add_argument("--buffer-chunks", type=int, default=4, help="per-session delivery queue, in chunks")
-    g.add_argument("--delivery-mode", choices=("lossless", "realtime"), default="lossless",
-                   help="lossless: a slow client slows generation (backpressure); realtime: drop the oldest chunk")
+    g.add_argument(
+        "--delivery-mode",
+        choices=("lossless", "realtime"),
+        default="lossless",
+        help="lossless: a slow client slows generation (backpressure); realtime: drop the oldest chunk",
+    )
     g.add_argument("--codec", choices=CODECS, default="jpeg", help="default frame codec of the WebSocket envelope")
     g.add_argument("--jpeg-quality", type=int, default=85)
     g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
@@ -66,12 +74,24 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
     g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
     lim = add_canvas_limit_args(p, "canvas")
-    lim.add_argument("--max-frames", type=int, default=None,
-                     help="frames per session; open-ended sessions end there (default: 10 minutes at the model fps)")
-    lim.add_argument("--max-session-memory-gib", type=float, default=None,
-                     help="estimated memory one session may take (default: free device memory / max sessions)")
-    lim.add_argument("--max-image-pixels", type=int, default=None,
-                     help="uploaded image, checked before decoding (default: 40 megapixels)")
+    lim.add_argument(
+        "--max-frames",
+        type=int,
+        default=None,
+        help="frames per session; open-ended sessions end there (default: 10 minutes at the model fps)",
+    )
+    lim.add_argument(
+        "--max-session-memory-gib",
+        type=float,
+        default=None,
+        help="estimated memory one session may take (default: free device memory / max sessions)",
+    )
+    lim.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=None,
+        help="uploaded image, checked before decoding (default: 40 megapixels)",
+    )
     m = p.add_argument_group("model (handed to the model factory)")
     m.add_argument("--config", choices=("tiny", "official"), default="official")
     m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
@@ -81,9 +101,13 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")
-    m.add_argument("--warmup", choices=("auto", "on", "off"), default="auto",
-                   help="run a 2-chunk session at start-up so the first client does not pay for kernel compilation "
-                        "(auto: on for CUDA)")
+    m.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run a 2-chunk session at start-up so the first client does not pay for kernel compilation "
+        "(auto: on for CUDA)",
+    )
     p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
     return p
 
@@ -97,20 +121,21 @@ def _serve(args: argparse.Namespace, factory: SessionFactory) -> int:
     from .app import create_stream_app
 
     max_sessions = args.max_sessions or int(factory.metadata.get("max_sessions") or 1)
-    limits = StreamLimitFlags(
-        max_width=args.max_width, max_height=args.max_height, max_pixels=args.max_pixels, max_frames=args.max_frames,
-        max_session_memory_gib=args.max_session_memory_gib, max_image_pixels=args.max_image_pixels,
-    )  # fmt: skip
+    limits = StreamLimitFlags.from_args(args)
     app = create_stream_app(
-        factory, max_sessions=max_sessions, delivery_mode=args.delivery_mode, buffer_chunks=args.buffer_chunks,
-        codec=args.codec, jpeg_quality=args.jpeg_quality, ack_timeout_s=args.ack_timeout,
-        idle_timeout_s=args.idle_timeout, max_body_bytes=int(args.max_body_mib * 2**20), limits=limits,
+        factory,
+        max_sessions=max_sessions,
+        delivery_mode=args.delivery_mode,
+        buffer_chunks=args.buffer_chunks,
+        codec=args.codec,
+        jpeg_quality=args.jpeg_quality,
+        ack_timeout_s=args.ack_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_body_bytes=int(args.max_body_mib * 2**20),
+        limits=limits,
         api_keys=keys_from_args(args),
-    )  # fmt: skip
-    serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
-                        describe=f"model: {factory.metadata.get('model')}")  # fmt: skip
-    log.info("serve-stream exited cleanly")
-    return 0
+    )
+    return serve_until_stopped(app, args, describe=f"model: {factory.metadata.get('model')}", command="serve-stream")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,8 +53,9 @@ def receive_client_message(runtime: SessionRuntime, message: dict, budget: Messa
     if not budget.take():
         runtime.metrics.inc("client_messages_dropped_total")
         if budget.should_warn():
-            runtime.client_error(f"too many messages: at most {RATE:g} a second ({BURST} at once); the excess is "
-                                 "dropped unread")  # fmt: skip
+            runtime.client_error(
+                f"too many messages: at most {RATE:g} a second ({BURST} at once); the excess is dropped unread"
+            )
         return
     text = message.get("text")
     if text is None:
@@ -87,14 +88,16 @@ def handle_client_message(runtime: SessionRuntime, text: str) -> None:
         elif kind == "delivery_ack":
             frames = msg.get("published_frames")
             if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
-                runtime.client_error(f"delivery_ack needs a non-negative integer 'published_frames', got "
-                                     f"{repr(frames)[:40]}")  # fmt: skip
+                runtime.client_error(
+                    f"delivery_ack needs a non-negative integer 'published_frames', got {repr(frames)[:40]}"
+                )
                 return
             runtime.record_ack(frames)
         elif kind == "stop":
             runtime.request_stop()
         else:
-            runtime.client_error(f"unknown message type {repr(kind)[:40]}; expected 'control', 'delivery_ack' or "
-                                 "'stop'")  # fmt: skip
+            runtime.client_error(
+                f"unknown message type {repr(kind)[:40]}; expected 'control', 'delivery_ack' or 'stop'"
+            )
     except StateError as exc:
         runtime.client_error(str(exc))

@@ -79,21 +79,26 @@ def check_config(config: Any) -> dict[str, Any]:
         named = ", ".join(short_repr(key, 40) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise ValueError(f"unknown config key(s) {named}; allowed: {', '.join(CONFIG_KEYS)}")
     out = dict(config)
-    if "seed" in out and (not isinstance(out["seed"], int) or isinstance(out["seed"], bool)
-                          or not 0 <= out["seed"] <= MAX_SEED):  # fmt: skip
+    if "seed" in out and (
+        not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] <= MAX_SEED
+    ):
         raise ValueError(f"seed must be an integer between 0 and {MAX_SEED}, got {short_repr(out['seed'])}")
     if "resolution" in out:
         parse_resolution(out["resolution"])
     if "num_frames" in out and out["num_frames"] is not None:
         n = out["num_frames"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"num_frames must be a positive integer (or null for an open-ended stream), got {short_repr(n)}")
+            raise ValueError(
+                f"num_frames must be a positive integer (or null for an open-ended stream), got {short_repr(n)}"
+            )
     if "fps" in out:
         fps = out["fps"]
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 120:
             raise ValueError(f"fps must be a number in (0, 120], got {short_repr(fps)}")
     if "frame_policy" in out and out["frame_policy"] not in FRAME_POLICIES:
-        raise ValueError(f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {short_repr(out['frame_policy'])}")
+        raise ValueError(
+            f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {short_repr(out['frame_policy'])}"
+        )
     return out
 
 

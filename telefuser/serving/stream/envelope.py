@@ -72,7 +72,9 @@ def unpack(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
         images.append(data[off : off + size])
         off += size
     if off != len(data) or len(images) != header["frames"]:
-        raise ValueError(f"envelope size mismatch: header says {off} bytes / {header['frames']} frames, got {len(data)}")
+        raise ValueError(
+            f"envelope size mismatch: header says {off} bytes / {header['frames']} frames, got {len(data)}"
+        )
     return header, images
 
 

@@ -152,7 +152,12 @@ class FakeSessionFactory:
     ):
         if pattern not in ("scene", "noise"):
             raise ValueError(f"pattern must be 'scene' or 'noise', got {pattern!r}")
-        self.delay_s, self.chunk_frames, self.pattern, self.keep_sessions = delay_s, chunk_frames, pattern, keep_sessions
+        self.delay_s, self.chunk_frames, self.pattern, self.keep_sessions = (
+            delay_s,
+            chunk_frames,
+            pattern,
+            keep_sessions,
+        )
         self.defaults = {"seed": 42, "resolution": "832x480", "num_frames": 77, "fps": 16, "frame_policy": "truncate"}
         self.defaults.update(defaults or {})
         self.metadata = {
@@ -169,7 +174,9 @@ class FakeSessionFactory:
             "key_bindings": dict(KEY_BINDINGS),
         }
         self._lock = threading.Lock()
-        self.calls: deque = deque(maxlen=100_000)  # ("create", n, prompt, crc) / ("next_chunk", n, i, keys) / ("close", n)
+        self.calls: deque = deque(
+            maxlen=100_000
+        )  # ("create", n, prompt, crc) / ("next_chunk", n, i, keys) / ("close", n)
         self.sessions: list[FakeSession] = []
         self.created = 0
         self.open_sessions = 0
@@ -177,16 +184,18 @@ class FakeSessionFactory:
     def validate(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> None:
         width, height = parse_resolution(config["resolution"])
         if width % 8 or height % 8 or not (16 <= width <= 1920 and 16 <= height <= 1920):
-            raise ValueError(f"resolution {width}x{height} is not supported: width and height must be multiples of 8 in [16, 1920]")
+            raise ValueError(
+                f"resolution {width}x{height} is not supported: width and height must be multiples of 8 in [16, 1920]"
+            )
         num_frames, policy = config.get("num_frames"), config.get("frame_policy", "truncate")
         first, later = self.chunk_frames
         if num_frames is not None:
             if num_frames < first:
                 raise ValueError(f"num_frames {num_frames} is fewer than one chunk ({first} frames)")
             if policy == "strict" and (num_frames - first) % later:
+                nearest = num_frames - (num_frames - first) % later
                 raise ValueError(
-                    f"num_frames {num_frames} is not {first} + {later}k; use e.g. {num_frames - (num_frames - first) % later} "
-                    "or frame_policy 'truncate'"
+                    f"num_frames {num_frames} is not {first} + {later}k; use e.g. {nearest} or frame_policy 'truncate'"
                 )
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"image must be uint8 HxWx3, got {image.dtype} {tuple(image.shape)}")

@@ -30,16 +30,24 @@ class StreamLimitFlags(CanvasLimitFlags):
     max_image_pixels: int | None = None
 
 
-def derive_stream_limits(factory, *, max_sessions: int, max_body_bytes: int,
-                         flags: StreamLimitFlags | None = None) -> LimitSet:  # fmt: skip
+def derive_stream_limits(
+    factory, *, max_sessions: int, max_body_bytes: int, flags: StreamLimitFlags | None = None
+) -> LimitSet:
     flags = flags or StreamLimitFlags()
     meta = getattr(factory, "metadata", {}) or {}
     defaults = meta.get("defaults", {})
     native = parse_resolution(meta.get("native_resolution") or defaults.get("resolution") or "832x480")
     fps = float(defaults.get("fps") or meta.get("fps") or 16)
     limits = canvas_limits(native, max_width=flags.max_width, max_height=flags.max_height, max_pixels=flags.max_pixels)
-    limits.append(pick("max_frames", "--max-frames", flags.max_frames, int(STREAM_SECONDS * fps),
-                       f"model: {STREAM_SECONDS // 60} minutes at its {fps:g} fps"))  # fmt: skip
+    limits.append(
+        pick(
+            "max_frames",
+            "--max-frames",
+            flags.max_frames,
+            int(STREAM_SECONDS * fps),
+            f"model: {STREAM_SECONDS // 60} minutes at its {fps:g} fps",
+        )
+    )
     if callable(getattr(factory, "memory_estimate", None)):
         budget = available_memory(meta.get("device"))
         memory = pick(
@@ -52,8 +60,15 @@ def derive_stream_limits(factory, *, max_sessions: int, max_body_bytes: int,
     else:
         memory = Limit("max_session_memory_bytes", None, "--max-session-memory-gib", "the model gives no estimate")
     limits.append(memory)
-    limits.append(pick("max_image_pixels", "--max-image-pixels", flags.max_image_pixels, IMAGE_PIXELS,
-                       "service: a 40-megapixel photo (120 MB decoded)"))  # fmt: skip
+    limits.append(
+        pick(
+            "max_image_pixels",
+            "--max-image-pixels",
+            flags.max_image_pixels,
+            IMAGE_PIXELS,
+            "service: a 40-megapixel photo (120 MB decoded)",
+        )
+    )
     limits.append(Limit("max_body_bytes", max_body_bytes, "--max-body-mib", "service default"))
     return LimitSet(limits)
 

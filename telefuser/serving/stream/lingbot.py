@@ -64,8 +64,17 @@ def _transport_name(pipeline) -> str:
 
 
 class LingBotSessionFactory:
-    def __init__(self, pipeline, *, defaults: dict[str, Any], max_sessions: int, weights: str, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, ulysses_degree: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        pipeline,
+        *,
+        defaults: dict[str, Any],
+        max_sessions: int,
+        weights: str,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        ulysses_degree: int = 1,
+    ):
         self._pipeline = pipeline
         self._lock = threading.Lock()
         self.defaults = defaults
@@ -104,15 +113,21 @@ class LingBotSessionFactory:
             raise ValueError("prompt must be a non-empty string")
         request = self._request(config)
         self._pipeline.plan(
-            resolution=request["resolution"], num_frames=request["num_frames"], fps=request["fps"],
+            resolution=request["resolution"],
+            num_frames=request["num_frames"],
+            fps=request["fps"],
             frame_policy=request["frame_policy"],
         )
 
     def memory_estimate(self, config: dict) -> dict[str, int]:
         """Bytes one session needs on this rank beyond the weights (module docstring); config is validated."""
         request = self._request(config)
-        plan = self._pipeline.plan(resolution=request["resolution"], num_frames=request["num_frames"],
-                                   fps=request["fps"], frame_policy=request["frame_policy"])  # fmt: skip
+        plan = self._pipeline.plan(
+            resolution=request["resolution"],
+            num_frames=request["num_frames"],
+            fps=request["fps"],
+            frame_policy=request["frame_policy"],
+        )
         dit = self._pipeline.dit.config
         b, u = self._dtype_bytes, self._ulysses
         local_channels = dit.dim // u  # heads/U x head_dim
@@ -136,8 +151,13 @@ class LingBotSessionFactory:
         request = self._request(config)
         with self._lock:
             session = self._pipeline.start(
-                image, prompt, seed=int(request["seed"]), resolution=request["resolution"],
-                num_frames=int(request["num_frames"]), fps=request["fps"], frame_policy=request["frame_policy"],
+                image,
+                prompt,
+                seed=int(request["seed"]),
+                resolution=request["resolution"],
+                num_frames=int(request["num_frames"]),
+                fps=request["fps"],
+                frame_policy=request["frame_policy"],
             )
         return _LockedSession(session, self._lock)
 
@@ -155,7 +175,11 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
     mesh = init_distributed(ParallelConfig(ulysses_degree=world)) if world > 1 else None
     dtype = DTYPES[args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     pipeline = build_lingbot_pipeline(
-        config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh,
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=device,
+        dtype=dtype,
+        mesh=mesh,
         attn_impl=args.attn_impl or "sdpa",
     )
     tiny = args.checkpoint is None and args.config == "tiny"
@@ -167,8 +191,15 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         "frame_policy": "truncate",
     }
     weights = str(args.checkpoint) if args.checkpoint else "random (no checkpoint)"
-    factory = LingBotSessionFactory(pipeline, defaults=defaults, max_sessions=args.max_sessions or 1, weights=weights,
-                                    device=device, dtype=dtype, ulysses_degree=world)  # fmt: skip
+    factory = LingBotSessionFactory(
+        pipeline,
+        defaults=defaults,
+        max_sessions=args.max_sessions or 1,
+        weights=weights,
+        device=device,
+        dtype=dtype,
+        ulysses_degree=world,
+    )
     warmup = getattr(args, "warmup", "auto")
     if warmup == "on" or (warmup == "auto" and device.startswith("cuda")):  # every rank: the DiT is collective
         seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])

@@ -42,6 +42,9 @@ class StreamMetrics(Metrics):
             PREFIX,
             COUNTERS,
             zero=[name for name, _ in COUNTERS if name not in BY_LABEL],
-            histogram=("chunk_compute_seconds", "Model compute time per chunk (the chunk measurement's compute_seconds)."),
+            histogram=(
+                "chunk_compute_seconds",
+                "Model compute time per chunk (the chunk measurement's compute_seconds).",
+            ),
             buckets=buckets,
         )

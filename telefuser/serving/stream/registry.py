@@ -80,8 +80,8 @@ class SessionRegistry:
             self.metrics.inc("sessions_rejected_total", reason="capacity")
             raise RequestError(
                 429,
-                f"all {self.settings.max_sessions} session slot(s) are in use (max_sessions={self.settings.max_sessions}); "
-                "retry when a session ends",
+                f"all {self.settings.max_sessions} session slot(s) are in use "
+                f"(max_sessions={self.settings.max_sessions}); retry when a session ends",
             )
         self._reserved += 1
         # Shielded: if the HTTP request goes away mid-create, the session still registers and the idle reaper frees it.

@@ -37,8 +37,9 @@ class FollowingFactory:
 
     def create(self, image: np.ndarray, prompt: str, config: dict[str, Any]) -> FollowedSession:
         self._factory.validate(image, prompt, config)  # raises here, before any follower hears of it
-        made = self._leader.make("session", image, prompt, config,
-                                 local=lambda: self._factory.create(image, prompt, config))  # fmt: skip
+        made = self._leader.make(
+            "session", image, prompt, config, local=lambda: self._factory.create(image, prompt, config)
+        )
         return FollowedSession(made)
 
     def shutdown(self) -> None:

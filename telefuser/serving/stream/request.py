@@ -92,8 +92,9 @@ def decode_image(data: bytes, pixels: Limit = DEFAULT_IMAGE_PIXELS) -> np.ndarra
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, TypeError, EOFError) as exc:
         raise RequestError(400, f"'image' could not be decoded as {'/'.join(IMAGE_FORMATS)}: {exc}") from None
     if array.dtype != np.uint8 or array.shape != (height, width, 3):
-        raise RequestError(400, f"'image' decoded to {array.dtype} {array.shape}, not the {width}x{height} RGB its "
-                                "header declares")  # fmt: skip
+        raise RequestError(
+            400, f"'image' decoded to {array.dtype} {array.shape}, not the {width}x{height} RGB its header declares"
+        )
     return array
 
 

@@ -78,9 +78,15 @@ class ChunkItem:
 
     def envelope(self, fps: float) -> bytes:
         header = {
-            "chunk": self.index, "first_frame": self.first_frame, "frames": self.frames, "width": self.width,
-            "height": self.height, "fps": fps, "codec": self.codec, "crc32": self.frame_crc32,
-        }  # fmt: skip
+            "chunk": self.index,
+            "first_frame": self.first_frame,
+            "frames": self.frames,
+            "width": self.width,
+            "height": self.height,
+            "fps": fps,
+            "codec": self.codec,
+            "crc32": self.frame_crc32,
+        }
         return pack(header, self.images or [])
 
 
@@ -105,8 +111,10 @@ def prepare_chunk(chunk: Any, index: int, first_frame: int, codec: str | None, q
     if getattr(chunk, "index", index) != index:
         raise ValueError(f"model returned chunk {chunk.index} where chunk {index} was expected")
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
-        raise ValueError(f"chunk {index}: frames must be uint8 [F, H, W, 3], got {getattr(frames, 'dtype', type(frames))} "
-                         f"{tuple(getattr(frames, 'shape', ()))}")
+        raise ValueError(
+            f"chunk {index}: frames must be uint8 [F, H, W, 3], got {getattr(frames, 'dtype', type(frames))} "
+            f"{tuple(getattr(frames, 'shape', ()))}"
+        )
     t0 = time.perf_counter()
     crcs = frame_crc32(frames)
     images = [encode_frame(f, codec, quality) for f in frames] if codec else None
@@ -116,10 +124,18 @@ def prepare_chunk(chunk: Any, index: int, first_frame: int, codec: str | None, q
     measurement.setdefault("compute_seconds", wall)
     measurement.setdefault("phases", {})
     return ChunkItem(
-        index=index, first_frame=first_frame, frames=int(frames.shape[0]), width=int(frames.shape[2]),
-        height=int(frames.shape[1]), measurement=measurement, checksum=chunk_checksum(crcs), frame_crc32=crcs,
-        codec=codec, images=images, encode_seconds=time.perf_counter() - t0,
-    )  # fmt: skip
+        index=index,
+        first_frame=first_frame,
+        frames=int(frames.shape[0]),
+        width=int(frames.shape[2]),
+        height=int(frames.shape[1]),
+        measurement=measurement,
+        checksum=chunk_checksum(crcs),
+        frame_crc32=crcs,
+        codec=codec,
+        images=images,
+        encode_seconds=time.perf_counter() - t0,
+    )
 
 
 class SessionRuntime:
@@ -184,13 +200,16 @@ class SessionRuntime:
         )
 
     async def events(self, keepalive_s: float | None = None) -> AsyncIterator[Any]:
-        """What the consumer must send, in order: notices jump ahead of queued chunks; ends after done or a final notice."""
+        """What the consumer must send, in order: notices jump ahead of queued chunks; ends after done or a final
+        notice."""
         get_note = get_item = None
         try:
             while True:
                 get_note = get_note or asyncio.ensure_future(self.notices.get())
                 get_item = get_item or asyncio.ensure_future(self.fifo.get())
-                done, _ = await asyncio.wait({get_note, get_item}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {get_note, get_item}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     yield KEEPALIVE
                 elif get_note in done:
@@ -210,11 +229,20 @@ class SessionRuntime:
 
     def ready_payload(self) -> dict[str, Any]:
         return {
-            "type": "status", "stage": "runtime_ready", "session_id": self.id, "total_chunks": self.total_chunks,
-            "total_frames": self.total_frames, "fps": self.fps, "resolution": self.resolution, "width": self.width,
-            "height": self.height, "delivery_mode": self.settings.delivery_mode,
-            "buffer_chunks": self.settings.buffer_chunks, "codec": self.codec, "keys": list(self.settings.keys),
-        }  # fmt: skip
+            "type": "status",
+            "stage": "runtime_ready",
+            "session_id": self.id,
+            "total_chunks": self.total_chunks,
+            "total_frames": self.total_frames,
+            "fps": self.fps,
+            "resolution": self.resolution,
+            "width": self.width,
+            "height": self.height,
+            "delivery_mode": self.settings.delivery_mode,
+            "buffer_chunks": self.settings.buffer_chunks,
+            "codec": self.codec,
+            "keys": list(self.settings.keys),
+        }
 
     def mark_sent(self, item: ChunkItem, nbytes: int) -> dict[str, Any]:
         """Count a delivered chunk; returns its event fields (shared by chunk_sent and the SSE chunk event)."""
@@ -224,23 +252,36 @@ class SessionRuntime:
         self.metrics.inc("frames_sent_total", item.frames)
         self.metrics.inc("bytes_sent_total", nbytes)
         return {
-            "chunk": item.index, "frames": item.frames, "first_frame": item.first_frame, "checksum": item.checksum,
-            "bytes": nbytes, "queue_depth": self.fifo.qsize(), "encode_seconds": round(item.encode_seconds, 6),
+            "chunk": item.index,
+            "frames": item.frames,
+            "first_frame": item.first_frame,
+            "checksum": item.checksum,
+            "bytes": nbytes,
+            "queue_depth": self.fifo.qsize(),
+            "encode_seconds": round(item.encode_seconds, 6),
             "measurement": item.measurement,
-        }  # fmt: skip
+        }
 
     def done_payload(self, item: DoneItem) -> dict[str, Any]:
         self.published_frames, self.state = self.frames_sent, "done"
         return {
-            "type": "status", "stage": "done", "published_frames": self.frames_sent, "chunks": self.chunks_sent,
-            "reason": item.reason, "dropped_frames": self.frames_dropped,
-        }  # fmt: skip
+            "type": "status",
+            "stage": "done",
+            "published_frames": self.frames_sent,
+            "chunks": self.chunks_sent,
+            "reason": item.reason,
+            "dropped_frames": self.frames_dropped,
+        }
 
     def ack_payload(self) -> dict[str, Any]:
         return {
-            "type": "status", "stage": "delivery_ack", "received": self.acked_frames is not None,
-            "published_frames": self.published_frames, "acked_frames": self.acked_frames, "match": self.ack_matches,
-        }  # fmt: skip
+            "type": "status",
+            "stage": "delivery_ack",
+            "received": self.acked_frames is not None,
+            "published_frames": self.published_frames,
+            "acked_frames": self.acked_frames,
+            "match": self.ack_matches,
+        }
 
     @property
     def ack_matches(self) -> bool | None:
@@ -312,7 +353,11 @@ class SessionRuntime:
                 if self.stop_requested:
                     reason = "stopped"
                     break
-                if self.total_chunks is None and self.settings.max_frames is not None and first_frame >= self.settings.max_frames:
+                if (
+                    self.total_chunks is None
+                    and self.settings.max_frames is not None
+                    and first_frame >= self.settings.max_frames
+                ):
                     reason = "frame_limit"  # an open-ended session, at the service's max_frames
                     break
                 if self.total_chunks is not None and index >= self.total_chunks:
@@ -321,7 +366,13 @@ class SessionRuntime:
                 t0 = time.perf_counter()
                 chunk = await self._blocking(self.model.next_chunk, keys)
                 item = await self._blocking(
-                    prepare_chunk, chunk, index, first_frame, codec, self.settings.jpeg_quality, time.perf_counter() - t0
+                    prepare_chunk,
+                    chunk,
+                    index,
+                    first_frame,
+                    codec,
+                    self.settings.jpeg_quality,
+                    time.perf_counter() - t0,
                 )
                 del chunk
                 index, first_frame = index + 1, first_frame + item.frames
@@ -341,10 +392,16 @@ class SessionRuntime:
             log.exception("session %s: generation failed at chunk %d", self.id, index)
             self.close_reason = "error"
             self.notices.put_nowait(
-                Notice({"type": "status", "stage": "error", "fatal": True,
-                        "message": encodable_text(f"generation failed at chunk {index}: {type(exc).__name__}: {exc}")},
-                       final=True)
-            )  # fmt: skip
+                Notice(
+                    {
+                        "type": "status",
+                        "stage": "error",
+                        "fatal": True,
+                        "message": encodable_text(f"generation failed at chunk {index}: {type(exc).__name__}: {exc}"),
+                    },
+                    final=True,
+                )
+            )
             await self._release_model("error")
 
     async def _publish(self, item: ChunkItem | DoneItem) -> None:
@@ -416,10 +473,21 @@ class SessionRuntime:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "session_id": self.id, "state": self.state, "consumer": self.consumer, "total_chunks": self.total_chunks,
-            "total_frames": self.total_frames, "chunks_generated": self.chunks_generated,
-            "frames_generated": self.frames_generated, "chunks_sent": self.chunks_sent, "frames_sent": self.frames_sent,
-            "frames_dropped": self.frames_dropped, "queue_depth": self.fifo.qsize(), "keys": self.keys,
-            "published_frames": self.published_frames, "acked_frames": self.acked_frames, "ack_match": self.ack_matches,
-            "model_released": self.model_released, "close_reason": self.close_reason,
-        }  # fmt: skip
+            "session_id": self.id,
+            "state": self.state,
+            "consumer": self.consumer,
+            "total_chunks": self.total_chunks,
+            "total_frames": self.total_frames,
+            "chunks_generated": self.chunks_generated,
+            "frames_generated": self.frames_generated,
+            "chunks_sent": self.chunks_sent,
+            "frames_sent": self.frames_sent,
+            "frames_dropped": self.frames_dropped,
+            "queue_depth": self.fifo.qsize(),
+            "keys": self.keys,
+            "published_frames": self.published_frames,
+            "acked_frames": self.acked_frames,
+            "ack_match": self.ack_matches,
+            "model_released": self.model_released,
+            "close_reason": self.close_reason,
+        }

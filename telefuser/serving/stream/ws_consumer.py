@@ -43,7 +43,9 @@ async def serve_websocket(websocket: WebSocket, registry: SessionRegistry, sessi
                 if isinstance(event, ChunkItem):
                     data = event.envelope(runtime.fps)
                     await websocket.send_bytes(data)
-                    await websocket.send_json({"type": "status", "stage": "chunk_sent", **runtime.mark_sent(event, len(data))})
+                    await websocket.send_json(
+                        {"type": "status", "stage": "chunk_sent", **runtime.mark_sent(event, len(data))}
+                    )
                 elif isinstance(event, DoneItem):
                     await websocket.send_json(runtime.done_payload(event))
                     reason = "completed"

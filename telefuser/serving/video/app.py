@@ -56,10 +56,12 @@ def create_video_app(
     api_keys: ApiKeys | None = None,
 ) -> FastAPI:
     """`runner` plans and runs jobs (see contract.py); finished jobs in `output_dir` are loaded at once."""
-    limit_set = derive_video_limits(runner, max_seconds=max_seconds, max_steps=max_steps,
-                                    max_body_bytes=max_body_bytes, flags=limits)  # fmt: skip
-    policy = VideoPolicy.from_runner(runner, max_seconds=max_seconds, max_steps=max_steps,
-                                     max_frames=limit_set.value("max_frames"))  # fmt: skip
+    limit_set = derive_video_limits(
+        runner, max_seconds=max_seconds, max_steps=max_steps, max_body_bytes=max_body_bytes, flags=limits
+    )
+    policy = VideoPolicy.from_runner(
+        runner, max_seconds=max_seconds, max_steps=max_steps, max_frames=limit_set.value("max_frames")
+    )
     keys = api_keys or ApiKeys()
     metrics = VideoMetrics()
     queue = VideoQueue(runner, JobStore(output_dir), metrics, max_queue=max_queue)
@@ -122,8 +124,14 @@ def create_video_app(
             metrics.inc("jobs_rejected_total", reason="invalid")
             log.info("POST /v1/videos refused (%d): %s", exc.status, exc.detail)
             raise
-        job = VideoJob(id=new_job_id(), model=policy.model, prompt=parsed.spec.prompt, request=parsed.fields,
-                       spec=parsed.spec.as_dict(), plan=plan.as_dict())  # fmt: skip
+        job = VideoJob(
+            id=new_job_id(),
+            model=policy.model,
+            prompt=parsed.spec.prompt,
+            request=parsed.fields,
+            spec=parsed.spec.as_dict(),
+            plan=plan.as_dict(),
+        )
         try:
             record = await run_in_threadpool(queue.submit, job)  # writes the queued record
         except QueueFull as exc:
@@ -157,8 +165,13 @@ def create_video_app(
                 log.warning("GET /v1/videos: skipping %s, whose object cannot be encoded: %s", job_id, exc)
                 continue
             data.append(obj)
-        return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None, "has_more": len(ids) > limit}  # fmt: skip
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(ids) > limit,
+        }
 
     @app.get("/v1/videos/{video_id}")
     async def get_video(request: Request, video_id: str) -> dict[str, Any]:
@@ -204,16 +217,23 @@ def create_video_app(
         return {
             "service": "telefuser-video",
             "model": runner.metadata,
-            "limits": {"max_queue": max_queue, **limit_set.values(), "size_multiple": policy.size_multiple,
-                       "fps": policy.fps},
+            "limits": {
+                "max_queue": max_queue,
+                **limit_set.values(),
+                "size_multiple": policy.size_multiple,
+                "fps": policy.fps,
+            },
             "limit_sources": limit_set.sources(),
-            "sizes": {"multiple": policy.size_multiple, "off_grid": RESIZE_METHOD,
-                      "rule": "a size off the grid is generated at the grid canvas of nearest aspect, then resized"},
+            "sizes": {
+                "multiple": policy.size_multiple,
+                "off_grid": RESIZE_METHOD,
+                "rule": "a size off the grid is generated at the grid canvas of nearest aspect, then resized",
+            },
             "auth": {"api_key_required": keys.enabled, "scheme": "Bearer"},
             "fields": list(FIELDS),
             "defaults": policy.defaults,
             "output_dir": str(queue.store.dir),
-        }  # fmt: skip
+        }
 
     @app.get("/v1/service/metrics")
     async def service_metrics() -> PlainTextResponse:
@@ -223,8 +243,10 @@ def create_video_app(
             ("queue_capacity", "Configured max_queue.", queue.max_queue, {}),
             ("jobs_running", "Jobs being generated now (0 or 1).", 1 if counts["running"] else 0, {}),
         ]
-        gauges += [("jobs", "Jobs known to the server, by status.", n, {"status": status})
-                   for status, n in counts["jobs"].items()]  # fmt: skip
+        gauges += [
+            ("jobs", "Jobs known to the server, by status.", n, {"status": status})
+            for status, n in counts["jobs"].items()
+        ]
         return PlainTextResponse(metrics.render(gauges), media_type=CONTENT_TYPE)
 
     return app
@@ -233,4 +255,3 @@ def create_video_app(
 def _dims(size: str) -> tuple[int, int]:
     width, height = size.lower().split("x")
     return int(width), int(height)
-

@@ -50,8 +50,9 @@ def fit_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:
     return out
 
 
-def write_clip(output: Path, frames: np.ndarray, fps: int, audio: np.ndarray, sample_rate: int,
-               size: tuple[int, int] | None) -> float:  # fmt: skip
+def write_clip(
+    output: Path, frames: np.ndarray, fps: int, audio: np.ndarray, sample_rate: int, size: tuple[int, int] | None
+) -> float:
     """Resize to `size` (width, height) when given, mux the MP4; returns the seconds it took."""
     import time
 

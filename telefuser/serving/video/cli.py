@@ -38,8 +38,11 @@ def build_runner(args: argparse.Namespace) -> VideoRunner:
 def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
     from .fake import FakeVideoRunner
 
-    defaults = {k: v for k, v in (("size", args.size_default), ("seconds", args.seconds_default),
-                                  ("steps", args.steps_default)) if v is not None}  # fmt: skip
+    defaults = {
+        k: v
+        for k, v in (("size", args.size_default), ("seconds", args.seconds_default), ("steps", args.steps_default))
+        if v is not None
+    }
     return FakeVideoRunner(model=args.served_model_name, step_delay_s=args.fake_step_delay, defaults=defaults)
 
 
@@ -52,70 +55,111 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     )
     g = p.add_argument_group("service")
     add_server_args(g, port=8000)
-    g.add_argument("--output-dir", type=Path, default=Path("outputs/videos"),
-                   help="MP4s and job records; finished jobs here are served again after a restart")
+    g.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("outputs/videos"),
+        help="MP4s and job records; finished jobs here are served again after a restart",
+    )
     g.add_argument("--max-queue", type=int, default=16, help="jobs waiting beyond the running one; more get 429")
     g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
     g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
     g.add_argument("--max-body-mib", type=float, default=1.0, help="largest request body")
-    g.add_argument("--served-model-name", default="MiniMax-H3",
-                   help="the name /v1/models lists and a request's 'model' must match (case-insensitive)")
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds to wait at shutdown for the running job to stop at its next step")
+    g.add_argument(
+        "--served-model-name",
+        default="MiniMax-H3",
+        help="the name /v1/models lists and a request's 'model' must match (case-insensitive)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait at shutdown for the running job to stop at its next step",
+    )
     g.add_argument("--fake", action="store_true", help="serve a fake model: test pattern + tone, no weights")
     g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
     lim = add_canvas_limit_args(p, "clip")
     lim.add_argument("--max-frames", type=int, default=None, help="frames per clip (default: those of --max-seconds)")
-    lim.add_argument("--max-pixel-seconds", type=float, default=None,
-                     help="generated pixels x seconds (default: the model's canvas for --max-seconds)")
-    lim.add_argument("--max-job-memory-gib", type=float, default=None,
-                     help="estimated memory one job may take (default: free device memory after loading)")
+    lim.add_argument(
+        "--max-pixel-seconds",
+        type=float,
+        default=None,
+        help="generated pixels x seconds (default: the model's canvas for --max-seconds)",
+    )
+    lim.add_argument(
+        "--max-job-memory-gib",
+        type=float,
+        default=None,
+        help="estimated memory one job may take (default: free device memory after loading)",
+    )
     m = p.add_argument_group("model")
-    m.add_argument("--config", choices=("tiny", "official"), default="tiny",
-                   help="random-weight sizes without --checkpoint (tiny runs on a CPU)")
+    m.add_argument(
+        "--config",
+        choices=("tiny", "official"),
+        default="tiny",
+        help="random-weight sizes without --checkpoint (tiny runs on a CPU)",
+    )
     m.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
-    m.add_argument("--offload-text-encoder", action="store_true",
-                   help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
-    m.add_argument("--qkv-layout", choices=("interleaved", "stacked"), default=None,  # models.minimax_h3.QKV_LAYOUTS
-                   help="fused QKV row order of a single-file re-export whose metadata does not say (the release "
-                   "shards and diffusers folders need no flag)")
+    m.add_argument(
+        "--offload-text-encoder",
+        action="store_true",
+        help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
+    )
+    m.add_argument(
+        "--qkv-layout",
+        choices=("interleaved", "stacked"),
+        default=None,  # models.minimax_h3.QKV_LAYOUTS
+        help="fused QKV row order of a single-file re-export whose metadata does not say (the release "
+        "shards and diffusers folders need no flag)",
+    )
     m.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
-                   help="default: bfloat16 on CUDA, float32 on CPU")
+    m.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="default: bfloat16 on CUDA, float32 on CPU",
+    )
     m.add_argument("--attn-impl", default="sdpa")
     m.add_argument("--ulysses-degree", type=int, default=1, help="Ulysses sequence-parallel degree")
     m.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
     m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")
-    m.add_argument("--seconds-default", type=float, default=None,
-                   help="seconds when a request omits it (tiny 0.5, else 5)")
+    m.add_argument(
+        "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
+    )
     p.set_defaults(func=lambda args: run_serve(args, build_runner))
     return p
 
 
 def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) -> int:
     build = build_fake_runner if args.fake else (builder or build_runner)
-    return run_service(args, build, serve=lambda runner: _serve(args, runner), lead=FollowingRunner,
-                       follow=follow_runner, close_model=True)  # fmt: skip
+    return run_service(
+        args,
+        build,
+        serve=lambda runner: _serve(args, runner),
+        lead=FollowingRunner,
+        follow=follow_runner,
+        close_model=True,
+    )
 
 
 def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
     from .app import create_video_app
 
-    limits = VideoLimitFlags(
-        max_width=args.max_width, max_height=args.max_height, max_pixels=args.max_pixels, max_frames=args.max_frames,
-        max_pixel_seconds=args.max_pixel_seconds, max_job_memory_gib=args.max_job_memory_gib,
-    )  # fmt: skip
+    limits = VideoLimitFlags.from_args(args)
     app = create_video_app(
-        runner, output_dir=args.output_dir, max_queue=args.max_queue, max_seconds=args.max_seconds,
-        max_steps=args.max_steps, max_body_bytes=int(args.max_body_mib * 2**20), shutdown_timeout_s=args.shutdown_timeout,
-        limits=limits, api_keys=keys_from_args(args),
-    )  # fmt: skip
-    serve_until_stopped(app, host=args.host, port=args.port, log_level=args.log_level,
-                        describe=f"model: {runner.model}, output: {args.output_dir}")
-    log.info("serve exited cleanly")
-    return 0
+        runner,
+        output_dir=args.output_dir,
+        max_queue=args.max_queue,
+        max_seconds=args.max_seconds,
+        max_steps=args.max_steps,
+        max_body_bytes=int(args.max_body_mib * 2**20),
+        shutdown_timeout_s=args.shutdown_timeout,
+        limits=limits,
+        api_keys=keys_from_args(args),
+    )
+    return serve_until_stopped(app, args, describe=f"model: {runner.model}, output: {args.output_dir}", command="serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,13 +80,22 @@ class FakeVideoRunner:
         mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
         width, height = spec.output_dims or (plan.width, plan.height)
         return RunOutcome(
-            inference_time_s=inference_s, peak_memory_bytes=int(frames.nbytes + audio.nbytes),
-            peak_memory_kind="fake (bytes of the rendered clip)", frames=plan.frames, fps=FPS, width=width,
-            height=height, duration_s=plan.duration_s, audio_channels=2, audio_samples=int(audio.shape[1]),
-            sample_rate=SAMPLE_RATE, dit_calls=plan.dit_calls, mux_s=mux_s,
+            inference_time_s=inference_s,
+            peak_memory_bytes=int(frames.nbytes + audio.nbytes),
+            peak_memory_kind="fake (bytes of the rendered clip)",
+            frames=plan.frames,
+            fps=FPS,
+            width=width,
+            height=height,
+            duration_s=plan.duration_s,
+            audio_channels=2,
+            audio_samples=int(audio.shape[1]),
+            sample_rate=SAMPLE_RATE,
+            dit_calls=plan.dit_calls,
+            mux_s=mux_s,
             generated_size=plan.generated_size if spec.output_dims else None,
             timings={"pipeline_s": inference_s, "dit_total_s": plan.dit_calls * self.step_delay_s},
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         return None
@@ -97,8 +106,14 @@ def render(plan: VideoPlan, seed: int) -> tuple[np.ndarray, np.ndarray]:
     h, w, n = plan.height, plan.width, plan.frames
     base = np.random.default_rng(seed).integers(0, 256, 3)
     ys, xs = np.mgrid[0:h, 0:w]
-    frame0 = np.stack([(xs * 255 // max(1, w - 1) + base[0]) % 256, (ys * 255 // max(1, h - 1) + base[1]) % 256,
-                       np.full_like(xs, base[2])], axis=-1).astype(np.uint8)  # fmt: skip
+    frame0 = np.stack(
+        [
+            (xs * 255 // max(1, w - 1) + base[0]) % 256,
+            (ys * 255 // max(1, h - 1) + base[1]) % 256,
+            np.full_like(xs, base[2]),
+        ],
+        axis=-1,
+    ).astype(np.uint8)
     frames = np.repeat(frame0[None], n, axis=0)
     bar = max(2, w // 16)
     for i in range(n):

@@ -42,8 +42,6 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-
-
 @dataclass
 class VideoJob:
     id: str
@@ -202,8 +200,10 @@ class JobStore:
             if job.status not in FINISHED:
                 was = job.status
                 job.status, job.finished_at = "failed", time.time()
-                job.error = {"code": "server_restarted",
-                             "message": f"server restarted before the job finished (it was {was})"}  # fmt: skip
+                job.error = {
+                    "code": "server_restarted",
+                    "message": f"server restarted before the job finished (it was {was})",
+                }
                 job.touch()
                 self._written.pop(job.id, None)
                 self.save(job.record())

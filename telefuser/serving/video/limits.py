@@ -36,24 +36,46 @@ def _native(runner) -> tuple[int, int]:
     return int(width), int(height)
 
 
-def derive_video_limits(runner, *, max_seconds: float, max_steps: int, max_body_bytes: int,
-                        flags: VideoLimitFlags | None = None) -> LimitSet:  # fmt: skip
+def derive_video_limits(
+    runner, *, max_seconds: float, max_steps: int, max_body_bytes: int, flags: VideoLimitFlags | None = None
+) -> LimitSet:
     flags = flags or VideoLimitFlags()
     width, height = _native(runner)
-    limits = canvas_limits((width, height), max_width=flags.max_width, max_height=flags.max_height,
-                           max_pixels=flags.max_pixels)  # fmt: skip
+    limits = canvas_limits(
+        (width, height), max_width=flags.max_width, max_height=flags.max_height, max_pixels=flags.max_pixels
+    )
     limits.append(Limit("max_seconds", float(max_seconds), "--max-seconds", "service flag"))
     longest = runner.plan(VideoSpec("limits", f"{width}x{height}", "16:9", float(max_seconds), 2, 0))
-    limits.append(pick("max_frames", "--max-frames", flags.max_frames, longest.frames,
-                       f"model: the frames it makes for {max_seconds:g} s"))  # fmt: skip
-    limits.append(pick("max_pixel_seconds", "--max-pixel-seconds", flags.max_pixel_seconds,
-                       float(width * height * max_seconds),
-                       f"model: its {width}x{height} canvas for {max_seconds:g} s"))  # fmt: skip
+    limits.append(
+        pick(
+            "max_frames",
+            "--max-frames",
+            flags.max_frames,
+            longest.frames,
+            f"model: the frames it makes for {max_seconds:g} s",
+        )
+    )
+    limits.append(
+        pick(
+            "max_pixel_seconds",
+            "--max-pixel-seconds",
+            flags.max_pixel_seconds,
+            float(width * height * max_seconds),
+            f"model: its {width}x{height} canvas for {max_seconds:g} s",
+        )
+    )
     limits.append(Limit("max_steps", int(max_steps), "--max-steps", "service flag"))
     if callable(getattr(runner, "memory_estimate", None)):
         budget = available_memory(runner.metadata.get("device"))
-        limits.append(pick("max_job_memory_bytes", "--max-job-memory-gib", gib(flags.max_job_memory_gib),
-                           budget.bytes, f"device: {budget.source}"))  # fmt: skip
+        limits.append(
+            pick(
+                "max_job_memory_bytes",
+                "--max-job-memory-gib",
+                gib(flags.max_job_memory_gib),
+                budget.bytes,
+                f"device: {budget.source}",
+            )
+        )
     else:
         limits.append(Limit("max_job_memory_bytes", None, "--max-job-memory-gib", "the model gives no estimate"))
     limits.append(Limit("max_body_bytes", int(max_body_bytes), "--max-body-mib", "service default"))

@@ -20,8 +20,13 @@ COUNTERS = (
     ("inference_seconds_total", "Generation seconds of completed jobs (their inference_time_s)."),
     ("frames_generated_total", "Video frames of completed jobs."),
 )
-ALWAYS = ("jobs_submitted_total", "jobs_completed_total", "jobs_failed_total", "inference_seconds_total",
-          "frames_generated_total")  # fmt: skip
+ALWAYS = (
+    "jobs_submitted_total",
+    "jobs_completed_total",
+    "jobs_failed_total",
+    "inference_seconds_total",
+    "frames_generated_total",
+)
 
 
 class VideoMetrics(Metrics):

@@ -41,9 +41,16 @@ DECODE_FEATURE_MAPS, DECODE_CHANNELS = 8, 128
 
 
 class MiniMaxRunner:
-    def __init__(self, pipeline, *, model: str = "MiniMax-H3", defaults: dict[str, Any],
-                 info: dict[str, Any] | None = None, feature_cache: str | None = None,
-                 lent_bytes: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        pipeline,
+        *,
+        model: str = "MiniMax-H3",
+        defaults: dict[str, Any],
+        info: dict[str, Any] | None = None,
+        feature_cache: str | None = None,
+        lent_bytes: int = 0,
+    ):
         from telefuser.pipelines.minimax_h3.shapes import AUDIO_SAMPLE_RATE, FPS, VAE_SPATIAL
 
         self._pipe = pipeline
@@ -88,7 +95,7 @@ class MiniMaxRunner:
         pt, ph, pw = self._pipe.patch_size
         video_tokens = (shape.video_latent_t // pt) * (shape.latent_h // ph) * (shape.latent_w // pw)
         tokens = video_tokens + shape.audio_tokens + TEXT_TOKENS
-        latents = (int(torch.Size(shape.video_latent_shape).numel()) + int(torch.Size(shape.audio_latent_shape).numel()))
+        latents = int(torch.Size(shape.video_latent_shape).numel()) + int(torch.Size(shape.audio_latent_shape).numel())
         pixels = plan.frames * plan.width * plan.height
         return {
             "activations": -(-tokens // self._ulysses) * (12 * hidden + 4 * ffn // self._tp) * self._dtype_bytes,
@@ -102,27 +109,44 @@ class MiniMaxRunner:
         with self._lock:
             try:
                 result = self._pipe(
-                    spec.prompt, duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio,
-                    steps=spec.steps, seed=spec.seed, feature_cache=self.feature_cache, on_step=hooks.progress,
+                    spec.prompt,
+                    duration=spec.seconds,
+                    resolution=spec.resolution,
+                    aspect_ratio=spec.aspect_ratio,
+                    steps=spec.steps,
+                    seed=spec.seed,
+                    feature_cache=self.feature_cache,
+                    on_step=hooks.progress,
                     cancelled=hooks.cancelled,
-                )  # fmt: skip
+                )
             except GenerationCancelled as exc:
                 raise JobCancelled(exc.steps_done) from None
         mux_s = 0.0
         if output is not None:
-            mux_s = write_clip(output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate,
-                               spec.output_dims)  # fmt: skip
+            mux_s = write_clip(
+                output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate, spec.output_dims
+            )
         metrics = result.metrics()
         width, height = spec.output_dims or (result.shape.width, result.shape.height)
         return RunOutcome(
-            inference_time_s=result.timings.pipeline_s, peak_memory_bytes=int(result.peak_memory_bytes),
-            peak_memory_kind=result.peak_memory_kind, frames=int(result.frames.shape[0]), fps=int(result.fps),
-            width=width, height=height, duration_s=result.shape.duration_s,
+            inference_time_s=result.timings.pipeline_s,
+            peak_memory_bytes=int(result.peak_memory_bytes),
+            peak_memory_kind=result.peak_memory_kind,
+            frames=int(result.frames.shape[0]),
+            fps=int(result.fps),
+            width=width,
+            height=height,
+            duration_s=result.shape.duration_s,
             generated_size=f"{result.shape.width}x{result.shape.height}" if spec.output_dims else None,
-            audio_channels=int(result.audio.shape[0]), audio_samples=int(result.audio.shape[-1]),
-            sample_rate=int(result.sample_rate), dit_calls=int(result.dit_calls_computed),
-            dit_calls_skipped=int(result.dit_calls_skipped), mux_s=mux_s, timings=result.timings.as_dict(), metrics=metrics,
-        )  # fmt: skip
+            audio_channels=int(result.audio.shape[0]),
+            audio_samples=int(result.audio.shape[-1]),
+            sample_rate=int(result.sample_rate),
+            dit_calls=int(result.dit_calls_computed),
+            dit_calls_skipped=int(result.dit_calls_skipped),
+            mux_s=mux_s,
+            timings=result.timings.as_dict(),
+            metrics=metrics,
+        )
 
     def close(self) -> None:
         self._pipe.close()
@@ -148,10 +172,16 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     pipe = build_minimax_h3_pipeline(
-        config=args.config, checkpoint=args.checkpoint, device=device, dtype=DTYPES[dtype_name], mesh=mesh,
-        attn_impl=attn_impl, show_progress=False, offload_text_encoder=args.offload_text_encoder,
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=device,
+        dtype=DTYPES[dtype_name],
+        mesh=mesh,
+        attn_impl=attn_impl,
+        show_progress=False,
+        offload_text_encoder=args.offload_text_encoder,
         qkv_layout=getattr(args, "qkv_layout", None),
-    )  # fmt: skip
+    )
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "size": args.size_default or ("64x32" if tiny else "1344x768"),
@@ -170,8 +200,14 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "tp_degree": parallel.tp_degree,
     }
     lent = _module_bytes(getattr(pipe.prompt_encoder, "encoder", None)) if args.offload_text_encoder else 0
-    return MiniMaxRunner(pipe, model=args.served_model_name, defaults=defaults, info=info, lent_bytes=lent,
-                         feature_cache="ada_taylor" if args.enable_feature_cache else None)  # fmt: skip
+    return MiniMaxRunner(
+        pipe,
+        model=args.served_model_name,
+        defaults=defaults,
+        info=info,
+        lent_bytes=lent,
+        feature_cache="ada_taylor" if args.enable_feature_cache else None,
+    )
 
 
 def _module_bytes(module) -> int:

@@ -80,6 +80,8 @@ def follow_runner(runner: VideoRunner, group) -> int:
     follower = Follower(group)
 
     def job(spec: dict) -> _FollowerJob:
-        return _FollowerJob(runner, VideoSpec.from_dict(spec), None, RunHooks(cancelled=lambda: bool(follower.receive())))
+        return _FollowerJob(
+            runner, VideoSpec.from_dict(spec), None, RunHooks(cancelled=lambda: bool(follower.receive()))
+        )
 
     return follower.follow({"job": job})

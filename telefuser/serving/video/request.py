@@ -51,15 +51,20 @@ class VideoPolicy:
     max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
 
     @classmethod
-    def from_runner(cls, runner, *, max_seconds: float, max_steps: int = 1000,
-                    max_frames: int | None = None) -> VideoPolicy:  # fmt: skip
+    def from_runner(
+        cls, runner, *, max_seconds: float, max_steps: int = 1000, max_frames: int | None = None
+    ) -> VideoPolicy:
         meta = runner.metadata
         return cls(
-            model=runner.model, max_seconds=float(max_seconds), fps=int(meta.get("fps", 24)),
-            size_multiple=int(meta.get("size_multiple", 32)), max_steps=int(max_steps),
-            guidance=bool(meta.get("guidance", False)), defaults=dict(meta.get("defaults", {})),
+            model=runner.model,
+            max_seconds=float(max_seconds),
+            fps=int(meta.get("fps", 24)),
+            size_multiple=int(meta.get("size_multiple", 32)),
+            max_steps=int(max_steps),
+            guidance=bool(meta.get("guidance", False)),
+            defaults=dict(meta.get("defaults", {})),
             max_frames=max_frames,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,9 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     if "fps" in given:
         fps = _number("fps", given["fps"])
         if fps != policy.fps:
-            raise RequestError(422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {short_repr(given['fps'])}")
+            raise RequestError(
+                422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {short_repr(given['fps'])}"
+            )
 
     resolution, aspect_ratio, output_size = _canvas(given, policy)
     steps = _steps(given, policy)
@@ -131,8 +138,9 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         raise RequestError(422, f"'num_frames' must be a positive integer, got {amount(num_frames)}")
     max_frames = policy.max_frames if policy.max_frames is not None else 10**9
     if num_frames is not None and num_frames > max_frames:
-        raise RequestError(422, f"'num_frames' is {amount(num_frames)}; the limit is max_frames={max_frames:,} "
-                                "(--max-frames)")  # fmt: skip
+        raise RequestError(
+            422, f"'num_frames' is {amount(num_frames)}; the limit is max_frames={max_frames:,} (--max-frames)"
+        )
     if "seconds" in given:
         seconds = _number("seconds", given["seconds"])
     elif num_frames is not None:
@@ -144,16 +152,26 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     if seconds > policy.max_seconds:
         raise RequestError(422, f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s")
 
-    spec = VideoSpec(prompt=prompt, resolution=resolution, aspect_ratio=aspect_ratio, seconds=float(seconds),
-                     steps=steps, seed=seed, output_size=output_size)  # fmt: skip
+    spec = VideoSpec(
+        prompt=prompt,
+        resolution=resolution,
+        aspect_ratio=aspect_ratio,
+        seconds=float(seconds),
+        steps=steps,
+        seed=seed,
+        output_size=output_size,
+    )
     return VideoRequest(spec=spec, model=policy.model, fields=dict(given), num_frames=num_frames)
 
 
 def check_plan(request: VideoRequest, plan) -> None:
     """After the runner planned the request: an explicit num_frames must be what the model makes."""
     if request.num_frames is not None and plan.frames != request.num_frames:
-        raise RequestError(422, f"'num_frames' {request.num_frames} is not a frame count this model makes (its "
-                                f"grid is in /v1/service/metadata); the next one up is {plan.frames}")  # fmt: skip
+        raise RequestError(
+            422,
+            f"'num_frames' {request.num_frames} is not a frame count this model makes (its "
+            f"grid is in /v1/service/metadata); the next one up is {plan.frames}",
+        )
 
 
 def _check_guidance(given: dict[str, Any], policy: VideoPolicy) -> None:
@@ -187,20 +205,25 @@ def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str,
     match = _SIZE.match(text)
     if match:
         if aspect is not None:
-            raise RequestError(422, f"'aspect_ratio' applies only to a short-edge 'resolution'; {name}={text!r} "
-                                    "already fixes the canvas")  # fmt: skip
+            raise RequestError(
+                422,
+                f"'aspect_ratio' applies only to a short-edge 'resolution'; {name}={text!r} already fixes the canvas",
+            )
         width, height = int(match.group(1)), int(match.group(2))
         if width <= 0 or height <= 0:
             raise RequestError(422, f"'{name}' must be positive, got {text!r}")
         if width < MIN_SIDE or height < MIN_SIDE or width % 2 or height % 2:
-            raise RequestError(422, f"'{name}' {width}x{height}: both sides must be even (H.264 4:2:0) and at least "
-                                    f"{MIN_SIDE}")  # fmt: skip
+            raise RequestError(
+                422, f"'{name}' {width}x{height}: both sides must be even (H.264 4:2:0) and at least {MIN_SIDE}"
+            )
         canvas = generation_canvas(width, height, policy.size_multiple)
         output = f"{width}x{height}" if canvas != (width, height) else None
         return f"{canvas[0]}x{canvas[1]}", str(policy.defaults.get("aspect_ratio", "16:9")), output
     if name == "size" or not text.isdigit() or len(text) > 6:
         alternative = " or a short edge in pixels" if name == "resolution" else ""
-        raise RequestError(422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720'{alternative}, got {short_repr(value)}")
+        raise RequestError(
+            422, f"'{name}' must be WIDTHxHEIGHT such as '1280x720'{alternative}, got {short_repr(value)}"
+        )
     return int(text), aspect or str(policy.defaults.get("aspect_ratio", "16:9")), None
 
 

@@ -86,8 +86,11 @@ class VideoQueue:
             if len(self._pending) >= self.max_queue:
                 self.metrics.inc("jobs_rejected_total", reason="queue_full")
                 wait = self.retry_after_s()
-                raise QueueFull(f"queue full: {len(self._pending)} job(s) waiting (max_queue={self.max_queue}) "
-                                f"and one running; retry in about {wait} s", wait)  # fmt: skip
+                raise QueueFull(
+                    f"queue full: {len(self._pending)} job(s) waiting (max_queue={self.max_queue}) "
+                    f"and one running; retry in about {wait} s",
+                    wait,
+                )
             job.touch()
             self.jobs[job.id] = job
             self._pending.append(job)
@@ -144,8 +147,12 @@ class VideoQueue:
             by_status = {s: 0 for s in ("queued", "in_progress", "completed", "failed", "cancelled")}
             for job in self.jobs.values():
                 by_status[job.status] += 1
-            return {"queue_depth": len(self._pending), "max_queue": self.max_queue,
-                    "running": self.running.id if self.running is not None else None, "jobs": by_status}  # fmt: skip
+            return {
+                "queue_depth": len(self._pending),
+                "max_queue": self.max_queue,
+                "running": self.running.id if self.running is not None else None,
+                "jobs": by_status,
+            }
 
     def retry_after_s(self) -> int:
         mean = self.metrics.mean_observed()
@@ -184,8 +191,9 @@ class VideoQueue:
 
     def _execute(self, job: VideoJob) -> None:
         spec = VideoSpec.from_dict(job.spec)
-        hooks = RunHooks(progress=lambda done, total: self._progress(job, done, total),
-                         cancelled=lambda: job.cancel_requested)  # fmt: skip
+        hooks = RunHooks(
+            progress=lambda done, total: self._progress(job, done, total), cancelled=lambda: job.cancel_requested
+        )
         outcome, error, stopped_at = None, None, None
         try:
             outcome = self.runner.run(spec, self.store.partial_video_path(job.id), hooks)
