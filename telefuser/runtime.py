@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .distributed.mesh import ParallelConfig, ParallelMesh, init_distributed
+from .distributed.mesh import ParallelConfig, ParallelMesh, init_distributed, parallelize
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -89,10 +89,7 @@ class Runtime:
         return str(self.dtype).removeprefix("torch.")
 
     def parallelize(self, model):
-        """Apply this launch's layout to a dense model, once (the model's `enable_parallel`: TP, then Ulysses)."""
-        if self.mesh is not None and self.mesh.world_size > 1:
-            model.enable_parallel(self.mesh)
-        return model
+        return parallelize(model, self.mesh)
 
     def close(self) -> None:
         if dist.is_initialized():

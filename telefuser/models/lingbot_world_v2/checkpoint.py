@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ...distributed.mesh import ParallelMesh
 from ..checkpoint_io import (
     RANDOM_WEIGHTS,
     check_keys,
@@ -162,15 +161,13 @@ def load_lingbot_dit(
     *,
     device: str | torch.device,
     dtype: torch.dtype = torch.bfloat16,
-    mesh: ParallelMesh | None = None,
     attn_impl: str = "sdpa",
     local_attn_size: int = V2_LOCAL_ATTN_SIZE,
     sink_size: int = V2_SINK_SIZE,
 ) -> LingBotWorldV2DiT:
     """Load the transformer (original layout or a diffusers-format directory) onto `device`: `dtype` for the
     blocks, fp32 for the time embedding, modulation tables and head. The streaming window comes from the arguments
-    (v2: 18 frames, 6 sink), not from config.json. With a mesh, the model comes back with `enable_parallel(mesh)`
-    applied."""
+    (v2: 18 frames, 6 sink), not from config.json. The model comes back dense: `runtime.parallelize` splits it."""
     weights_dir, config_path = find_checkpoint(path)
     try:
         config = LingBotWorldV2Config.from_json(config_path).with_window(local_attn_size, sink_size)
@@ -196,8 +193,6 @@ def load_lingbot_dit(
                 dtype_for=lambda key: target_dtype(ours[key], dtype), error=CheckpointError)
     finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
-    if mesh is not None:
-        model.enable_parallel(mesh)
     return model
 
 

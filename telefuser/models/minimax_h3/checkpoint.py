@@ -96,8 +96,8 @@ def load_minimax_h3_dit(
 ) -> MiniMaxH3DiT:
     """Load a transformer checkpoint onto `device`: `dtype` for the blocks, fp32 for the released fp32 modules.
     `qkv_layout` ("interleaved" | "stacked") says how a release-named file orders its fused QKV rows when neither
-    its metadata nor the released shard index does. With a mesh, each TP rank reads only its slices and the model
-    comes back with `enable_parallel(mesh)` applied."""
+    its metadata nor the released shard index does. With a mesh, each TP rank reads only its slices into a model
+    with TP applied; Ulysses is the caller's (`runtime.parallelize`, which finds TP done)."""
     path = Path(path)
     if path.is_file():
         directory, shards, index = None, [path], None
@@ -160,8 +160,6 @@ def load_minimax_h3_dit(
     model.checkpoint_layout = f"{layout.kind}" + (f", qkv {layout_name} ({why})" if layout_name else "")
     log.info("MiniMax H3 DiT loaded from %s (%s; %d shards, %.2f GiB read on this rank, %s, tp=%d)", where,
              model.checkpoint_layout, len(shards), model.checkpoint_bytes_read / 2**30, dtype, tp_size)
-    if mesh is not None:
-        model.enable_parallel(mesh)
     return model
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ...distributed.mesh import parallelize
 from ...ops.fp8 import QUANTIZATIONS
 from .camera_control import CameraFactory, lingbot_camera
 from .session import WorldSessionPipeline
@@ -133,14 +134,13 @@ def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
     if paths is not None:
-        model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl)
+        model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, attn_impl=attn_impl)
     else:
         # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
         dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
         # on a GPU, draw there: the 14B official DiT takes minutes to draw on the host
         model = build_random_lingbot_dit(dit_config, seed, device, dtype, attn_impl=attn_impl,
                                          init_on_device=device.type == "cuda")
-        if mesh is not None and getattr(mesh, "world_size", 1) > 1:
-            model.enable_parallel(mesh)
+    parallelize(model, mesh)
     config = model.config
     return model, int(config.text_dim), int(getattr(config, "text_len", TEXT_LEN))

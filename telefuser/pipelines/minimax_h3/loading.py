@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ...distributed.mesh import parallelize
 from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
 from .text_encoder import (
     SELECTED_LAYER,
@@ -64,7 +65,6 @@ def build_minimax_h3_pipeline(
     mesh=None,
     seed: int = 0,
     attn_impl: str = "sdpa",
-    allow_standin_video_vae: bool = False,
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
     show_progress: bool = True,
     offload_text_encoder: bool = False,
@@ -72,9 +72,7 @@ def build_minimax_h3_pipeline(
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
     `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`).
-    `qkv_layout` is passed to the DiT loader (for re-exported single files). `allow_standin_video_vae` is
-    accepted and ignored: the released VAEs now decode through diffusers' classes, there is no stand-in."""
-    del allow_standin_video_vae  # kept so existing callers (serving/minimax_runner.py) keep working
+    `qkv_layout` is passed to the DiT loader (for re-exported single files)."""
     device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(
@@ -96,8 +94,7 @@ def build_minimax_h3_pipeline(
     # on a GPU, draw there: drawing the 33B-parameter official DiT on the host takes minutes
     on_device = device.type == "cuda"
     dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=on_device)
-    if mesh is not None and getattr(mesh, "world_size", 1) > 1:
-        dit.enable_parallel(mesh)
+    parallelize(dit, mesh)
     video_vae = random_video_vae(config, seed=seed, device=device, dtype=dtype, init_on_device=on_device)
     audio_vae = random_audio_vae(config, seed=seed, device=device, init_on_device=on_device)
     tokenizer = load_tokenizer(None)
@@ -144,6 +141,7 @@ def _from_checkpoint(
     encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
     dit = load_minimax_h3_dit(part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
                               qkv_layout=qkv_layout)  # fmt: skip
+    parallelize(dit, mesh)  # Ulysses; TP came with the slices the loader read
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(
