@@ -38,6 +38,18 @@ def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulyss
                        help="model dtype; default bfloat16 on CUDA, float32 on CPU")
 
 
+def _rank_device(device: str | torch.device | None) -> torch.device:
+    """This rank's device: the one asked for, else its own GPU (GPU 0 when the host's ranks outnumber its GPUs and
+    share one), else the CPU."""
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and device.index is None:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local if local < torch.cuda.device_count() else 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 @dataclass(frozen=True)
 class Runtime:
     mesh: ParallelMesh | None  # None: one rank, nothing split
@@ -60,12 +72,7 @@ class Runtime:
             raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun "
                              f"--nproc-per-node={parallel.world_size}")
         mesh = init_distributed(parallel) if world > 1 else None
-        if device is not None:
-            device = torch.device(device)
-        elif mesh is not None:
-            device = mesh.device
-        else:
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = _rank_device(device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         elif isinstance(dtype, str):

@@ -62,7 +62,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.bench.transport_ab
 
-from telefuser.distributed.mesh import ParallelConfig, init_distributed
+from telefuser.runtime import Runtime
 from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
@@ -94,23 +94,11 @@ class Runner:
         self.on_gpu = args.device == "cuda"
         if self.on_gpu and not torch.cuda.is_available():
             raise SystemExit("--device cuda asked for, but no CUDA GPU is visible; use --device cpu --config tiny")
-        self.dtype = torch.bfloat16 if self.on_gpu else torch.float32
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.mesh = None
-        if self.world > 1:
-            if self.world != args.ulysses:
-                raise SystemExit(f"--ulysses {args.ulysses} must equal the torchrun world size {self.world}")
-            shared_gpu = self.on_gpu and torch.cuda.device_count() < self.world
-            self.mesh = init_distributed(ParallelConfig(ulysses_degree=self.world),
-                                         backend="gloo" if shared_gpu or not self.on_gpu else None)
+        runtime = Runtime.launch(ulysses_degree=args.ulysses, device=args.device)
+        if runtime.mesh is not None:
             agree_on_arguments(args)
-        self.rank = self.mesh.rank if self.mesh else 0
-        if self.on_gpu:
-            index = self.rank if torch.cuda.device_count() >= self.world else 0
-            self.device = torch.device("cuda", index)
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
+        self.mesh, self.device, self.dtype, self.rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
+        self.world = runtime.world_size
 
     def sync(self):
         if self.on_gpu:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.bench.transport_ab
 
-from telefuser.distributed.mesh import ParallelConfig, init_distributed
+from telefuser.runtime import Runtime
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
@@ -127,22 +127,12 @@ def main(argv=None) -> int:
     if args.layers:
         config = replace(config, num_layers=args.layers)
     on_gpu = args.device == "cuda"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    mesh = None
-    if world > 1 and world != args.ulysses * args.tp:
-        raise SystemExit(f"--tp {args.tp} x --ulysses {args.ulysses} must equal the torchrun world size {world}")
-    if world == 1 and len(args.transports) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and len(args.transports) > 1:
         raise SystemExit("--transports with several transports needs Ulysses ranks: start it with torchrun")
-    if world > 1:
-        shared_gpu = on_gpu and torch.cuda.device_count() < world
-        mesh = init_distributed(ParallelConfig(ulysses_degree=args.ulysses, tp_degree=args.tp),
-                                backend="gloo" if shared_gpu or not on_gpu else None)
+    runtime = Runtime.launch(ulysses_degree=args.ulysses, tp_degree=args.tp, device=args.device)
+    if runtime.mesh is not None:
         agree_on_arguments(args)
-    rank = mesh.rank if mesh else 0
-    device = torch.device("cuda", torch.cuda.current_device() if mesh and torch.cuda.device_count() >= world else 0) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
+    mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     t0 = time.perf_counter()
     model = build_random_minimax_h3_dit(config, seed=0, device=device, dtype=dtype, attn_impl=args.attn_impl,
@@ -201,7 +191,7 @@ def main(argv=None) -> int:
     achieved = rate(flops, seconds, device_name)
     result = {
         "config": args.config, "layers": config.num_layers, "device": device_name,
-        "world": world, "tp": args.tp, "ulysses": args.ulysses, "ulysses_transport": backend,
+        "world": runtime.world_size, "tp": args.tp, "ulysses": args.ulysses, "ulysses_transport": backend,
         "request": shape.as_dict(), "text_tokens": args.text_len,
         "flops_this_rank": flops, "flops_counted": counted, "attention_flops_formula": attention_formula,
         "attention_flops_dispatched": attention_dispatched, "seconds_per_call": seconds, "seconds_all": times,
