@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The service's keys (telefuser/serving/protocol.py ALLOWED_KEYS); letters in either case. Checked here so a typo in a
-# trace fails before the run instead of as a 422 in the middle of it.
+# The keys a client may send (the model's KEY_BINDINGS, telefuser/models/lingbot_world_v2/controls.py; this plugin's
+# environment cannot import telefuser, and tests/unit/test_key_vocabulary.py keeps the two equal); letters in either
+# case. Checked here so a typo in a trace fails before the run instead of as a 422 in the middle of it.
 ALLOWED_KEYS = ("W", "S", "A", "D", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "J", "L", "I", "K")
 _CANONICAL = {k.lower(): k for k in ALLOWED_KEYS}
 
