@@ -1,7 +1,7 @@
 // TeleFuser stream client: create a session, receive chunks over a WebSocket, play them on a canvas at the
 // session's FPS from a local buffer, send held keys as controls, and acknowledge delivery at the end.
 //
-// Binary messages are chunk envelopes (telefuser/serving/envelope.py):
+// Binary messages are chunk envelopes (telefuser/serving/stream/envelope.py):
 //   "TFCH" | uint32 BE header length | JSON header {chunk, first_frame, frames, width, height, fps, codec, sizes, crc32}
 //   | frame 0 bytes | frame 1 bytes | ...      (jpeg/png: image files; raw: RGB24)
 // Text messages are status events {"type":"status","stage":...}.
