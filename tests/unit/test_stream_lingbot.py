@@ -103,7 +103,7 @@ def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
     estimate = factory.memory_estimate(config)
     session = factory.create(np.full((64, 96, 3), 9, np.uint8), "a barn", config)
     try:
-        cache = session._session._dit_session  # the DiT's per-session state (kv_cache.LingBotSession)
+        cache = session._session._dit_session  # the DiT's per-session state (kv_cache.KVWindow)
         tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)] + [cache._scratch.k, cache._scratch.v]
         tensors += [t for pair in cache.cross_kv for t in pair]
         assert estimate["kv_window"] == sum(t.numel() * t.element_size() for t in tensors)  # bytes: exact

@@ -1,6 +1,6 @@
 """An incremental Server-Sent Events parser that stamps every event with its arrival time. No aiperf imports.
 
-The service's SSE stream (`GET /v1/stream/sessions/{id}/events`, see telefuser/serving/PROTOCOL.md) sends one event per
+The service's SSE stream (`GET /v1/stream/sessions/{id}/events`, see telefuser/serving/stream/PROTOCOL.md) sends one event per
 chunk. Bytes arrive in arbitrary pieces; `SSEParser.feed(data, perf_ns)` returns the events completed by this piece,
 each stamped with the arrival time of the piece that completed it (the moment a client could act on it), which is
 what per-chunk timing needs. Comments (`: keep-alive`) are returned as events with `comment` set so that callers can
