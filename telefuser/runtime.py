@@ -15,13 +15,23 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where it is used: the services' CLIs parse their flags without it
+    import torch
 
-from .distributed.mesh import ParallelConfig, ParallelMesh, init_distributed, parallelize
+    from .distributed.mesh import ParallelConfig, ParallelMesh
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``, for the names in DTYPE_NAMES."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {name!r}")
+    return getattr(torch, name)
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulysses_default: int | None = 1) -> None:
@@ -34,13 +44,15 @@ def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulyss
     if tp:
         group.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
     group.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    group.add_argument("--dtype", choices=list(DTYPES), default=None,
+    group.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                        help="model dtype; default bfloat16 on CUDA, float32 on CPU")
 
 
 def _rank_device(device: str | torch.device | None) -> torch.device:
     """This rank's device: the one asked for, else its own GPU (GPU 0 when the host's ranks outnumber its GPUs and
     share one), else the CPU."""
+    import torch
+
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and device.index is None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -58,12 +70,17 @@ class Runtime:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtime:
-        return cls.launch(ulysses_degree=args.ulysses_degree, tp_degree=getattr(args, "tp_degree", 1),
-                          device=args.device, dtype=args.dtype)
+        """The flags of `add_runtime_args`; a flag the namespace lacks takes its default (every rank Ulysses)."""
+        return cls.launch(ulysses_degree=getattr(args, "ulysses_degree", None), tp_degree=getattr(args, "tp_degree", 1),
+                          device=getattr(args, "device", None), dtype=getattr(args, "dtype", None))
 
     @classmethod
     def launch(cls, *, ulysses_degree: int | None = 1, tp_degree: int = 1, device: str | None = None,
                dtype: str | torch.dtype | None = None) -> Runtime:
+        import torch
+
+        from .distributed.mesh import ParallelConfig, init_distributed
+
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if ulysses_degree is None:
             ulysses_degree = max(1, world // max(1, tp_degree))
@@ -76,7 +93,7 @@ class Runtime:
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         elif isinstance(dtype, str):
-            dtype = DTYPES[dtype]
+            dtype = torch_dtype(dtype)
         return cls(mesh, device, dtype)
 
     @property
@@ -89,6 +106,8 @@ class Runtime:
 
     @property
     def parallel(self) -> ParallelConfig:
+        from .distributed.mesh import ParallelConfig
+
         return self.mesh.config if self.mesh is not None else ParallelConfig()
 
     @property
@@ -96,8 +115,12 @@ class Runtime:
         return str(self.dtype).removeprefix("torch.")
 
     def parallelize(self, model):
+        from .distributed.mesh import parallelize
+
         return parallelize(model, self.mesh)
 
     def close(self) -> None:
+        import torch.distributed as dist
+
         if dist.is_initialized():
             dist.destroy_process_group()

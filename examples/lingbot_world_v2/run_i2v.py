@@ -31,7 +31,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
     plan_session,
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
-from telefuser.runtime import DTYPES, Runtime, add_runtime_args
+from telefuser.runtime import DTYPE_NAMES, Runtime, add_runtime_args, torch_dtype
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_IMAGE = HERE / "assets" / "reference.png"
@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(transformers/ or the folder itself)")
     p.add_argument("--config", choices=["tiny", "official"], default="tiny",
                    help="random-weight sizes without --checkpoint")
-    p.add_argument("--vae-dtype", choices=list(DTYPES), default="float32",
+    p.add_argument("--vae-dtype", choices=DTYPE_NAMES, default="float32",
                    help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)")
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
 
     pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, device=device,
                                   dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
-                                  vae_dtype=DTYPES[args.vae_dtype], quantization=args.quantization)
+                                  vae_dtype=torch_dtype(args.vae_dtype), quantization=args.quantization)
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
@@ -92,11 +93,10 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
         default=None,
         help="uploaded image, checked before decoding (default: 40 megapixels)",
     )
+    add_runtime_args(p, ulysses_default=None)  # every torchrun rank is a Ulysses rank unless told otherwise
     m = p.add_argument_group("model (handed to the model factory)")
     m.add_argument("--config", choices=("tiny", "official"), default="official")
     m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
-    m.add_argument("--device", default=None)
-    m.add_argument("--dtype", default=None)
     m.add_argument("--attn-impl", default=None)
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import threading
 from typing import Any
 
@@ -33,7 +32,6 @@ import torch
 from telefuser.models.lingbot_world_v2.controls import KEY_BINDINGS
 
 log = logging.getLogger("telefuser.serving")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NATIVE_RESOLUTION = "832x480"  # the released model's canvas
 ACTIVATION_ROW_FACTOR = 32
 DECODE_FEATURE_MAPS = 24
@@ -167,19 +165,17 @@ class LingBotSessionFactory:
 
 def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
     """`telefuser serve-stream` without --fake: the LingBot pipeline on this rank (Ulysses over the torchrun world)."""
-    from telefuser.distributed.mesh import ParallelConfig, init_distributed
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    mesh = init_distributed(ParallelConfig(ulysses_degree=world)) if world > 1 else None
-    dtype = DTYPES[args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    runtime = Runtime.from_args(args)
+    device, dtype, world = str(runtime.device), runtime.dtype, runtime.world_size
     pipeline = build_lingbot_pipeline(
         config=args.config,
         checkpoint=args.checkpoint,
         device=device,
         dtype=dtype,
-        mesh=mesh,
+        mesh=runtime.mesh,
         attn_impl=args.attn_impl or "sdpa",
     )
     tiny = args.checkpoint is None and args.config == "tiny"

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
@@ -92,6 +93,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         default=None,
         help="estimated memory one job may take (default: free device memory after loading)",
     )
+    add_runtime_args(p, tp=True)
     m = p.add_argument_group("model")
     m.add_argument(
         "--config",
@@ -112,16 +114,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         help="fused QKV row order of a single-file re-export whose metadata does not say (the release "
         "shards and diffusers folders need no flag)",
     )
-    m.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    m.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float16", "float32"),
-        default=None,
-        help="default: bfloat16 on CUDA, float32 on CPU",
-    )
     m.add_argument("--attn-impl", default="sdpa")
-    m.add_argument("--ulysses-degree", type=int, default=1, help="Ulysses sequence-parallel degree")
-    m.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
     m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")

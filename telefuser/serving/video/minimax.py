@@ -21,7 +21,6 @@ the device's free memory at start-up; limits.py):
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,11 @@ from typing import Any
 import torch
 
 from telefuser.pipelines.minimax_h3 import GenerationCancelled
+from telefuser.runtime import torch_dtype
 
 from .canvas import write_clip
 from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 768, area cap)
 TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
 LATENT_COPIES = 6
@@ -56,7 +55,7 @@ class MiniMaxRunner:
         self._pipe = pipeline
         self._lent_bytes = int(lent_bytes)
         info = dict(info or {})
-        self._dtype_bytes = torch.empty((), dtype=DTYPES[info.get("dtype", "float32")]).element_size()
+        self._dtype_bytes = torch.empty((), dtype=torch_dtype(info.get("dtype", "float32"))).element_size()
         self._ulysses, self._tp = int(info.get("ulysses_degree", 1)), int(info.get("tp_degree", 1))
         self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
         self.model = model
@@ -154,29 +153,19 @@ class MiniMaxRunner:
 
 def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
     """`telefuser serve` without --fake: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
-    from telefuser.distributed.mesh import ParallelConfig, init_distributed
     from telefuser.ops.attention import check_attention_impl
     from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
+    from telefuser.runtime import Runtime
 
     attn_impl = check_attention_impl(args.attn_impl or "sdpa")
-    parallel = ParallelConfig(ulysses_degree=args.ulysses_degree, tp_degree=args.tp_degree)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 and parallel.world_size > 1:
-        raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun --nproc-per-node=N")
-    mesh = init_distributed(parallel) if world > 1 else None
-    if args.device:
-        device = torch.device(args.device)
-    elif mesh is not None:
-        device = mesh.device
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    runtime = Runtime.from_args(args)
+    device, dtype_name, world, parallel = runtime.device, runtime.dtype_name, runtime.world_size, runtime.parallel
     pipe = build_minimax_h3_pipeline(
         config=args.config,
         checkpoint=args.checkpoint,
         device=device,
-        dtype=DTYPES[dtype_name],
-        mesh=mesh,
+        dtype=runtime.dtype,
+        mesh=runtime.mesh,
         attn_impl=attn_impl,
         show_progress=False,
         offload_text_encoder=args.offload_text_encoder,
