@@ -1,11 +1,7 @@
 """The seam between held keys and the DiT's camera conditioning; the geometry itself lives with the model.
 
-A session asks its `CameraTrack` once per chunk for the DiT's camera features, given the keys held for that chunk.
-The track owns the accumulated camera pose of its session. The reference's features are per-pixel Plücker rays
-(6 channels) of each latent frame's relative pose, with every 8x8 VAE-stride block folded onto the latent grid:
-``[B, 6*8*8 = 384, F_chunk, h, w]`` (``patch_embedding_wancamctrl`` then sees 384 * 2 * 2 = 1536 = 6*64*4 values
-per token). Building them (keys -> poses -> rays -> features) is the model package's job
-(``telefuser.models.lingbot_world_v2.camera``); `LingBotCameraTrack` calls it, `NoCamera` passes None.
+A session's `CameraTrack` owns its accumulated camera pose and gives the DiT that chunk's camera features:
+`LingBotCameraTrack` builds them with `telefuser.models.lingbot_world_v2.camera`, `NoCamera` gives None.
 """
 
 from __future__ import annotations

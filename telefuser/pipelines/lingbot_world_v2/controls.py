@@ -1,11 +1,8 @@
 """The control trace file: which keys are held from which chunk on (the key vocabulary is the model's,
 `telefuser.models.lingbot_world_v2.controls`).
 
-Trace file: a JSON list, or JSON lines (one object per line; blank lines and lines starting with ``#`` skipped), of
-entries ``{"chunk": <int >= 0>, "keys": [<key>, ...]}`` with strictly increasing ``chunk``. An entry records the keys
-held while chunk ``chunk`` was being produced, so they apply **from the next chunk** (``chunk + 1``) and stay held
-until a later entry replaces them (``"keys": []`` releases everything). Chunk 0 therefore always runs without keys,
-as in a live stream where the first chunk is computed before any control can arrive.
+An entry's keys apply from the next chunk and stay held until a later entry replaces them; the file format is in
+this folder's README.
 """
 
 from __future__ import annotations

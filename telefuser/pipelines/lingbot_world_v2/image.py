@@ -1,11 +1,7 @@
 """The reference image: decode and validate it, then turn it into the VAE's input at the session's canvas.
 
-Accepted: a path, raw bytes, a PIL image or a uint8 ``[H, W, 3]`` array. PIL modes RGB, RGBA (alpha dropped), L and
-P (palette) become RGB; modes without a defined 8-bit RGB meaning (I, I;16, F, 1, CMYK, ...) are refused.
-
-Preprocessing follows the reference: ``to_tensor(img) * 2 - 1`` (``[0, 1] -> [-1, 1]``), then a bicubic
-``F.interpolate`` (align_corners False, no antialias) to the canvas, in float32 on the CPU. The result is not
-clamped (bicubic may overshoot slightly), as in the reference.
+Accepted: a path, raw bytes, a PIL image or a uint8 ``[H, W, 3]`` array. The resize follows the reference
+(bicubic, in [-1, 1]); which PIL modes pass and how the resize matches are in this folder's README.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""Assemble a `WorldSessionPipeline` from a checkpoint folder or from random weights.
+"""Assemble a `WorldSessionPipeline` from a checkpoint folder (original or diffusers layout) or from random weights.
 
-Original layout (``--checkpoint DIR``; the Wan2.2-I2V-A14B assets beside the LingBot DiT)::
-
-    DIR/Wan2.1_VAE.pth                       Wan 2.1 VAE         -> diffusers AutoencoderKLWan (key map: diffusers)
-    DIR/models_t5_umt5-xxl-enc-bf16.pth      umT5-XXL encoder    -> transformers UMT5EncoderModel (key map: ours)
-    DIR/google/umt5-xxl/                     tokenizer files     -> AutoTokenizer (local files only)
-    DIR/transformers/  (or DIR itself)       LingBot DiT shards  -> telefuser.models.lingbot_world_v2
-
-Diffusers layout (DIR/model_index.json): ``vae/`` (AutoencoderKLWan), ``text_encoder/`` (UMT5EncoderModel),
-``tokenizer/`` and ``transformer/`` (the DiT in either tensor naming), each read with its library's loader.
-
-Every path is checked before any weight is read, so a wrong folder fails at once with the list of what is missing.
-The LingBot DiT package is imported inside the functions: this package imports (and its tests run) without it.
+Every path is checked before any weight is read, so a wrong folder fails at once with the list of what is missing;
+the layouts are in this folder's README. The LingBot DiT package is imported inside the functions: this package
+imports (and its tests run) without it.
 """
 
 from __future__ import annotations
@@ -46,7 +37,7 @@ TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
-    """{vae, text_encoder, tokenizer, dit} paths of a checkpoint folder in either layout (see the module docstring);
+    """{vae, text_encoder, tokenizer, dit} paths of a checkpoint folder in either layout (see README.md);
     FileNotFoundError naming every missing one."""
     root = Path(checkpoint)
     if is_diffusers_layout(root):

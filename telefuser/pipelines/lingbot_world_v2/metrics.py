@@ -1,13 +1,7 @@
 """Per-chunk measurements -> the session summary the reference's benchmark reports.
 
-"Steady" chunks are those with index > 0 (chunk 0 carries warm-up and a shorter 13-frame clip).
-
-* ``steady_compute_fps = sum(frames) / sum(compute_seconds)`` over the steady chunks;
-* the chunk summary over the steady chunks: mean, p50 = ``statistics.median``, p90 = ``sorted(s)[int(0.9 * (n - 1))]``
-  (an index, not an interpolation), max.
-
-The chunk statistics are over steady chunks because that is what makes the reference's published numbers agree
-(17.14 FPS = 16 frames / 0.9335 s mean chunk; 19.08 = 16 / 0.8385).
+Steady compute FPS and the chunk mean / p50 / p90 / max, over the steady chunks (index > 0), defined as the
+reference defines them (this folder's README says how, and why only that reading fits its published numbers).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """A session request -> its plan: canvas, latent grid, chunks and frames per chunk; bad requests are ValueErrors.
 
-Wan's VAE compresses 4x in time with a causal first frame (``1 + 4k`` frames -> ``1 + k`` latent frames) and 8x in
-space; the DiT patches 2x2, so width and height must be multiples of 16. A chunk is 4 latent frames: chunk 0 decodes
-to ``1 + 4*3 = 13`` frames, every later chunk to 16. The default request (832x480, 77 frames) is 20 latent frames =
-5 chunks = 13 + 4*16 frames.
-
-Frame counts must be ``1 + 4k`` under both policies. When the latent count is not a whole number of chunks:
-
-* ``strict``: refuse (valid counts are ``16c - 3``: 13, 29, 45, 61, 77, ...);
-* ``truncate``: drop the last, incomplete chunk's latent frames and deliver ``4 (L - 1) + 1`` frames for the
-  ``L`` latent frames kept (81 -> 77); fewer than one chunk is refused.
-
-Both as TeleFuser's ``resolve_lingbot_frame_count`` and LingBot's offline script do (``lat_f -= lat_f % chunk``).
+Width and height are multiples of 16 and frame counts ``1 + 4k``; a chunk is 4 latent frames (13 frames for chunk 0,
+16 after). The frame policies for a count that is not a whole number of chunks (`strict`, `truncate`) are in this
+folder's README.
 """
 
 from __future__ import annotations

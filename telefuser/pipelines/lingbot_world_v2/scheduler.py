@@ -1,21 +1,8 @@
 """The LingBot-World v2 few-step schedule: 4 timesteps per chunk, x0 from the flow, re-noise to the next timestep.
 
-The reference builds Wan's ``FlowUniPCMultistepScheduler(num_train_timesteps=1000, shift=1)``, calls
-``set_timesteps(1000, shift=10.0)`` and keeps the steps at indices (0, 250, 500, 750). It never calls the UniPC
-``step``: it only reads ``timesteps`` / ``sigmas`` for two conversions, each with its own index rule:
-
-* x0 from the flow prediction: ``x0 = x_t - sigma * flow`` in float64, with ``sigma`` at the *first* index whose
-  integer timestep equals t (``argmin |timesteps - t|``);
-* re-noise to the next timestep t': ``(1 - sigma') * x0 + sigma' * noise`` in the sample dtype, with ``sigma'`` at
-  the *second* index whose timestep equals t' when t' repeats (``index_for_timestep``), else the only one.
-
-The truncation to int64 repeats timesteps near t = 1000 (999 nine times), so the two rules pick different sigmas for
-the same t (967: index 248 for x0, 249 for re-noising). We keep both as the reference has them.
-
-Why not a diffusers scheduler: ``UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=10.0)`` starts its sigmas
-at 1 - 1/1001 instead of the shifted 0.999 and gives timesteps (999, 967, 909, 769); ``FlowMatchEulerDiscreteScheduler``
-(shift 10) gives float timesteps (1000.0, 968.1, 910.6, 775.4). The reference's are (999, 967, 908, 768), so the
-schedule is computed here, in numpy float64 exactly like the reference, and the numbers are pinned by tests.
+Computed here in numpy float64 exactly as the reference computes it, because no diffusers scheduler gives its
+timesteps; its two sigma lookups (and why they differ for one timestep) are in this folder's README, and the
+numbers are pinned by tests.
 """
 
 from __future__ import annotations

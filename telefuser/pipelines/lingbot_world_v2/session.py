@@ -1,37 +1,8 @@
 """LingBot-World v2 as a session: one reference image + prompt, then chunks of frames on demand, steered by keys.
 
-::
-
-    pipe = WorldSessionPipeline(dit, prompt_encoder, vae, device=...)
-    with pipe.start(image, prompt, seed=42, resolution=(832, 480), num_frames=77, fps=16) as session:
-        for i in range(session.total_chunks):
-            chunk = session.next_chunk(keys)          # Chunk(index, frames uint8 [F, H, W, 3], measurement)
-
-``start`` (once per session, not in any chunk's compute time): validate the request, encode the prompt (umT5), draw
-the session's initial noise, open the DiT's KV cache (`new_session`), a decode stream and a camera track.
-The condition clip (the reference image then black frames, one latent per latent frame) is encoded chunk by chunk
-through a causal encode stream inside ``next_chunk`` (default ``condition_encoding="per_chunk"``, timed as the
-``condition_s`` phase, which the seed's steady compute FPS includes), so a session's first frame does not wait for
-the whole clip; ``"upfront"`` encodes it all in ``start`` instead (same latents, bit for bit).
-
-``next_chunk`` (the reference's chunk loop), per chunk of 4 latent frames::
-
-    x = noise[chunk]; y = [mask (4 ch) | image latents (16 ch)][chunk]
-    for step, t in enumerate((999, 967, 908, 768)):
-        flow = dit.forward_chunk(session, cat([x, y]), t, camera, update_cache=False)
-        x0 = x - sigma_x0[step] * flow                                  # float64, back to float32
-        if not last: x = (1 - sigma_n[step]) * x0 + sigma_n[step] * randn(generator)
-    dit.commit_chunk(session, cat([x0, y]), 0, camera)                  # clean-KV update
-    frames = uint8(vae_decode_stream(x0))                               # 13 frames for chunk 0, 16 after
-
-The DiT therefore sees ``in_dim = 16 (noisy latent) + 4 (mask) + 16 (image latent) = 36`` channels, mask = 1 on
-latent frame 0 only. Noise comes from one generator on the pipeline's device seeded with `seed`: first the whole
-session's ``[16, L, h, w]`` initial noise, then three re-noise draws per chunk, in the reference's order.
-
-Measurement per chunk (synchronized phase boundaries): ``{index, frames, compute_seconds, phases: {dit_s,
-kv_update_s, decode_s, convert_s}}`` where dit_s = camera features + 4 denoising forwards + scheduler math,
-kv_update_s = the clean-KV forward, decode_s = VAE decode (this rank's band when sharded, halo exchanges
-included), convert_s = uint8 conversion + band all-gather + device-to-host copy.
+``start`` validates the request, encodes the prompt, draws the session's noise and opens the DiT's KV window, the
+VAE streams and a camera track; ``next_chunk(keys)`` runs the reference's chunk loop (4 denoising forwards, the
+clean-KV commit, the streamed decode) and times its phases. The loop, the API and the phases: this folder's README.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
 """The prompt -> umT5-XXL encoder states ``[1, text_len, 4096]`` (transformers' ``UMT5EncoderModel``), once per session.
 
-What the reference does (Wan's ``T5EncoderModel``): clean the prompt (ftfy, HTML-unescape twice, collapse
-whitespace), tokenize with ``google/umt5-xxl`` (``add_special_tokens=True``: an EOS is appended; padded/truncated to
-512), run the encoder with the padding masked, keep the rows of the real tokens; the DiT then zero-pads the context
-to ``text_len = 512`` rows before its text embedding. We run the encoder on the real tokens only (masking the pads
-makes them invisible, so this is the same computation) and return the zero-padded ``[1, text_len, dim]`` context,
-which is what the DiT consumes; a DiT that pads again to ``text_len`` changes nothing.
-
-Tokenizer: ``<checkpoint>/google/umt5-xxl`` loaded with ``AutoTokenizer`` from local files (needs ``tokenizer.json``,
-or the ``sentencepiece`` package for ``spiece.model`` alone). Without tokenizer files a deterministic byte-level
-fallback stands in; its ids mean nothing to real umT5 weights, and its description says so.
-
-Official weights: ``models_t5_umt5-xxl-enc-bf16.pth`` uses Wan's own module names; `official_t5_to_hf` maps them::
-
-    token_embedding.weight                      -> shared.weight (tied to encoder.embed_tokens.weight)
-    blocks.{i}.norm1.weight                     -> encoder.block.{i}.layer.0.layer_norm.weight
-    blocks.{i}.attn.{q,k,v,o}.weight            -> encoder.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight
-    blocks.{i}.pos_embedding.embedding.weight   -> encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias
-                                                   .weight
-    blocks.{i}.norm2.weight                     -> encoder.block.{i}.layer.1.layer_norm.weight
-    blocks.{i}.ffn.gate.0.weight                -> encoder.block.{i}.layer.1.DenseReluDense.wi_0.weight (GELU-tanh)
-    blocks.{i}.ffn.fc1.weight                   -> encoder.block.{i}.layer.1.DenseReluDense.wi_1.weight (linear)
-    blocks.{i}.ffn.fc2.weight                   -> encoder.block.{i}.layer.1.DenseReluDense.wo.weight
-    norm.weight                                 -> encoder.final_layer_norm.weight
-
-Any other key, or a missing one, is refused with the list. The semantics match: no attention scaling, per-layer
-relative position buckets (32 buckets, max distance 128, bidirectional), RMS norms with eps 1e-6, gated GELU-tanh
-(``gelu_new``) feed-forward (checked against an independent implementation of Wan's formulas in the tests).
+The encoder runs on the real tokens and the states are zero-padded to ``text_len``: what the reference's masked
+encoder gives the DiT. The tokenizer is the checkpoint's (or a byte-level stand-in that says so) and
+`official_t5_to_hf` maps Wan's weight names; both are described in this folder's README.
 """
 
 from __future__ import annotations
@@ -132,7 +108,7 @@ def build_umt5_encoder(config: dict, *, seed: int = 0, device="cpu", dtype=torch
 
 
 def official_t5_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Wan's umT5 encoder state dict -> `UMT5EncoderModel` names (see the module docstring); strict."""
+    """Wan's umT5 encoder state dict -> `UMT5EncoderModel` names (the map is in README.md); strict."""
     per_block = {
         "norm1.weight": "layer.0.layer_norm.weight",
         "attn.q.weight": "layer.0.SelfAttention.q.weight",

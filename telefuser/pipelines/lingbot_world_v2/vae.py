@@ -1,26 +1,8 @@
 """Wan 2.1 VAE through diffusers' ``AutoencoderKLWan``: encode the reference image once, decode chunks as a stream.
 
-Normalisation (Wan's ``Wan2_1_VAE``; the same 16 means/stds are ``AutoencoderKLWan``'s config defaults):
-``z = (mu - mean) / std`` after encoding (``mu`` = the posterior mean, no sampling) and ``z * std + mean`` before
-decoding, written as the reference writes it (``(mu - mean) * (1/std)``, ``z / (1/std) + mean``).
-
-Streaming decode: diffusers' ``_decode`` runs the decoder one latent frame at a time, carrying a per-conv cache of
-the last input frames (``feat_cache``); it resets that cache on every call. ``StreamDecoder`` drives the same
-decoder with a cache it owns, so chunk after chunk continues exactly where the previous chunk stopped: the frames
-equal a one-shot decode of all latents (tested), the first latent frame gives 1 frame and every later one 4.
-
-Streaming encode: ``StreamEncoder`` encodes the condition clip (the image, then black frames) chunk by chunk the
-same way (diffusers' ``_encode`` groups: 1 frame, then 4 per latent), so a session need not know its length up
-front; the latents equal a one-shot encode (tested). TeleFuser's realtime VAE stage encodes condition chunks so.
-
-Official weights: ``Wan2.1_VAE.pth`` (Wan's own module names) is mapped with diffusers'
-``convert_wan_vae_to_diffusers`` and loaded strictly; missing, unexpected or mis-shaped tensors are an error that
-lists them.
-
-The streams drive diffusers' private internals (the per-conv cache count, the encoder's and decoder's cached
-forwards; `vae_parallel` also rewraps the decoder's conv and attention modules), tested with diffusers
-``>=0.42.1,<0.43``: `check_stream_internals` names what an installed diffusers lacks before anything runs, and
-warns when the version is outside the tested range.
+`StreamEncoder` and `StreamDecoder` drive diffusers' frame-by-frame encoder and decoder with a cache they own, so
+each chunk continues where the previous one stopped and the result equals a one-shot pass (tested). They rely on
+diffusers internals, which `check_stream_internals` checks. Normalisation, streams and weights: this folder's README.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Height-sharded Wan VAE decode: each rank decodes a horizontal band of latent rows; the result equals a full decode.
 
-Each rank owns ``rows[r]`` consecutive latent rows (as even as possible) and decodes them into ``8 * rows[r]``
-pixel rows. The decoder is local per pixel except for:
-
-* 3x3(x3) convolutions (causal 3D convs with H padding 1, and the 2D conv after each nearest 2x upsample): before
-  each one, ranks exchange one boundary row with their neighbours (halo), over the time window the conv sees
-  (cache frames included), and convolve without H padding; the global top and bottom get zeros, exactly like the
-  convolution's own zero padding;
-* the mid-block's single-head spatial attention (global over H x W, at latent resolution): the band is all-gathered,
-  attention runs on the full frame, each rank keeps its rows.
-
-RMS norms (over channels), SiLU, nearest upsampling (row i <- row i // 2), 1x1 convs and the (3,1,1) time convs
-never mix rows, so nothing else needs communication. The causal caches hold band rows only; every rank holds its
-own. The result matches a single-rank decode up to floating-point reassociation (tested on 2 ranks).
-
-Implementation: a structural copy of diffusers' ``WanDecoder3d`` that *shares* its parameters, in which those three
-kinds of modules are replaced by wrappers; diffusers' own forward code then runs unchanged on the band.
-The halo exchange is an all_gather of each rank's top and bottom row (tiny; works on gloo and NCCL).
+A copy of diffusers' ``WanDecoder3d`` that shares its parameters swaps the modules that mix rows for wrappers (3x3
+convolutions take halo rows from the neighbours, the mid-block attention sees the gathered band), so diffusers' own
+forward runs unchanged on the band. Why nothing else needs communication: this folder's README.
 """
 
 from __future__ import annotations
