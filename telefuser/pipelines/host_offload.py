@@ -1,9 +1,8 @@
 """Weights that live in host memory and visit the GPU only while they compute.
 
-A text encoder runs once per request; the DiT runs for the rest of it. MiniMax H3's official encoder is about 50 GB in
-bf16, so keeping it on the GPU costs the DiT that much memory for the whole request. `HostResident` keeps a module's
-tensors in page-locked host memory and lends the module a device copy for one `with` block. The weights are read only,
-so nothing is copied back: leaving the block just drops the device copy.
+A text encoder runs once per request, the DiT for the rest of it: kept on the GPU, MiniMax H3's encoder (about 50 GB
+in bf16) would take that memory from the DiT for the whole request. `HostResident` keeps a module's tensors in
+page-locked host memory and lends the module a device copy for one `with` block (read only: nothing is copied back).
 """
 
 from __future__ import annotations

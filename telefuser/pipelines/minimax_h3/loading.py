@@ -1,19 +1,9 @@
-"""Assemble a `MiniMaxH3Pipeline` from a checkpoint folder or from random weights.
+"""Assemble a `MiniMaxH3Pipeline` from a checkpoint folder (the release, its ``FL2VA/`` partition or a diffusers
+directory) or from random weights.
 
-Checkpoint layouts, either the repository root or the partition folder itself:
-
-* the unmodified ``MiniMaxAI/MiniMax-H3`` release (``FL2VA/`` under the root)::
-
-    FL2VA/transformer/      config + model-*.safetensors        -> telefuser.models.minimax_h3 (DiT)
-    FL2VA/text_encoder/     full Qwen3-VL (config.json, shards)  -> first 50 language layers
-    FL2VA/processor/        Qwen3-VL processor / tokenizer files
-    FL2VA/video_vae/        config.json + source/model.safetensors -> diffusers AutoencoderKLMiniMaxH3
-    FL2VA/audio_vae/        config.json, metadata.json, model.safetensors -> diffusers AutoencoderKLMiniMaxH3Audio
-
-* a diffusers MiniMax H3 directory: ``transformer/``, ``text_encoder/``, ``tokenizer/``, ``vae/``, ``audio_vae/``.
-
-The DiT modules are imported inside the functions: this package must import (and its tests run) without them.
-The VAEs load first (seconds), so a folder with a broken VAE fails before the 120 GB of DiT and text encoder.
+The layouts are in this folder's README. The VAEs load first (seconds), so a folder with a broken VAE fails before
+the 120 GB of DiT and text encoder; the DiT modules are imported inside the functions, so this package imports (and
+its tests run) without them.
 """
 
 from __future__ import annotations

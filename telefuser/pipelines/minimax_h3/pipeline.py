@@ -1,17 +1,7 @@
 """MiniMax H3 text -> video + audio: encode the prompt, denoise both latents with one DiT, decode.
 
-The DiT is injected (see `loading.build_minimax_h3_pipeline` for the real one). Its contract::
-
-    dit(video [B, 24, T, h, w] fp32, audio [B, 32, 2*Ta] fp32, text [B, L, text_dim], t_video [B], t_audio [B],
-        *, block_hook=None) -> (v_video, v_audio)   # fp32 velocities, same shapes as the inputs
-
-with ``t = timestep_scale * (1 - sigma)`` (0 = pure noise; the released model takes ``1 - sigma`` in [0, 1], so
-``timestep_scale`` must match what the DiT divides by). ``block_hook`` is the feature cache, or None.
-
-Noise follows diffusers' MiniMax H3 pipeline, so a run is comparable with it seed for seed: one CPU generator
-seeded with `seed` draws the video latent ``[1, 24, T, h, w]`` first, then the audio rows ``[2 * Ta, 32]``
-(channel-major: the left channel's rows, then the right's). Drawn on the CPU, so every rank of a parallel run starts
-from identical noise. The decoders (vae.py) return RGB in [0, 1] and stereo waveforms.
+The DiT is injected (its contract is in this folder's README); noise follows diffusers' MiniMax H3 pipeline, so a
+run is comparable with it seed for seed. Progress and cancellation are the call's own (`on_step`, `cancelled`).
 """
 
 from __future__ import annotations

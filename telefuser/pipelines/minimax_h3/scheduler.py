@@ -1,14 +1,9 @@
 """MiniMax H3 sampling: two diffusers ``MiniMaxH3Scheduler`` instances (video shift 12, audio shift 3) stepped in one
 denoising loop.
 
-``MiniMaxH3Scheduler`` is the released rectified-flow Euler (eta = 0) sampler: ``num_steps`` sigma points
-``linspace(1, 0, num_steps)`` warped by ``shift * s / (1 + (shift - 1) * s)`` in float32 with consecutive duplicates
-removed, so ``num_steps`` points give ``num_steps - 1`` DiT calls (50 -> 49); the model sees ``t = 1 - sigma``
-(1 = clean); a step takes ``x0 = x + (1 - t) * v`` and ``x_next = r * x + (1 - r) * x0`` with
-``r = sigma_next / sigma``. These are the sigmas this repository computed itself before, value for value, so the
-scheduler is used as is. The one thing `FlowSchedule` adds: a shift that collapses float32 points can give the two
-modalities schedules of different lengths, which diffusers' loop would silently truncate (it zips them); here that
-request is refused.
+The released rectified-flow Euler sampler is used as is (its maths is in this folder's README); `FlowSchedule` only
+refuses a shift that gives the two modalities schedules of different lengths, which diffusers' loop would silently
+truncate.
 """
 
 from __future__ import annotations

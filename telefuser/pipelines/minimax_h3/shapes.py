@@ -1,16 +1,7 @@
 """Request (duration, resolution, aspect ratio) -> frame count, canvas and latent shapes for MiniMax H3.
 
-Public facts this follows (README.md in this folder has the sources):
-
-* 24 fps video; frame counts are snapped up to the ``17n + 5`` boundary; the video VAE maps ``17n + 5`` frames to
-  ``5n + 2`` latent frames (a 5-frame head of 2 latents, then 17-frame clips of 5 latents: 4x temporal, causal
-  first frame per clip). 5 s -> 120 -> 124 frames -> 37 latent frames. The shortest clip is 22 frames (n = 1):
-  diffusers' ``AutoencoderKLMiniMaxH3.decode`` produces no chunk from 2 latent frames (its pipeline asks for 5-15 s).
-* 16x spatial VAE compression, DiT patch (1, 2, 2): the canvas is a multiple of 32 pixels.
-* canvas policy: short edge 768, long edge from the aspect ratio, area capped at 768 * 1344, both edges rounded to
-  the 32-pixel multiple (16:9 -> 768 x 1344).
-* audio latents run at 40 Hz over the *aligned* duration (frame_count / 24 s); stereo is two latent sequences
-  packed one after the other, so the DiT sees ``2 * audio_latent_t`` audio tokens.
+24 fps video snapped up to ``17n + 5`` frames (``5n + 2`` latent frames), a canvas of 32-pixel multiples, 40 Hz stereo
+audio latents over the aligned duration; the rules and their sources are in this folder's README.
 """
 
 from __future__ import annotations

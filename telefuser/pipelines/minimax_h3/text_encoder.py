@@ -1,14 +1,8 @@
 """MiniMax H3 text encoder: the Qwen3-VL language model cut after layer 50, final norm removed.
 
-H3 conditions on the *unnormalized* hidden state after language layer 50 of Qwen3-VL (hidden 5120). This module
-builds exactly that from public `transformers` classes (`Qwen3VLTextConfig`, `Qwen3VLTextModel`): the model is
-constructed with ``num_hidden_layers = 50`` and its final RMSNorm replaced by Identity, so `last_hidden_state` is
-the layer-50 output. The vision tower is not built: T2VA prompts are text only.
-
-Checkpoint loading (``FL2VA/text_encoder``): the folder holds the full Qwen3-VL model (config.json with a
-``text_config``, safetensors shards). Only language-model tensors of layers < 50 plus the token embedding are
-read; ``lm_head``, the final norm, layers >= 50 and the vision tower are skipped. Key mapping (assumption, from
-public converters; see README.md): checkpoint ``model.language_model.<name>`` -> `Qwen3VLTextModel` ``<name>``.
+H3 conditions on the unnormalized hidden state after language layer 50; this builds exactly that from public
+`transformers` classes and reads only the tensors it needs from ``FL2VA/text_encoder`` (this folder's README has
+the key mapping and what is skipped).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Prompt -> token ids for the MiniMax H3 text encoder.
+"""Prompt -> token ids for the MiniMax H3 text encoder: the prompt verbatim, no chat template, no special tokens.
 
-T2VA feeds the prompt verbatim: no chat template, no special tokens (the public reference's text-only
-presentation). With the checkpoint's ``processor/`` folder the Qwen3-VL tokenizer is loaded from local files only;
-without it a deterministic byte-level tokenizer stands in so tiny runs need no network. The stand-in's ids mean
-nothing to a real Qwen3-VL model, and its `description` says so.
+The Qwen3-VL tokenizer comes from the checkpoint's ``processor/`` folder (local files only); without it a
+deterministic byte-level stand-in lets tiny runs go without network, and its `description` says its ids mean nothing
+to a real model.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Latents -> pixels and waveform for MiniMax H3, through diffusers' VAE classes.
 
-`VideoDecoder` wraps ``AutoencoderKLMiniMaxH3`` and does what diffusers' MiniMax H3 decode step does around it:
-de-normalize the latents per channel (``z * latents_std + latents_mean``), decode (spatially tiled, as released:
-diffusers' default geometry or the release's ``video_vae/config.json``), and undo the ImageNet pixel normalization
-the VAE works in (``x * std + mean``, clamped to [0, 1]). `AudioDecoder` wraps ``AutoencoderKLMiniMaxH3Audio``: the
-DiT's channel-major stereo tokens become two mono batch rows, de-normalized and decoded to 32 kHz.
-
-Without a checkpoint the same classes are built with seeded random weights (`random_video_vae`,
-`random_audio_vae`): at ``tiny`` sizes for CPU runs, at ``official`` sizes for GPU timing; the output is noise and
-the description says so. Loading from files is `vae_checkpoint.py`.
+`VideoDecoder` and `AudioDecoder` do what diffusers' MiniMax H3 decode steps do around ``AutoencoderKLMiniMaxH3``
+and ``AutoencoderKLMiniMaxH3Audio`` (this folder's README). Without a checkpoint the same classes get seeded random
+weights, at ``tiny`` or ``official`` size, and say so; loading from files is `vae_checkpoint.py`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """Loading the MiniMax H3 VAEs into diffusers' classes, from the release layout or from a diffusers directory.
 
-Video, ``AutoencoderKLMiniMaxH3`` (CNN encoder, ViT decoder):
-
-* release ``video_vae/``: ``config.json`` (latent statistics, ``vae_clip_length``, ``vae_token_drop``, tile
-  geometry, ``source_path`` / ``source_safetensors_path``) and ``source/{config.json, model.safetensors}`` (the
-  architecture in the original names: ``ch``, ``ch_mult``, ``num_res_blocks``, ``space_down``, ``time_down``,
-  ``z_channels``, ``vit_decoder_kwargs``...; float32 tensors). `video_vae_state` maps the original tensor names onto
-  diffusers': ``encoder.down.{i}.block.{j}`` -> ``encoder.down_blocks.{i}.resnets.{j}``, ``nin_shortcut`` ->
-  ``conv_shortcut``, ``down.{i}.downsample`` -> ``down_blocks.{i}.downsamplers.0``, ``decoder.x_embedder`` ->
-  ``decoder.proj_in``, ``attn.to_out`` -> ``attn.to_out.0``, the per-head interleaved ``attn.to_qkv`` split into
-  ``to_q`` / ``to_k`` / ``to_v``, the gated FFN ``ff.w1`` ``[gate; up]`` -> ``ff.net.0.proj`` ``[up; gate]`` and
-  ``ff.w2`` -> ``ff.net.2``; ``decoder.mask_token`` (a training-only buffer) is dropped. These are the rules of
-  diffusers' ``scripts/convert_minimax_h3_to_diffusers.py`` (not shipped in the wheel, hence this module).
-* diffusers ``vae/`` (``save_pretrained``): `from_pretrained`.
-
-Audio, ``AutoencoderKLMiniMaxH3Audio`` (DAC encoder, BigVGAN decoder): the release ``audio_vae/model.safetensors``
-already uses diffusers' names (weight-norm pairs, resampling filters); its constructor arguments come from
-``metadata.json`` (``metadata.kwargs``) and the latent statistics from ``config.json``. A diffusers ``audio_vae/``
-loads with `from_pretrained`.
-
-Precision follows diffusers: parameters under a module named in the class's ``_keep_in_fp32_modules`` stay float32,
-the rest take the requested dtype (the audio VAE pins everything to float32).
+The release's video VAE uses its original tensor names, mapped here by the rules of diffusers' conversion script
+(which the wheel does not ship); its audio VAE already uses diffusers' names. Both layouts, the map and the
+precision rule are in this folder's README.
 """
 
 from __future__ import annotations
