@@ -411,3 +411,19 @@ def test_prompt_encoder_pads_with_zero_rows():
     assert clean_prompt("  a\n\t b &amp;amp; ") == "a b &"
     with pytest.raises(ValueError, match="non-empty"):
         encoder("   ", "cpu")
+
+
+@pytest.mark.numerics
+def test_a_long_condition_stream_stops_encoding_once_the_black_frames_reach_a_fixed_point(vae):
+    image = torch.rand(3, 16, 24, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    reused, every = vae.stream_encoder(image), vae.stream_encoder(image, reuse_steady_state=False)
+    chunks = [(reused.next(4), every.next(4)) for _ in range(10)]  # 40 latent frames
+    assert every.encoder_calls == 40
+    # the image leaves the tiny VAE's causal receptive field after 29 latent frames, as in the official architecture
+    assert reused.encoder_calls == 30
+    for a, b in chunks:  # the encoder on a cache it leaves unchanged: same values (bound as for streaming above)
+        assert relative_error(a, b) <= STREAM_BOUND
+    assert relative_error(chunks[-1][0][:, :, :1].expand_as(chunks[-1][0]), chunks[-1][0]) == 0  # one steady frame
+    assert relative_error(chunks[0][0], chunks[-1][0]) > 1e-2  # before the fixed point the image still shows
+    reused.close()
+    every.close()

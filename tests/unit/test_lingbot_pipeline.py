@@ -298,3 +298,15 @@ def test_a_failing_chunk_closes_the_session(parts):
     assert session.closed and dit_session.closed
     with pytest.raises(RuntimeError, match="closed after chunk 1 failed: RuntimeError: device lost"):
         session.next_chunk()
+
+
+def test_warm_up_runs_until_every_chunk_reads_a_full_window(parts):
+    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+
+    assert make_pipe(parts).warm_up_chunks() == 2  # the toy declares no window
+    config = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2, text_dim=32, text_len=16)
+    pipe = make_pipe(parts, dit=build_random_lingbot_dit(config, seed=0))
+    assert pipe.warm_up_chunks() == 3  # keys: 4, 8, then 10 (full) frames
+    v2 = LingBotWorldV2Config()
+    assert -(-(v2.local_attn_size - 4) // 4) + 1 == 5  # the released 18-frame window takes 5 chunks
+    assert pipe.warm_up(resolution=RES) > 0

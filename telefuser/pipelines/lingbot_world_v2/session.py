@@ -107,12 +107,14 @@ class WorldSessionPipeline:
         return WorldSession(self, plan, rgb, prompt, seed, keep_latents=keep_latents)
 
     def warm_up(self, *, resolution=DEFAULT_RESOLUTION, fps: float = DEFAULT_FPS) -> float:
-        """Run and discard a two-chunk session (a first chunk, then one that reads the window), so that the first
-        real session does not pay for kernel selection and compilation (seconds on CUDA). Collective under Ulysses:
-        every rank calls it. Returns the seconds it took."""
+        """Run and discard a session long enough that every chunk shape a service will see has run once (the first
+        chunk, then each KV-window length until the window is full), so that no real chunk pays for kernel
+        selection and compilation (seconds on CUDA). Collective under Ulysses: every rank calls it. Returns the
+        seconds it took."""
         start = time.perf_counter()
         gray = np.full((64, 64, 3), 128, np.uint8)
-        session = self.start(gray, "warm-up", seed=0, resolution=resolution, num_frames=29, fps=fps,
+        frames = 1 + 4 * (self.chunk_latent_frames * self.warm_up_chunks() - 1)
+        session = self.start(gray, "warm-up", seed=0, resolution=resolution, num_frames=frames, fps=fps,
                              frame_policy="strict")
         try:
             while not session.done:
@@ -120,6 +122,13 @@ class WorldSessionPipeline:
         finally:
             session.close()
         return time.perf_counter() - start
+
+    def warm_up_chunks(self) -> int:
+        """Chunks until every chunk reads a full KV window (key lengths differ until then): 5 for v2's 18-frame
+        window and 4-frame chunks; 2 for a DiT that declares no window."""
+        window = getattr(getattr(self.dit, "config", None), "local_attn_size", None)
+        span = self.chunk_latent_frames
+        return 2 if window is None else max(2, -(-(int(window) - span) // span) + 1)
 
     def sharded_decoder(self, latent_height: int):
         """The height-sharded decoder for this pipeline's VAE group, or None on a single rank."""
