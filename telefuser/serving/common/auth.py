@@ -1,12 +1,8 @@
 """Optional API keys for both services: `--api-key KEY` (repeatable) and/or `TELEFUSER_API_KEY`; off by default.
 
-When keys are set, every request must carry `Authorization: Bearer <key>` (what the OpenAI SDK sends), except the
-paths an app declares public (health; the stream service's web page and its static files, which hold no data and
-start no work). A WebSocket or SSE route may also accept `?token=...` (a browser cannot set headers on a
-WebSocket): the app decides which tokens open which path (the stream service: a key, or the session's own stream
-token from its create reply). Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every
-configured key, so neither the time nor the length of a key leaks. A refusal is 401 with `WWW-Authenticate: Bearer`
-and a message that says what to send; a WebSocket is refused during the handshake the same way.
+With keys set, a request needs `Authorization: Bearer <key>` except on the paths an app declares public; a WebSocket
+or SSE route may also take `?token=...` (the app decides which tokens open which path). Keys are compared as SHA-256
+digests with `hmac.compare_digest` against every key, so neither a key's timing nor its length leaks.
 """
 
 from __future__ import annotations

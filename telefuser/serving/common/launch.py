@@ -1,11 +1,9 @@
 """What `serve` and `serve-stream` share: the service flags, one HTTP server until a signal, and under torchrun the
 split into rank 0 (serving) and followers (replaying its model calls; replay.py).
 
-Rank 0 runs the app on a socket it binds itself (so `--port 0` works and the log names the real port); Ctrl-C and
-SIGTERM both end it gracefully. WebSocket frames are capped at `WS_MAX_BYTES` by the server (a client's message is
-a few hundred bytes), access logs hide `token=` values, and binding beyond loopback without an API key is warned
-about: anyone who reaches the port can then queue work. The other ranks follow rank 0's model calls over a CPU
-(gloo) group and leave only when rank 0 broadcasts stop, never in the middle of a collective.
+Rank 0 binds its own socket (so `--port 0` works and the log names the real port), caps WebSocket frames, hides
+`token=` in access logs, warns about a keyless bind beyond loopback and ends gracefully on SIGINT or SIGTERM;
+followers leave only when rank 0 broadcasts stop, never in the middle of a collective.
 """
 
 from __future__ import annotations

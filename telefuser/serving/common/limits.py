@@ -1,9 +1,8 @@
 """Request limits both services share: each has a name, a value, the flag that overrides it and where the default
 came from, so `/v1/service/metadata` can show them and a refusal can name the one it hit.
 
-Canvas defaults come from the model's native canvas (the size it was trained at): at most twice its long edge on
-either side and four times its area (twice each side). Past that a DiT repeats structure rather than adding
-detail, and the work grows with the square of the tokens. Memory comes from the device (memory_budget.py).
+Canvas defaults come from the model's native canvas (twice its long edge, four times its area; why: serving/README.md);
+memory comes from the device (memory_budget.py).
 """
 
 from __future__ import annotations

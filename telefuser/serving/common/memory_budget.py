@@ -1,9 +1,8 @@
 """How much memory a service may promise to requests: read once at start-up, after the model is loaded.
 
-On CUDA it is the device's free memory (`torch.cuda.mem_get_info`: the weights are already resident); on a CPU it
-is the host's available memory. A tenth is kept back for the allocator's fragmentation and the service itself.
-Requests are then checked against their own estimate (latents, KV window, activations, decode: the model adapter
-computes it from the plan), so a request that cannot fit is refused with a 422 instead of taking the process down.
+The device's free memory on CUDA (the weights are already resident), the host's available memory on a CPU; a tenth
+is kept back for the allocator's fragmentation and the service itself. Each request is checked against its own
+estimate from the model adapter, so one that cannot fit is refused with a 422 instead of taking the process down.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Serving a multi-rank model: rank 0 runs HTTP, the other ranks replay its model calls by name.
 
-A sharded model needs every rank to make the same calls in the same order, or its collectives deadlock. Rank 0 makes
-its model objects (a stream session, a video job) through a `Leader`: making one, calling one of its methods and
-closing it are each first broadcast over a gloo group as a name and Python arguments (`broadcast_object_list`), then
-run locally, all under one lock so that concurrent requests cannot interleave a broadcast with another call. The
-other ranks run `Follower.follow(makers)`, which replays each call on objects of their own, made by
-`makers[kind](*args)`, until rank 0 broadcasts stop. Requests are validated on rank 0 before anything is broadcast,
-so bad input never reaches the followers.
-
-A value rank 0 decides during a call that every rank must act on (whether to cancel a job) travels the same way:
-`Leader.share(value)` inside the call is `Follower.receive()` inside its replay, so the message order stays the same
-on all ranks. While idle, rank 0 broadcasts a ping every `heartbeat_s`, so that the followers' blocking broadcast
-never hits the process group's timeout.
-
-Messages: ("make", handle, kind, args) | ("call", handle, method, args) | ("close", handle) | ("share", value)
-| ("ping",) | ("stop",). `handle` numbers objects in the order they were made and is the same on every rank.
+A sharded model needs every rank to make the same calls in the same order, or its collectives deadlock: rank 0's
+`Leader` broadcasts each make, call and close over a gloo group before running it, and every other rank's
+`Follower` replays them until stop. Messages, `share`/`receive` and the heartbeat: serving/README.md.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 overlong numbers, and every string encodable as UTF-8 (a JSON escape such as "\\ud800" decodes to a lone surrogate,
 which no response, log or record can encode later).
 
-Bodies that cannot be read are 400, oversized ones 413, readable ones with unencodable text 422. The same checks
-serve WebSocket messages (`parse_json` with `what="message"`). Multipart forms are parsed here with the standard
-library (python-multipart is not a dependency); the prompt rule is the same for both services.
+The same checks serve WebSocket messages; multipart forms are parsed with the standard library (no python-multipart).
 """
 
 from __future__ import annotations

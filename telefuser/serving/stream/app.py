@@ -1,23 +1,7 @@
 """The streaming service as a FastAPI app: HTTP session API, per-session WebSocket and SSE, metrics, web page.
 
-    GET    /v1/service/health                  {"status": "ok", "sessions_in_use", "max_sessions", ...}
-    GET    /v1/service/metadata                model metadata, limits (and where they came from), keys, codecs
-    GET    /v1/service/metrics                 Prometheus text format
-    POST   /v1/stream/sessions                 JSON {"prompt","image"(base64),"config"?,"codec"?} or multipart -> 201
-    GET    /v1/stream/sessions                 live and recently closed sessions
-    GET    /v1/stream/sessions/{id}            counters, ack state
-    DELETE /v1/stream/sessions/{id}            204; frees the slot
-    POST   /v1/stream/sessions/{id}/control    {"keys": [...]} (for SSE clients; WebSocket clients send it inline)
-    POST   /v1/stream/sessions/{id}/stop       end after the chunk in progress
-    POST   /v1/stream/sessions/{id}/ack        {"published_frames": N} (SSE clients' delivery ack)
-    WS     /v1/stream/sessions/{id}/ws         the stream with frames (see ws_consumer.py, envelope.py)
-    GET    /v1/stream/sessions/{id}/events     the stream as SSE (see sse_consumer.py)
-    GET    /                                   the web client (static/)
-
-All state lives in the SessionRegistry stored on `app.state.stream`; the lifespan starts its reaper and closes every
-session on shutdown. With API keys (common/auth.py) every route but health, the page and its static files needs
-`Authorization: Bearer <key>`; a session's WebSocket and SSE stream also open with `?token=<its stream token>`
-(in the create reply's URLs) or `?token=<key>`.
+The routes, their answers and who may call them are in PROTOCOL.md. All state lives in the `SessionRegistry` on
+`app.state.stream`; the lifespan starts its reaper and closes every session on shutdown.
 """
 
 from __future__ import annotations

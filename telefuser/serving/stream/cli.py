@@ -3,10 +3,6 @@
     telefuser serve-stream --config tiny --device cpu               # LingBot-World v2, tiny random weights, CPU
     telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
     torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
-
-The model is built by a `build_factory(args)` hook (default: `lingbot.build_lingbot_factory`, imported only when
-serving it). Model options (--config, --checkpoint, --device, ...) are parsed here and handed to it as-is.
-Ctrl-C (SIGINT) or SIGTERM shuts down cleanly: streams end with a `closed` event, sessions close, followers stop.
 """
 
 from __future__ import annotations

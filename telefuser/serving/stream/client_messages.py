@@ -1,9 +1,8 @@
 """Messages a client sends on the WebSocket: control, delivery_ack, stop. Bad ones become non-fatal error events.
 
-A message is JSON text of at most `MAX_MESSAGE_BYTES`, parsed with the request-body rules (bounded depth, no NaN,
-valid Unicode). A connection may send `RATE` messages a second on average (`BURST` at once, far above what held
-keys produce); messages over that are dropped unread and counted, with at most one error event a second saying so.
-Nothing a client sends here can end the stream or reach the model except a valid control.
+A message is bounded in size, parsed with the request-body rules and rate-limited per connection (`RATE`, `BURST`;
+the excess is dropped unread and counted). Nothing a client sends here can end the stream or reach the model except
+a valid control.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The binary WebSocket message that carries one chunk's frames.
+"""The binary WebSocket message that carries one chunk's frames: ``b"TFCH"``, a length-prefixed JSON header, the frames.
 
-Layout (all integers big-endian)::
-
-    0      4 bytes   magic b"TFCH"
-    4      4 bytes   uint32 N = length of the JSON header
-    8      N bytes   UTF-8 JSON header:
-                     {"v": 1, "chunk": i, "first_frame": n, "frames": F, "width": W, "height": H, "fps": fps,
-                      "codec": "jpeg" | "png" | "raw", "sizes": [bytes of frame 0, ...], "crc32": [per frame ...]}
-    8+N    ...       the F encoded frames back to back, frame k is `sizes[k]` bytes
-
-`crc32` is zlib.crc32 of each frame's raw RGB24 bytes *before* encoding, so a client can prove it got the frames the
-model produced even through lossy JPEG. "jpeg"/"png" frames are whole image files (the browser decodes them with
-createImageBitmap); "raw" frames are H*W*3 bytes of RGB24, row-major.
-
-JPEG frames were chosen over an MP4 segment because every frame is independently decodable, the page needs no
-MSE/codec negotiation, and the page can play at exactly the model's FPS from its own buffer.
+The layout and the per-frame CRC32 of the raw RGB (which lets a client prove it got the model's frames even through
+lossy JPEG) are in PROTOCOL.md; why JPEG frames rather than an MP4 segment is in serving/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A fake world model for tests and the `--fake` demo: deterministic frames, real chunk timing rules.
 
-Frames follow LingBot-World v2's shape: the first chunk has 13 frames, later ones 16, so a request's frame count is
-13 + 16k. Each frame shows the uploaded image panned by the held keys, the global frame number (top left) and the
-chunk index (top right) as block digits, and a lit square per held key, so a viewer (or a test) can see order,
-controls and gaps; it declares LingBot's keys in its metadata, as the real adapter does. `pattern="noise"` gives
-incompressible seeded noise instead (for backpressure tests).
+Chunks have LingBot-World v2's shape (13 frames, then 16). Each frame shows the uploaded image panned by the held
+keys, the global frame number and the chunk index as block digits, and a lit square per held key, so a viewer or a
+test can see order, controls and gaps; `pattern="noise"` gives incompressible seeded noise (backpressure tests).
 """
 
 from __future__ import annotations

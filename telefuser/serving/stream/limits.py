@@ -1,14 +1,6 @@
 """The streaming service's request limits, derived from the model and the device at start-up (flags override).
 
-    max_width, max_height, max_pixels   the model's native canvas (common/limits.canvas_limits)
-    max_frames                          ten minutes at the model's frame rate; an open-ended session ends there too
-    max_session_memory_bytes            the device's memory after loading / max_sessions (each slot its share)
-    max_image_pixels                    the uploaded image, checked from its header before it is decoded
-    max_body_bytes                      the create request's body
-
-A session's memory is the model adapter's `memory_estimate(config)` (latents, KV window, activations, decode) plus
-the delivery queue's frames, which the service holds: (buffer_chunks + 2) chunks of raw RGB (queued, one being
-encoded, one being sent).
+The limits, their defaults and flags are in PROTOCOL.md; how a session's memory is counted is in serving/README.md.
 """
 
 from __future__ import annotations

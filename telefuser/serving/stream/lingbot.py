@@ -1,22 +1,8 @@
 """The streaming service's model: LingBot-World v2 sessions behind the `SessionFactory` protocol.
 
-One `WorldSessionPipeline` per worker (per torchrun group) holds the DiT, text encoder and VAE; every session gets its
-own KV cache from it. One GPU group computes one chunk at a time, so chunk computations of different sessions are
-serialised by one execution lock (the service only guarantees one call at a time *per session*).
-
-`memory_estimate(config)` is what one session needs on this rank beyond the weights, from its plan and the DiT's
-config (the service compares it with the device's free memory; limits.py):
-
-* kv_window: per layer K and V of ``local_attn_size x tokens_per_frame`` rows x heads/U x head_dim, plus the
-  session-wide scratch pair and the cached text K/V (kv_cache.py's layout, exact);
-* latents: the session's initial noise and condition latents, float32 [16 + 20, L, h, w] (exact);
-* activations: one chunk's forward, ``ACTIVATION_ROW_FACTOR x dim`` elements per query row on this rank. The
-  official 832x480 session peaked at 58.2 GiB on the H200 (docs/perf run3); less its weights (18.5B parameters,
-  34.5 GiB in bf16) and KV window (22.0 GiB) that leaves 1.7 GiB over 6,240 rows of dim 5120, 29 elements a row;
-  32 is used (an observed bound, not a derivation);
-* decode: the Wan VAE's full-resolution feature maps, ``DECODE_FEATURE_MAPS x H x W x base_dim`` float32 (24 maps:
-  4 output frames with their live tensors and the causal convolutions' cached frames; assumed, not measured), plus
-  one chunk of frames as float32 and uint8.
+One `WorldSessionPipeline` per worker (per torchrun group) holds the models and gives every session its own KV cache.
+One GPU group computes one chunk at a time, so chunks of different sessions are serialised by one execution lock
+(the service only guarantees one call at a time *per session*). `memory_estimate`: serving/README.md.
 """
 
 from __future__ import annotations
@@ -118,7 +104,7 @@ class LingBotSessionFactory:
         )
 
     def memory_estimate(self, config: dict) -> dict[str, int]:
-        """Bytes one session needs on this rank beyond the weights (module docstring); config is validated."""
+        """Bytes one session needs on this rank beyond the weights (serving/README.md); config is validated."""
         request = self._request(config)
         plan = self._pipeline.plan(
             resolution=request["resolution"],

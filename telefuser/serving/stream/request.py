@@ -1,9 +1,7 @@
 """Parsing `POST /v1/stream/sessions`: a JSON body or multipart form -> prompt, image array, config.
 
-Every failure is a `RequestError` with the HTTP status and a message meant for the user:
-400 for bodies that cannot be read at all (bad JSON, bad multipart, bad base64, bytes that are not an image),
-413 for oversized bodies, 415 for other content types, 422 for readable requests with wrong or missing fields, text
-that is not valid Unicode, or an image past `max_image_pixels` (read from its header, before it is decoded).
+Every failure is a `RequestError` with the HTTP status (PROTOCOL.md lists which) and a message meant for the user;
+the image's pixel count is read from its header before it is decoded.
 """
 
 from __future__ import annotations

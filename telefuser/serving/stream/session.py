@@ -1,16 +1,8 @@
 """One streaming session at run time: its generation task, bounded delivery FIFO, controls and delivery ack.
 
-Data flow::
-
-    generator task (event loop)                              consumer (the WebSocket or SSE handler)
-      keys = held controls ──► model.next_chunk(keys)          events(): notices first, then FIFO items
-      (worker thread)          + encode (worker thread)        sends chunk ─► mark_sent(); done ─► done_payload()
-      ──► FIFO (buffer_chunks) ─────────────────────────────►
-
-The generator computes chunk i+1 while the consumer sends chunk i. In lossless mode a full FIFO makes the generator
-wait (backpressure; the wait is counted in the metrics), so nothing is ever dropped; in realtime mode the oldest queued
-chunk is dropped instead (counted). Blocking model calls run in the registry's thread pool and are shielded from
-cancellation, so `close()` is never called while `next_chunk()` is still running in its thread.
+The generator task computes chunk i+1 in a worker thread while the consumer (WebSocket or SSE) sends chunk i; a full
+FIFO makes it wait (lossless) or drops the oldest chunk (realtime). The data flow, and why `close()` never meets a
+running `next_chunk()`, are in serving/README.md.
 """
 
 from __future__ import annotations

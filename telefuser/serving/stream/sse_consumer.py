@@ -1,9 +1,7 @@
 """The Server-Sent Events consumer of a session, for tools such as an AIPerf plugin.
 
-One `event: chunk` per chunk whose data is a JSON object with `chunk`, `frames`, `first_frame`, `checksum` and the
-model's `measurement`; then `event: done` with `published_frames`. Comments (`: keep-alive`) keep proxies from timing
-out. With `frames=1` each chunk event also carries the encoded frames in base64; with `status=1` the status events
-(runtime_ready, control_state) are included as `event: status`.
+One `event: chunk` per chunk (its frames in base64 with `frames=1`), then `event: done`; keep-alive comments keep
+proxies from timing out. The events are in PROTOCOL.md.
 """
 
 from __future__ import annotations

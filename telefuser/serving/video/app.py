@@ -1,19 +1,7 @@
 """The batch video service (`telefuser serve`) as a FastAPI app: OpenAI-style `/v1/videos` jobs, run one at a time.
 
-    POST   /v1/videos                  multipart/form-data (AIPerf's default), JSON or urlencoded -> 200 video object
-    GET    /v1/videos                  list (newest first; ?limit=&after=&order=asc|desc)
-    GET    /v1/videos/{id}             the video object: status, progress, and when completed inference_time_s, ...
-    GET    /v1/videos/{id}/content     the MP4 (H.264 + AAC); 404 unknown, 409 not completed
-    DELETE /v1/videos/{id}             cancel (queued or running) -> the object, status "cancelled";
-                                       a finished job -> deleted with its files, {"id","object":"video.deleted",...}
-    GET    /v1/models                  the served model (AIPerf's readiness probe)
-    GET    /v1/service/health | metadata | metrics
-
-Errors are `{"detail": "<message>"}` with 400/401/404/409/413/415/422/429/503, as in the streaming service; a
-server fault is a generic 500 naming the request id that the log has. PROTOCOL.md has the fields and limits.
-All state is the `VideoQueue` on `app.state.videos`; the lifespan starts its worker thread and, on shutdown, cancels
-what is queued or running and waits for the worker. With API keys (common/auth.py) every route but health needs
-`Authorization: Bearer <key>` (what the OpenAI SDK sends).
+The routes, fields, limits and errors are in PROTOCOL.md. All state is the `VideoQueue` on `app.state.videos`; the
+lifespan starts its worker thread and, on shutdown, cancels what is queued or running and waits for the worker.
 """
 
 from __future__ import annotations

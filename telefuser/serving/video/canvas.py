@@ -1,11 +1,8 @@
 """Sizes the model cannot make directly: generate on its grid, then resize and crop to exactly what was asked.
 
-MiniMax H3 makes canvases whose sides are multiples of 32 (VAE 16x, DiT patch 2). The OpenAI SDK's typed sizes
-include 1280x720 and 720x1280, and 720 is not such a multiple. For a requested W x H off the grid, the service
-generates at the grid canvas nearest the requested aspect among the four around it (each side at the multiple at or
-below the requested length, or the one above; ties: one that covers the request, so nothing is upscaled, then the
-smaller), scales that to cover W x H with Lanczos and crops the centre (`PIL.ImageOps.fit`). 1280x720 -> 1312x736
-(aspect 1.783 for 1.778), scaled by 0.978 and cropped by 4 columns. A size on the grid is generated as it is.
+MiniMax H3's canvas sides are multiples of 32, and the OpenAI SDK's typed sizes include 1280x720 and 720x1280. A size
+off the grid is generated at the nearest-aspect grid canvas around it, scaled to cover with Lanczos and
+centre-cropped (1280x720 -> 1312x736); the choice rule is in PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ def _neighbours(value: int, multiple: int) -> set[int]:
 
 
 def fit_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:
-    """uint8 [F, h, w, 3] -> [F, height, width, 3] (the module docstring's resize and crop); a copy-free pass-through
+    """uint8 [F, h, w, 3] -> [F, height, width, 3] (PROTOCOL.md's resize and crop); a copy-free pass-through
     when the size already matches."""
     if frames.shape[1:3] == (height, width):
         return frames

@@ -2,12 +2,8 @@
 
     telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
     telefuser serve --config tiny --device cpu                   # MiniMax H3, tiny random weights, on the CPU
-    torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \
+    torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
-
-The model is built by a `build_runner(args)` hook (default: `minimax.build_minimax_runner`, imported only when
-serving it). SIGINT/SIGTERM shut down in order: the HTTP server stops, the queued and the running job are
-cancelled, the followers stop.
 """
 
 from __future__ import annotations

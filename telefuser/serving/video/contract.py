@@ -1,12 +1,8 @@
 """What the batch video service asks of a model: plan a request, run it with progress and cancellation hooks.
 
-A `VideoRunner` turns a validated `VideoSpec` into an MP4 (video + audio) and a `RunOutcome`. The service calls
-`plan(spec)` on the event loop (it must be cheap: it only validates and derives the shape) and `run(...)` on its one
-worker thread. `run` reports progress through `hooks.progress(done, total)` and polls `hooks.cancelled()` between
-denoising steps, raising `JobCancelled` when it returns True. `output=None` means "compute but write nothing" (the
-follower ranks of a multi-rank model).
-
-Implementations: `minimax.MiniMaxRunner` (the real model) and `fake.FakeVideoRunner` (tests, AIPerf CI).
+A `VideoRunner` turns a validated `VideoSpec` into an MP4 (video + audio) and a `RunOutcome`; how the service calls
+it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner` (the real model) and
+`fake.FakeVideoRunner` (tests, AIPerf CI).
 """
 
 from __future__ import annotations

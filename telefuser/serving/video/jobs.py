@@ -1,13 +1,8 @@
 """Video jobs: the record of one request (`VideoJob`) and its files in the output directory (`JobStore`).
 
-Layout of `output_dir`: `<id>.mp4` (the clip, once completed) and `<id>.json` (the record: request, status, timings,
-metrics). Both are written to a dot-prefixed temporary name and renamed, so a reader or a crash never sees half a
-file. On start, `JobStore.load()` reads every record back; a job that was queued or in progress when the previous
-server stopped cannot be resumed (its queue and model state are gone), so it is marked failed and said why.
-
-Nothing is stored that cannot be read back: a record is encoded as strict UTF-8 JSON (no lone surrogates, no NaN)
-before it is accepted (`encode_record`), text that came from elsewhere (an exception's message) is made encodable
-first (`encodable_text`), and `load()` skips, with a warning, any record it cannot read, re-encode or describe.
+Each job is `<id>.mp4` and `<id>.json`, written under a temporary name and renamed, so a reader or a crash never sees
+half a file. Nothing is stored that cannot be read back (`encode_record`, `encodable_text`), and on start `load()`
+marks jobs a stopped server left unfinished as failed; PROTOCOL.md ("Files and restarts") has the rules.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The video service's request limits, derived from the model and the device at start-up (flags override).
 
-    max_width, max_height, max_pixels   the model's native canvas (common/limits.canvas_limits); checked on the size
-                                        asked for and on the canvas generated
-    max_seconds, max_steps              service flags (10 s, 1000)
-    max_frames                          the frames the model makes for max_seconds (its grid snaps seconds up)
-    max_pixel_seconds                   generated pixels x seconds: the native canvas for max_seconds. The work of a
-                                        job grows with it (and attention with its square), so a larger canvas gets
-                                        proportionally less time
-    max_job_memory_bytes                the device's free memory after loading (one job runs at a time)
-    max_body_bytes                      the request body
-
-A job's memory is the runner's `memory_estimate(plan)` (latents, activations, decode) plus the resized frames the
-service makes when the size is off the model's grid.
+The limits, their defaults and flags are in PROTOCOL.md; why the canvas and pixel-second caps are what they are is in
+serving/README.md. The size limits apply to the size asked for and to the canvas generated.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The video service's real model: MiniMax H3 text -> video + audio behind the `VideoRunner` interface.
 
-Progress and cancellation are the pipeline's own: the job's hooks go to its call as `on_step` (after each denoising
-step) and `cancelled` (asked before each), so a cancelled job stops between two denoising steps.
-
-Under torchrun every rank builds the same runner on its share of the mesh (`init_distributed(ParallelConfig(...))`);
-rank 0 serves and replays each job on the others (replay.py); followers run with `output=None` and write nothing.
-
-`memory_estimate(plan)` is what one job needs on a rank beyond the resident weights (the service compares it with
-the device's free memory at start-up; limits.py):
-
-* activations: ``(12 x hidden + 4 x ffn / TP)`` elements per token of the joint sequence on this rank (video +
-  audio + `TEXT_TOKENS` text tokens, over Ulysses). Calibrated on the H200: the official DiT call at 1344x768, 5 s
-  (37,966 tokens) peaked 8.4 GiB above its weights (docs/perf run3); this gives 8.6 GiB there;
-* latents: the video and audio latents in float32, `LATENT_COPIES` alive at once (state, noise, velocity, x0...);
-* decode: the decoded clip as float32 (two copies) and uint8, plus `DECODE_FEATURE_MAPS` full-resolution feature
-  maps of `DECODE_CHANNELS` channels in float32 (assumed for the video VAE, not measured);
-* text_encoder: with --offload-text-encoder, the encoder's weights lent to the device while a prompt is encoded.
+Progress and cancellation are the pipeline's own (`on_step`, `cancelled`), so a cancelled job stops between two
+denoising steps. Under torchrun every rank builds the same runner on its share of the mesh; rank 0 serves and
+replays each job on the others (replay.py). `memory_estimate`'s terms and calibration are in serving/README.md.
 """
 
 from __future__ import annotations
@@ -87,7 +74,7 @@ class MiniMaxRunner:
         return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, schedule.num_dit_calls)
 
     def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
-        """Bytes one job needs on this rank beyond the resident weights (module docstring)."""
+        """Bytes one job needs on this rank beyond the resident weights (serving/README.md)."""
         shape = self._pipe.plan(duration=plan.duration_s, resolution=f"{plan.width}x{plan.height}")
         config = self._pipe.dit.config
         hidden, ffn = int(config.hidden_size), int(config.ffn_hidden_size)

@@ -1,12 +1,8 @@
 """The video service under torchrun: rank 0's jobs run on every rank, and a cancel is one decision for all.
 
-`FollowingRunner` is rank 0's `VideoRunner`; `follow_runner(runner, group)` is a follower rank's loop. Both are the
-video contract over common/replay.py: a job is the object "job" made with its spec, `run()` its replayed call, and
-`close()` ends it. Only rank 0 writes the clip; a follower runs with `output=None`.
-
-Cancellation must be the same decision on every rank, or the ranks would leave the denoising loop at different steps
-and the next collective would hang. So `hooks.cancelled()`, which the runner asks once before every DiT call on every
-rank, is itself replayed: rank 0 shares its answer inside the run, and the followers' `cancelled()` receives it.
+`FollowingRunner` is rank 0's `VideoRunner`, `follow_runner(runner, group)` a follower's loop: a job is the object
+"job" made with its spec over common/replay.py, `run()` its replayed call (a follower writes nothing), and every
+`hooks.cancelled()` answer is shared from rank 0 so all ranks leave the loop at the same step (serving/README.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's default) or urlencoded -> a `VideoSpec`.
 
-Form fields arrive as text, JSON fields as numbers or text; both are coerced the same way. Every failure is a
-`RequestError` (400 unreadable body, 413 too large, 415 other content type, 422 readable but invalid, text that
-is not valid Unicode included) whose message names the field and what is allowed. Whether a size or duration can
-actually be made is the runner's `plan()`; what the service is configured to allow (max seconds, the served model
-name) is `VideoPolicy`; the bounds derived from the model and the device are limits.py's.
-
-A `size` off the model's grid (the OpenAI SDK's 1280x720) is generated on the nearest grid canvas and resized to
-exactly the size asked for (canvas.py); the spec carries both.
+Form text and JSON values are coerced the same way; every failure is a `RequestError` whose message names the field
+and what is allowed. What can be made is the runner's `plan()`, what the service allows is `VideoPolicy`, the bounds
+from the model and device are limits.py's; a size off the model's grid is resized (canvas.py).
 """
 
 from __future__ import annotations

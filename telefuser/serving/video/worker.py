@@ -1,11 +1,8 @@
 """The video service's core: all jobs, a bounded FIFO of queued ones, and one worker thread running them in order.
 
-One GPU group computes one clip at a time, so one thread takes jobs from the queue and calls `runner.run`. The
-event loop only submits, cancels, deletes and reads (through the public methods, which take the lock briefly and
-never wait on the model). File writes happen outside the lock; `JobStore.save` keeps the newest revision.
-
-Cancelling: a queued job leaves the queue at once; a running one gets `cancel_requested`, its status becomes
-`cancelled` immediately and the runner stops at its next denoising step (`hooks.cancelled()`), its output discarded.
+One GPU group computes one clip at a time, so one thread calls `runner.run` while the event loop only submits,
+cancels, deletes and reads (serving/README.md). A running job that is cancelled is `cancelled` at once and the
+runner stops at its next denoising step (`hooks.cancelled()`), its output discarded.
 """
 
 from __future__ import annotations
