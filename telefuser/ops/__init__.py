@@ -1,1 +1,1 @@
-"""Device ops used by the models: attention dispatch and rotary embeddings."""
+"""Device ops used by the models: attention dispatch, rotary embeddings, compiled elementwise chains, FP8 GEMMs."""

@@ -1,14 +1,7 @@
 """FP8 (e4m3) GEMMs for a DiT's projection and FFN linears: an opt-in trade of accuracy for speed.
 
-Weights are quantized once, one scale per output channel; activations on every call, one scale per row (dynamic),
-both with ``scale = amax / 448`` so the largest value lands on e4m3's largest. ``torch._scaled_mm`` multiplies the
-two with fp32 accumulation, applies both scales and the bias, and writes the activation's dtype. On the lent H200
-such GEMMs at LingBot's and MiniMax H3's shapes measured 1.2-1.6x faster than bf16 including the activation
-quantization (shared/notes/gpu-facts.md, a throwaway measurement); the models' own gain is to be measured.
-
-Accuracy: e4m3 keeps 3 mantissa bits, so each operand is rounded by up to 2^-4 relatively; over a K-long dot product
-the roundings average out, leaving about 2-3% relative L2 on random data. Which linears may be quantized is each
-model's choice (`quantize_linears`); camera, modulation, embeddings and heads stay in their dtype.
+Per-output-channel weight scales, dynamic per-row activation scales, `torch._scaled_mm` with fp32 accumulation.
+The scheme, the measured speed and the expected error are in this folder's README.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Memory-bound elementwise chains compiled into single kernels on CUDA.
 
-Between the matmuls and the attention of a DiT block sit chains of cheap elementwise ops: norms, AdaLN modulation,
-gated residuals, RoPE. Eager PyTorch runs each op as its own kernel that reads and writes the whole activation, and at
-tens of thousands of rows those passes add up (measured on the H200: several percent of a MiniMax H3 call).
-`cuda_fused(fn)` keeps `fn` as the eager reference (CPU, tests) and, for CUDA inputs, runs it through torch.compile
-so that Inductor emits one Triton kernel per chain. The arithmetic is the same; only the rounding of intermediate
-values in the input dtype may differ.
-
-``TELEFUSER_FUSION=0`` (or `set_fusion(False)`) runs the eager reference everywhere; benchmarks toggle it to time
-both in one process. The first call per new shape compiles (seconds); later calls reuse the kernel.
+`cuda_fused(fn)` runs `fn` itself on the CPU (the reference) and ``torch.compile(fn)`` for CUDA inputs, so a chain of
+norms, modulation and RoPE costs one pass over the activation instead of one per op. ``TELEFUSER_FUSION=0`` turns it
+off everywhere (this folder's README).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Per-head RMSNorm followed by partial NeoX RoPE on Q or K, as one fused kernel on CUDA.
 
-Eager PyTorch runs this as about ten memory-bound kernels (upcast, square, mean, rsqrt, scale, slice, negate, cat,
-two multiplies, add, cat). Under Ulysses it sits on the critical path between the V submission and the Q
-submission, so fewer passes over Q/K mean an earlier Q/K exchange. On CUDA the same arithmetic is compiled once per
-shape with torch.compile (see `fusion`); on CPU, or with ``TELEFUSER_FUSION=0``, the eager reference runs. Both
-compute in fp32 and round once to the input dtype.
+Under Ulysses it sits on the critical path between the V and the Q submission, so one pass instead of about ten
+means an earlier Q/K exchange; the eager reference runs on the CPU or with ``TELEFUSER_FUSION=0`` (this folder's
+README).
 """
 
 from __future__ import annotations
