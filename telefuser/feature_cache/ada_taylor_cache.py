@@ -1,14 +1,7 @@
 """AdaTaylorCache as a DiT block hook: skip the whole block stack on precomputed steps.
 
-The DiT calls ``block_hook(hidden, run_blocks, tags)`` once per forward, where ``run_blocks(hidden)`` runs its
-block stack. The pipeline calls `set_step(i)` before DiT call ``i``. On a compute step the hook runs the blocks,
-stores the residual ``R = out - in`` and its finite-difference derivatives (TaylorSeer style, window = steps since
-the previous compute). On a skipped step it returns ``in + R_approx`` without calling `run_blocks`:
-
-* ``elapsed <= taylor_threshold``: ``R_approx = sum_i dR_i * elapsed^i / i!`` (first order by default);
-* otherwise: the last computed residual unchanged (Taylor error grows with the gap).
-
-Every rank derives the same schedule from the same parameters, so no collective is needed to agree on a skip.
+A compute step runs the blocks and keeps the residual and its derivatives; a skipped step returns the input plus a
+Taylor extrapolation of the residual (or the last one, past `taylor_threshold`). The rule is in this folder's README.
 """
 
 from __future__ import annotations

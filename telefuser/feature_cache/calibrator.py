@@ -1,9 +1,7 @@
 """Record the per-step magnitude ratios AdaTaylorCache needs, as a DiT block hook.
 
-Every step is computed. At step ``s > 0`` the ratio is ``mean_rows(|R_s| / |R_{s-1}|)`` with ``R = out - in`` of
-the block stack and norms over the hidden dimension. Only rows of `modality` are used when the DiT passes tags:
-for MiniMax H3 the audio rows (tag 2), because video rows outnumber them and would hide audio error. Under
-sequence parallelism each rank holds some rows; the sums are all-reduced so every rank records the same ratio.
+Every step is computed; the ratio of consecutive block-stack residuals is averaged over the rows of one modality
+(MiniMax H3's audio) and agreed across sequence-parallel ranks (this folder's README).
 """
 
 from __future__ import annotations

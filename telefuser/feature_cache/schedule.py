@@ -1,11 +1,7 @@
 """Which denoising steps AdaTaylorCache computes, decided once from calibrated magnitude ratios.
 
-``mag_ratios[s]`` is the calibrated mean ratio ``|R_s| / |R_{s-1}|`` of the block-stack residual between
-consecutive steps. Walking the steps in order: the first ``int(N * retention_ratio)`` + 1 steps (indices
-``0..int(N * retention_ratio)``), the last step and the initial step are always computed. Elsewhere the walk
-multiplies the ratios of the steps it would skip, adds ``|1 - product|`` to an accumulated error, and skips while
-that error stays under `thresh` and no more than `K` steps in a row were skipped; otherwise the step is computed
-and the accumulators reset.
+Steps are skipped while the accumulated ratio error stays under `thresh` and at most `K` in a row; the first share
+of steps, the last and the initial one always run. The walk is described in this folder's README.
 """
 
 from __future__ import annotations
