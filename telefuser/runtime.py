@@ -38,14 +38,21 @@ def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulyss
     """The launch flags. `tp`: the model takes tensor parallelism too. `ulysses_default` None: every launched rank
     is a Ulysses rank (the world size over the TP degree)."""
     group = parser.add_argument_group("launch")
-    group.add_argument("--ulysses-degree", "--gpu-num", dest="ulysses_degree", type=int, default=ulysses_default,
-                       help="Ulysses sequence-parallel degree (launch with torchrun --nproc-per-node=N)"
-                            + ("" if ulysses_default else "; default: every launched rank"))
+    group.add_argument(
+        "--ulysses-degree",
+        "--gpu-num",
+        dest="ulysses_degree",
+        type=int,
+        default=ulysses_default,
+        help="Ulysses sequence-parallel degree (launch with torchrun --nproc-per-node=N)"
+        + ("" if ulysses_default else "; default: every launched rank"),
+    )
     if tp:
         group.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
     group.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
-    group.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
-                       help="model dtype; default bfloat16 on CUDA, float32 on CPU")
+    group.add_argument(
+        "--dtype", choices=DTYPE_NAMES, default=None, help="model dtype; default bfloat16 on CUDA, float32 on CPU"
+    )
 
 
 def _rank_device(device: str | torch.device | None) -> torch.device:
@@ -71,12 +78,22 @@ class Runtime:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Runtime:
         """The flags of `add_runtime_args`; a flag the namespace lacks takes its default (every rank Ulysses)."""
-        return cls.launch(ulysses_degree=getattr(args, "ulysses_degree", None), tp_degree=getattr(args, "tp_degree", 1),
-                          device=getattr(args, "device", None), dtype=getattr(args, "dtype", None))
+        return cls.launch(
+            ulysses_degree=getattr(args, "ulysses_degree", None),
+            tp_degree=getattr(args, "tp_degree", 1),
+            device=getattr(args, "device", None),
+            dtype=getattr(args, "dtype", None),
+        )
 
     @classmethod
-    def launch(cls, *, ulysses_degree: int | None = 1, tp_degree: int = 1, device: str | None = None,
-               dtype: str | torch.dtype | None = None) -> Runtime:
+    def launch(
+        cls,
+        *,
+        ulysses_degree: int | None = 1,
+        tp_degree: int = 1,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+    ) -> Runtime:
         import torch
 
         from .distributed.mesh import ParallelConfig, init_distributed
@@ -86,8 +103,10 @@ class Runtime:
             ulysses_degree = max(1, world // max(1, tp_degree))
         parallel = ParallelConfig(ulysses_degree=ulysses_degree, tp_degree=tp_degree)
         if world == 1 and parallel.world_size > 1:
-            raise SystemExit(f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun "
-                             f"--nproc-per-node={parallel.world_size}")
+            raise SystemExit(
+                f"ulysses x tp = {parallel.world_size} ranks: launch with torchrun "
+                f"--nproc-per-node={parallel.world_size}"
+            )
         mesh = init_distributed(parallel) if world > 1 else None
         device = _rank_device(device)
         if dtype is None:

@@ -22,11 +22,19 @@ _chars = st.one_of(
 any_text = st.lists(_chars, max_size=24).map("".join)
 surrogate_text = st.builds(lambda a, b: f"{a}{SURROGATE}{b}", st.text(max_size=6), st.text(max_size=6))
 huge_ints = st.one_of(st.integers(min_value=2**63, max_value=10**300), st.integers(max_value=-1, min_value=-(10**300)))
-numbers = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
-                    huge_ints)  # fmt: skip
+numbers = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True), huge_ints
+)
 plain_text = st.text(max_size=16)
-scalars = st.one_of(st.none(), st.booleans(), numbers, plain_text, plain_text, st.text(alphabet='\0\n"\\%&<', max_size=4),
-                    surrogate_text)  # fmt: skip
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    numbers,
+    plain_text,
+    plain_text,
+    st.text(alphabet='\0\n"\\%&<', max_size=4),
+    surrogate_text,
+)
 keys = st.one_of(st.text(max_size=8), st.text(max_size=8), st.text(max_size=8), surrogate_text)
 json_values = st.recursive(
     scalars,

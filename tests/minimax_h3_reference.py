@@ -125,9 +125,18 @@ def reference_dit_rows(model, video, audio, text, t_video: float, t_audio: float
     )
     with torch.no_grad():
         v, a = model(
-            patchify_video_latents(video, PATCH)[None], audio[0].t()[None], text, timesteps, indices, tags,
-            positions.float(), video_rows, audio_rows, text_rows, return_dict=False,
-        )  # fmt: skip
+            patchify_video_latents(video, PATCH)[None],
+            audio[0].t()[None],
+            text,
+            timesteps,
+            indices,
+            tags,
+            positions.float(),
+            video_rows,
+            audio_rows,
+            text_rows,
+            return_dict=False,
+        )
     return v[0], a[0]
 
 
@@ -239,21 +248,33 @@ def reference_audio_vae(seed: int = 0):
     mean, std = latent_stats(32, seed + 1)
     kwargs = TINY_AUDIO_KWARGS
     vae = AutoencoderKLMiniMaxH3Audio(
-        encoder_dim=kwargs["encoder_dim"], encoder_rates=tuple(kwargs["encoder_rates"]),
-        latent_dim=kwargs["latent_dim"], latent_channels=32, num_attention_heads=8, decoder_dim=kwargs["decoder_dim"],
-        decoder_rates=tuple(kwargs["decoder_rates"]), decoder_kernel_sizes=(16, 20, 20), latents_mean=mean,
+        encoder_dim=kwargs["encoder_dim"],
+        encoder_rates=tuple(kwargs["encoder_rates"]),
+        latent_dim=kwargs["latent_dim"],
+        latent_channels=32,
+        num_attention_heads=8,
+        decoder_dim=kwargs["decoder_dim"],
+        decoder_rates=tuple(kwargs["decoder_rates"]),
+        decoder_kernel_sizes=(16, 20, 20),
+        latents_mean=mean,
         latents_std=std,
-    )  # fmt: skip
+    )
     return randomize(vae, seed)
 
 
 def write_release_audio_vae(vae, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metadata.json").write_text(json.dumps({"metadata": {"kwargs": TINY_AUDIO_KWARGS}}))
-    (folder / "config.json").write_text(json.dumps({
-        "latent_channels": 32, "sample_rate": 32000, "latents_mean": list(vae.config.latents_mean),
-        "latents_std": list(vae.config.latents_std),
-    }))  # fmt: skip
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "latent_channels": 32,
+                "sample_rate": 32000,
+                "latents_mean": list(vae.config.latents_mean),
+                "latents_std": list(vae.config.latents_std),
+            }
+        )
+    )
     save_file(
         {k: v.detach().clone().contiguous() for k, v in vae.state_dict().items()}, str(folder / "model.safetensors")
     )

@@ -17,18 +17,35 @@ REPO = Path(__file__).resolve().parents[1]
 ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
-def stream_one_session_then_ctrl_c(args: list[str], *, frames: int, chunks: int, start_timeout_s: float = 60,
-                                   stream_timeout_s: float = 60) -> tuple[str, dict]:
+def stream_one_session_then_ctrl_c(
+    args: list[str], *, frames: int, chunks: int, start_timeout_s: float = 60, stream_timeout_s: float = 60
+) -> tuple[str, dict]:
     """Returns (the whole log of both ranks, the service metadata). Asserts the session's chunks and frames."""
     import httpx
 
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.cli", "serve-stream",
-         "--port", "0", "--num-frames", str(frames), *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "telefuser.cli",
+            "serve-stream",
+            "--port",
+            "0",
+            "--num-frames",
+            str(frames),
+            *args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()

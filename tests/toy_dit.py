@@ -55,25 +55,38 @@ class ToyCausalDiT(nn.Module):
         self.config = config or ToyDiTConfig()
         c = self.config
         g = torch.Generator().manual_seed(seed)
-        self.proj = nn.Parameter(torch.randn(c.out_dim, c.in_dim, generator=g) / math.sqrt(c.in_dim),
-                                 requires_grad=False)
-        self.text_proj = nn.Parameter(torch.randn(c.out_dim, c.text_dim, generator=g) / math.sqrt(c.text_dim),
-                                      requires_grad=False)
-        self.camera_proj = nn.Parameter(torch.randn(c.out_dim, c.camera_channels, generator=g) * 0.01,
-                                        requires_grad=False)
+        self.proj = nn.Parameter(
+            torch.randn(c.out_dim, c.in_dim, generator=g) / math.sqrt(c.in_dim), requires_grad=False
+        )
+        self.text_proj = nn.Parameter(
+            torch.randn(c.out_dim, c.text_dim, generator=g) / math.sqrt(c.text_dim), requires_grad=False
+        )
+        self.camera_proj = nn.Parameter(
+            torch.randn(c.out_dim, c.camera_channels, generator=g) * 0.01, requires_grad=False
+        )
         self.weights_source = "toy stand-in DiT (not LingBot; random)"
         self.parallel_mesh = None
 
     def new_session(self, batch: int, text_states: torch.Tensor, *, tokens_per_frame: int, device, dtype) -> ToySession:
         if text_states.dim() != 3 or text_states.shape[0] != batch or text_states.shape[-1] != self.config.text_dim:
             raise ValueError(
-                f"text_states must be [{batch}, L, {self.config.text_dim}], got {tuple(text_states.shape)}")
-        text_bias = torch.einsum("oc,blc->bo", self.text_proj.to(text_states.device, torch.float32),
-                                 text_states.float()) / text_states.shape[1]
+                f"text_states must be [{batch}, L, {self.config.text_dim}], got {tuple(text_states.shape)}"
+            )
+        text_bias = (
+            torch.einsum("oc,blc->bo", self.text_proj.to(text_states.device, torch.float32), text_states.float())
+            / text_states.shape[1]
+        )
         return ToySession(batch, tokens_per_frame, torch.device(device), dtype, text_bias.view(batch, -1, 1, 1, 1))
 
-    def forward_chunk(self, session: ToySession, latents: torch.Tensor, t: torch.Tensor,
-                      camera_features: torch.Tensor | None = None, *, update_cache: bool = False) -> torch.Tensor:
+    def forward_chunk(
+        self,
+        session: ToySession,
+        latents: torch.Tensor,
+        t: torch.Tensor,
+        camera_features: torch.Tensor | None = None,
+        *,
+        update_cache: bool = False,
+    ) -> torch.Tensor:
         if session.closed:
             raise RuntimeError("session is closed")
         c = self.config
@@ -90,8 +103,14 @@ class ToyCausalDiT(nn.Module):
             x0_hat = x0_hat + torch.einsum("oc,bcfhw->bofhw", self.camera_proj.to(x.device), camera_features.float())
         x0_hat = 0.5 * torch.tanh(x0_hat + torch.sin(t.float() / 1000.0).view(b, 1, 1, 1, 1))
         flow = x[:, : c.out_dim] - x0_hat  # flow = noise - x0 for x_t = (1 - s) x0 + s noise when x_t ~ noise
-        session.calls.append({"t": [float(v) for v in t.flatten()], "update_cache": bool(update_cache),
-                              "frames": frames, "camera": camera_features is not None})
+        session.calls.append(
+            {
+                "t": [float(v) for v in t.flatten()],
+                "update_cache": bool(update_cache),
+                "frames": frames,
+                "camera": camera_features is not None,
+            }
+        )
         if update_cache:
             mean = x[:, : c.out_dim].mean(dim=(2, 3, 4), keepdim=True)
             n = session.committed_frames
@@ -102,8 +121,9 @@ class ToyCausalDiT(nn.Module):
     def camera_modulation(self, camera_features: torch.Tensor) -> torch.Tensor:
         return camera_features  # nothing to precompute per chunk
 
-    def commit_chunk(self, session: ToySession, latents: torch.Tensor, t: torch.Tensor,
-                     camera_features: torch.Tensor | None = None) -> None:
+    def commit_chunk(
+        self, session: ToySession, latents: torch.Tensor, t: torch.Tensor, camera_features: torch.Tensor | None = None
+    ) -> None:
         self.forward_chunk(session, latents, t, camera_features, update_cache=True)
 
     def enable_parallel(self, mesh) -> None:

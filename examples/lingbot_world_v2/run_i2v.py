@@ -44,28 +44,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="reference image (first frame)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--controls", default=str(DEFAULT_CONTROLS),
-                   help="control trace (JSON list or JSON lines of {chunk, keys}); 'none' for no keys")
+    p.add_argument(
+        "--controls",
+        default=str(DEFAULT_CONTROLS),
+        help="control trace (JSON list or JSON lines of {chunk, keys}); 'none' for no keys",
+    )
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--resolution", default=None,
-                   help=f"WIDTHxHEIGHT, multiples of 16 (default {OFFICIAL_RESOLUTION}; {TINY_RESOLUTION} for "
-                        f"--config tiny without --checkpoint)")
-    p.add_argument("--num-frames", type=int, default=77,
-                   help="1 + 4k frames; 77 = 5 chunks (13 + 4 x 16); truncate drops an incomplete last chunk")
+    p.add_argument(
+        "--resolution",
+        default=None,
+        help=f"WIDTHxHEIGHT, multiples of 16 (default {OFFICIAL_RESOLUTION}; {TINY_RESOLUTION} for "
+        f"--config tiny without --checkpoint)",
+    )
+    p.add_argument(
+        "--num-frames",
+        type=int,
+        default=77,
+        help="1 + 4k frames; 77 = 5 chunks (13 + 4 x 16); truncate drops an incomplete last chunk",
+    )
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--frame-policy", choices=FRAME_POLICIES, default="truncate")
     p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
-                        "(transformers/ or the folder itself)")
-    p.add_argument("--config", choices=["tiny", "official"], default="tiny",
-                   help="random-weight sizes without --checkpoint")
-    p.add_argument("--vae-dtype", choices=DTYPE_NAMES, default="float32",
-                   help="VAE dtype for the condition encode and the decode (default float32, as the reference)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
-                   help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)")
-    p.add_argument("--warmup", action="store_true",
-                   help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
+        "(transformers/ or the folder itself)",
+    )
+    p.add_argument(
+        "--config", choices=["tiny", "official"], default="tiny", help="random-weight sizes without --checkpoint"
+    )
+    p.add_argument(
+        "--vae-dtype",
+        choices=DTYPE_NAMES,
+        default="float32",
+        help="VAE dtype for the condition encode and the decode (default float32, as the reference)",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)",
+    )
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm",
+    )
     p.add_argument("--output", type=Path, default=Path("outputs/lingbot_world_v2/i2v.mp4"))
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p)  # --ulysses-degree (the VAE decode is height-sharded over the same ranks), --device, --dtype
@@ -78,8 +104,9 @@ def main(argv=None) -> None:
     if args.resolution is None:
         args.resolution = TINY_RESOLUTION if args.config == "tiny" and args.checkpoint is None else OFFICIAL_RESOLUTION
     # Refuse a bad request before any process group or weight exists.
-    plan = plan_session(resolution=args.resolution, num_frames=args.num_frames, fps=args.fps,
-                        frame_policy=args.frame_policy)
+    plan = plan_session(
+        resolution=args.resolution, num_frames=args.num_frames, fps=args.fps, frame_policy=args.frame_policy
+    )
     trace = ControlTrace() if args.controls.lower() == "none" else load_control_trace(args.controls)
     image = load_reference_image(args.image)
     if not args.prompt.strip():
@@ -88,24 +115,41 @@ def main(argv=None) -> None:
     runtime = Runtime.from_args(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
-    pipe = build_lingbot_pipeline(config=args.config, checkpoint=args.checkpoint, device=device,
-                                  dtype=dtype, mesh=mesh, seed=args.seed, attn_impl=args.attn_impl,
-                                  vae_dtype=torch_dtype(args.vae_dtype), quantization=args.quantization)
+    pipe = build_lingbot_pipeline(
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=device,
+        dtype=dtype,
+        mesh=mesh,
+        seed=args.seed,
+        attn_impl=args.attn_impl,
+        vae_dtype=torch_dtype(args.vae_dtype),
+        quantization=args.quantization,
+    )
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)
             if rank == 0:
                 print(f"warm-up session: {seconds:.1f} s", flush=True)
-        with pipe.start(image, args.prompt, seed=args.seed, resolution=args.resolution, num_frames=args.num_frames,
-                        fps=args.fps, frame_policy=args.frame_policy) as session:
+        with pipe.start(
+            image,
+            args.prompt,
+            seed=args.seed,
+            resolution=args.resolution,
+            num_frames=args.num_frames,
+            fps=args.fps,
+            frame_policy=args.frame_policy,
+        ) as session:
             frames = []
-            bar = tqdm(range(session.total_chunks), desc="chunks", unit="chunk",
-                       disable=args.no_progress or rank != 0)
+            bar = tqdm(range(session.total_chunks), desc="chunks", unit="chunk", disable=args.no_progress or rank != 0)
             for i in bar:
                 chunk = session.next_chunk(trace.keys_for(i))
                 frames.append(chunk.frames)
-                bar.set_postfix(frames=chunk.measurement["frames"], s=f"{chunk.measurement['compute_seconds']:.2f}",
-                                keys="".join(chunk.keys) or "-")
+                bar.set_postfix(
+                    frames=chunk.measurement["frames"],
+                    s=f"{chunk.measurement['compute_seconds']:.2f}",
+                    keys="".join(chunk.keys) or "-",
+                )
             if rank == 0:
                 report(args, pipe, session, frames, plan, mesh, device, dtype)
     finally:
@@ -139,8 +183,13 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
         "keys_per_chunk": session.keys_history,
         "chunks": session.measurements,
         "summary": summary,
-        "output": {"path": str(args.output), "frames": int(video.shape[0]), "width": int(video.shape[2]),
-                   "height": int(video.shape[1]), "fps": args.fps},
+        "output": {
+            "path": str(args.output),
+            "frames": int(video.shape[0]),
+            "width": int(video.shape[2]),
+            "height": int(video.shape[1]),
+            "fps": args.fps,
+        },
     }
     metrics_path = args.output.with_suffix(".json")
     metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
@@ -149,8 +198,10 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
     for part in ("dit", "text_encoder", "tokenizer", "vae"):
         print(f"  {part}: {pipe.weights.get(part)}")
     truncated = f" (of {plan.requested_frames} asked)" if plan.requested_frames != plan.num_frames else ""
-    print(f"video: {plan.width}x{plan.height}, {video.shape[0]} frames{truncated} @ {args.fps} fps, "
-          f"{session.total_chunks} chunks {list(plan.frames_per_chunk)}")
+    print(
+        f"video: {plan.width}x{plan.height}, {video.shape[0]} frames{truncated} @ {args.fps} fps, "
+        f"{session.total_chunks} chunks {list(plan.frames_per_chunk)}"
+    )
     setup = session.setup_seconds
     print("setup: " + ", ".join(f"{k} {v:.3f}" for k, v in setup.items()))
     print(format_summary(summary))

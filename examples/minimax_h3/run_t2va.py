@@ -39,15 +39,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
     p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
     p.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
-    p.add_argument("--calibrate-feature-cache", type=Path, default=None, metavar="JSON",
-                   help="compute every step and write AdaTaylorCache params (audio-row ratios) to JSON")
+    p.add_argument(
+        "--calibrate-feature-cache",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="compute every step and write AdaTaylorCache params (audio-row ratios) to JSON",
+    )
     p.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
-    p.add_argument("--offload-text-encoder", action="store_true",
-                   help="keep the text encoder (~50 GB at official size) in host memory except while it encodes")
-    p.add_argument("--qkv-layout", choices=list(QKV_LAYOUTS), default=None,
-                   help="fused QKV row order of a re-exported single-file DiT (the released shards need no flag)")
-    p.add_argument("--config", choices=["tiny", "official"], default="tiny",
-                   help="random-weight sizes without --checkpoint")
+    p.add_argument(
+        "--offload-text-encoder",
+        action="store_true",
+        help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
+    )
+    p.add_argument(
+        "--qkv-layout",
+        choices=list(QKV_LAYOUTS),
+        default=None,
+        help="fused QKV row order of a re-exported single-file DiT (the released shards need no flag)",
+    )
+    p.add_argument(
+        "--config", choices=["tiny", "official"], default="tiny", help="random-weight sizes without --checkpoint"
+    )
     p.add_argument("--output", type=Path, default=Path("outputs/minimax_h3/t2va.mp4"))
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, tp=True)
@@ -69,8 +82,15 @@ def main() -> None:
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     pipe = build_minimax_h3_pipeline(
-        config=args.config, checkpoint=args.checkpoint, device=device, dtype=dtype, mesh=mesh, seed=args.seed,
-        attn_impl=args.attn_impl, show_progress=not args.no_progress, offload_text_encoder=args.offload_text_encoder,
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=device,
+        dtype=dtype,
+        mesh=mesh,
+        seed=args.seed,
+        attn_impl=args.attn_impl,
+        show_progress=not args.no_progress,
+        offload_text_encoder=args.offload_text_encoder,
         qkv_layout=args.qkv_layout,
     )
     feature_cache = None
@@ -80,15 +100,27 @@ def main() -> None:
         feature_cache = "calibrator"
     try:
         result = pipe(
-            args.prompt, duration=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio,
-            steps=args.steps, seed=args.seed, flow_shift=args.flow_shift, audio_flow_shift=args.audio_flow_shift,
+            args.prompt,
+            duration=args.duration,
+            resolution=args.resolution,
+            aspect_ratio=args.aspect_ratio,
+            steps=args.steps,
+            seed=args.seed,
+            flow_shift=args.flow_shift,
+            audio_flow_shift=args.audio_flow_shift,
             feature_cache=feature_cache,
         )
         if rank == 0:
             if args.calibrate_feature_cache:
-                result.feature_cache.save(args.calibrate_feature_cache, sigma_shift=args.flow_shift, notes={
-                    "audio_sigma_shift": args.audio_flow_shift, "calibrated_on": "audio rows (tag 2)",
-                    "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}"})
+                result.feature_cache.save(
+                    args.calibrate_feature_cache,
+                    sigma_shift=args.flow_shift,
+                    notes={
+                        "audio_sigma_shift": args.audio_flow_shift,
+                        "calibrated_on": "audio rows (tag 2)",
+                        "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}",
+                    },
+                )
             report(args, result, runtime)
     finally:
         pipe.close()
@@ -115,11 +147,15 @@ def report(args: argparse.Namespace, result, runtime: Runtime) -> None:
     print(f"weights: {weights}{random_note}")
     for part in ("tokenizer", "video_vae", "audio_vae"):
         print(f"  {part}: {result.weights.get(part)}")
-    print(f"video: {s.width}x{s.height}, {s.frame_count} frames @ {result.fps} fps ({s.duration_s:.3f} s); "
-          f"audio: {result.audio.shape[0]} ch x {result.audio.shape[1]} samples @ {result.sample_rate} Hz")
+    print(
+        f"video: {s.width}x{s.height}, {s.frame_count} frames @ {result.fps} fps ({s.duration_s:.3f} s); "
+        f"audio: {result.audio.shape[0]} ch x {result.audio.shape[1]} samples @ {result.sample_rate} Hz"
+    )
     print(f"DiT calls computed/skipped: {result.dit_calls_computed}/{result.dit_calls_skipped}")
-    print(f"pipeline {t.pipeline_s:.2f} s | text {t.text_encode_s:.2f} s | DiT {t.dit_total_s:.2f} s "
-          f"({t.dit_total_s / max(1, len(t.dit_step_s)):.3f} s/call) | VAE {t.vae_decode_s:.2f} s")
+    print(
+        f"pipeline {t.pipeline_s:.2f} s | text {t.text_encode_s:.2f} s | DiT {t.dit_total_s:.2f} s "
+        f"({t.dit_total_s / max(1, len(t.dit_step_s)):.3f} s/call) | VAE {t.vae_decode_s:.2f} s"
+    )
     print(f"peak memory: {result.peak_memory_bytes / 2**30:.2f} GiB ({result.peak_memory_kind})")
     print(f"wrote {args.output} and {metrics_path}")
 

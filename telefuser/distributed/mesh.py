@@ -104,9 +104,7 @@ def default_backend() -> str:
     return "gloo"
 
 
-def init_distributed(
-    config: ParallelConfig, *, backend: str | None = None, timeout_s: float = 600.0
-) -> ParallelMesh:
+def init_distributed(config: ParallelConfig, *, backend: str | None = None, timeout_s: float = 600.0) -> ParallelMesh:
     """Initialize torch.distributed from torchrun's environment (``env://``) and build the mesh.
 
     The world size is checked before the process group starts, so a wrong `--nproc-per-node` fails fast everywhere.

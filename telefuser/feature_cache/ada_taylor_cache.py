@@ -109,4 +109,3 @@ class AdaTaylorCache:
 
     def stats(self) -> dict:
         return {"computed": len(self.computed), "skipped": len(self.skipped), "skipped_steps": list(self.skipped)}
-

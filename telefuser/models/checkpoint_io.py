@@ -218,8 +218,9 @@ def fill_random(
     large model on a GPU, the same on every rank, not equal to the CPU draw)."""
     generator = torch.Generator(device if init_on_device else "cpu").manual_seed(seed)
     for name, param in model.named_parameters():
-        model.load_state_dict({name: draw(name, param, generator).to(device, dtype_for(name))},
-                              strict=False, assign=True)
+        model.load_state_dict(
+            {name: draw(name, param, generator).to(device, dtype_for(name))}, strict=False, assign=True
+        )
 
 
 def finish_loading(model: nn.Module, source: str, *, error: type[Exception]) -> None:

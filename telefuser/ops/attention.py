@@ -18,8 +18,12 @@ ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "identity")
 
 # torch's default SDPA order tries flash first; on Hopper cuDNN is much faster (574 vs 364 TFLOP/s at a Wan 14B shape,
 # 633 vs 363 at a LingBot chunk, measured on the lent H200). Backends that cannot take a shape are skipped in order.
-CUDA_SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH]
+CUDA_SDPA_PRIORITY = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
@@ -48,7 +52,9 @@ def check_attention_impl(impl: str) -> str:
     return impl
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = False) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = False
+) -> torch.Tensor:
     """Softmax attention on [B, S, H, D] tensors; returns [B, S_q, H, D] (contiguous)."""
     if impl == "identity":
         return q.contiguous()

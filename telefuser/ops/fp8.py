@@ -45,13 +45,21 @@ class Float8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         values, scale = quantize_rows(rows)
-        out = torch._scaled_mm(values, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, bias=self.bias,
-                               out_dtype=self.compute_dtype)
+        out = torch._scaled_mm(
+            values,
+            self.weight.t(),
+            scale_a=scale,
+            scale_b=self.weight_scale,
+            bias=self.bias,
+            out_dtype=self.compute_dtype,
+        )
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 (weight per channel, " \
-               f"activations per row), computes in {self.compute_dtype}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 (weight per channel, "
+            f"activations per row), computes in {self.compute_dtype}"
+        )
 
 
 def linear_dtype(layer: nn.Module) -> torch.dtype:
@@ -62,8 +70,11 @@ def linear_dtype(layer: nn.Module) -> torch.dtype:
 def quantize_linears(model: nn.Module, select: Callable[[str, nn.Linear], bool]) -> list[str]:
     """Replace every `nn.Linear` of `model` for which ``select(name, linear)`` holds by a `Float8Linear`, in place.
     Returns the replaced names. Linears whose shape an FP8 GEMM cannot take are refused by name."""
-    chosen = [(name, module) for name, module in model.named_modules()
-              if isinstance(module, nn.Linear) and select(name, module)]
+    chosen = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and select(name, module)
+    ]
     for name, linear in chosen:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

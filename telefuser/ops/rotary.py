@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def rope_frequencies(positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_frequencies(
+    positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [S, rotary_dim] for integer positions [S]."""
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")

@@ -67,7 +67,9 @@ def gpu_intervals_of_phase(events: list[dict], phase: str) -> list[Interval]:
     return [
         Interval(e["ts"], e["ts"] + e.get("dur", 0))
         for e in events
-        if e.get("ph") == "X" and e.get("cat") in _GPU_CATEGORIES and e.get("args", {}).get("correlation") in correlations
+        if e.get("ph") == "X"
+        and e.get("cat") in _GPU_CATEGORIES
+        and e.get("args", {}).get("correlation") in correlations
     ]
 
 

@@ -35,4 +35,9 @@ def test_layer_matches_dense_and_submits_v_first(ranks):
     for err, calls in ranks.run(_layer_parity, 24):
         # fp32 on CPU: the same per-head math on the same rows; only summation order may differ.
         assert err <= 1e-5, err
-        assert calls == [("scatter", "v", False), ("scatter", "q", False), ("scatter", "k", True), ("gather", None, True)]
+        assert calls == [
+            ("scatter", "v", False),
+            ("scatter", "q", False),
+            ("scatter", "k", True),
+            ("gather", None, True),
+        ]

@@ -77,9 +77,27 @@ def _check_by_transport(result: dict, time_key: str) -> None:
 # -- torchrun runs -----------------------------------------------------------------------------------------------------
 def test_lingbot_session_compares_transports(tmp_path):
     output = tmp_path / "lingbot.json"
-    out = torchrun(2, "tools/bench/lingbot_world_bench.py", "session", "--config", "tiny", "--device", "cpu",
-                   "--resolution", "64x48", "--chunks", "3", "--ulysses", "2", "--iters", "2",
-                   "--transports", ",".join(TRANSPORTS), "--output", str(output))
+    out = torchrun(
+        2,
+        "tools/bench/lingbot_world_bench.py",
+        "session",
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--resolution",
+        "64x48",
+        "--chunks",
+        "3",
+        "--ulysses",
+        "2",
+        "--iters",
+        "2",
+        "--transports",
+        ",".join(TRANSPORTS),
+        "--output",
+        str(output),
+    )
     result = json.loads(output.read_text())
     _check_by_transport(result, "steady_dit_seconds_p50")
     for name in TRANSPORTS:
@@ -98,9 +116,26 @@ def test_lingbot_session_compares_transports(tmp_path):
 
 def test_minimax_compares_transports(tmp_path):
     output = tmp_path / "minimax.json"
-    out = torchrun(2, "tools/bench/minimax_h3_dit_bench.py", "--config", "tiny", "--device", "cpu",
-                   "--resolution", "64", "--duration", "1", "--ulysses", "2", "--iters", "2",
-                   "--transports", ",".join(TRANSPORTS), "--output", str(output))
+    out = torchrun(
+        2,
+        "tools/bench/minimax_h3_dit_bench.py",
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--resolution",
+        "64",
+        "--duration",
+        "1",
+        "--ulysses",
+        "2",
+        "--iters",
+        "2",
+        "--transports",
+        ",".join(TRANSPORTS),
+        "--output",
+        str(output),
+    )
     result = json.loads(output.read_text())
     _check_by_transport(result, "seconds_per_call")
     assert result["seconds_per_call"] == result["by_transport"]["portable"]["seconds_per_call"]
@@ -111,9 +146,28 @@ def test_minimax_compares_transports(tmp_path):
 
 def test_minimax_tp2_ulysses2_compares_transports(tmp_path):
     output = tmp_path / "minimax_tp2_u2.json"
-    out = torchrun(4, "tools/bench/minimax_h3_dit_bench.py", "--config", "tiny", "--device", "cpu",
-                   "--resolution", "64", "--duration", "1", "--tp", "2", "--ulysses", "2", "--iters", "2",
-                   "--transports", ",".join(TRANSPORTS), "--output", str(output))
+    out = torchrun(
+        4,
+        "tools/bench/minimax_h3_dit_bench.py",
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--resolution",
+        "64",
+        "--duration",
+        "1",
+        "--tp",
+        "2",
+        "--ulysses",
+        "2",
+        "--iters",
+        "2",
+        "--transports",
+        ",".join(TRANSPORTS),
+        "--output",
+        str(output),
+    )
     result = json.loads(output.read_text())
     _check_by_transport(result, "seconds_per_call")
     assert (result["world"], result["tp"], result["ulysses"]) == (4, 2, 2)
@@ -123,17 +177,36 @@ def test_minimax_tp2_ulysses2_compares_transports(tmp_path):
 
 def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
     output = tmp_path / "vs.json"
-    command = [sys.executable, str(REPO / "tools/bench/lingbot_world_bench.py"), "vs-diffusers", "--config", "tiny",
-               "--device", "cpu", "--resolution", "64x48", "--frames", "2", "--iters", "1", "--compile-backend",
-               "eager", "--output", str(output)]
+    command = [
+        sys.executable,
+        str(REPO / "tools/bench/lingbot_world_bench.py"),
+        "vs-diffusers",
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--resolution",
+        "64x48",
+        "--frames",
+        "2",
+        "--iters",
+        "1",
+        "--compile-backend",
+        "eager",
+        "--output",
+        str(output),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(output.read_text())
     best = "diffusers best (native SDPA, compile_repeated_blocks (eager backend))"  # cuDNN attention on a GPU
     assert result["diffusers_best"] == best and result["diffusers_best_errors"] == {}
     assert [row["implementation"] for row in result["rows"]] == [
-        "telefuser (cuDNN SDPA first)", "telefuser, eager elementwise chains", "diffusers (torch default SDPA order)",
-        best]
+        "telefuser (cuDNN SDPA first)",
+        "telefuser, eager elementwise chains",
+        "diffusers (torch default SDPA order)",
+        best,
+    ]
     for row in result["rows"]:
         assert row["seconds"] > 0 and row["query_tokens"] == row["key_tokens"] == 2 * (48 // 16) * (64 // 16)
         assert row["attention_tflop_formula"] == row["attention_tflop_dispatched"] > 0, row
@@ -142,8 +215,20 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
 
 
 def test_overlap_profiler_runs_the_lingbot_layer_on_cpu(tmp_path):
-    out = torchrun(2, "tools/validation/profile_ulysses_overlap.py", "--preset", "lingbot_tiny", "--device", "cpu",
-                   "--transport", "host-shm", "--iters", "2", "--output", str(tmp_path))
+    out = torchrun(
+        2,
+        "tools/validation/profile_ulysses_overlap.py",
+        "--preset",
+        "lingbot_tiny",
+        "--device",
+        "cpu",
+        "--transport",
+        "host-shm",
+        "--iters",
+        "2",
+        "--output",
+        str(tmp_path),
+    )
     summary = json.loads((tmp_path / "overlap.json").read_text())
     assert summary["layer"] == "lingbot_world_v2" and summary["transport"] == "host-shm"
     assert summary["phase_ranges"] == {"ulysses.scatter.v": 2, "ulysses.qk_norm_rope": 2}
@@ -161,7 +246,11 @@ def test_transport_arguments(bench, request):
         with pytest.raises(argparse.ArgumentTypeError):
             module.parse_transports(bad)
     assert [module.rotated(["a", "b", "c"], i) for i in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
 
 
 def test_bench_argument_parsing(minimax_bench, lingbot_bench, monkeypatch):

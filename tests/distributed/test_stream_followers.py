@@ -112,8 +112,9 @@ def test_serve_stream_under_torchrun_and_ctrl_c():
     (SIGINT to the whole process group) shuts everything down in order."""
     from tests.serve_stream_launch import stream_one_session_then_ctrl_c
 
-    log, _ = stream_one_session_then_ctrl_c(["--fake", "--resolution", "32x32", "--fake-delay", "0.01"],
-                                            frames=45, chunks=3)
+    log, _ = stream_one_session_then_ctrl_c(
+        ["--fake", "--resolution", "32x32", "--fake-delay", "0.01"], frames=45, chunks=3
+    )
     assert "serve-stream exited cleanly" in log, log
     assert "rank 1: follower stopped after 5 model calls" in log, log  # create, 3 x next_chunk, close
 
@@ -123,8 +124,13 @@ def test_serve_stream_real_tiny_model_under_torchrun_and_ctrl_c():
     both ranks (portable transport over gloo), rank 1 follows, and Ctrl-C ends both."""
     from tests.serve_stream_launch import stream_one_session_then_ctrl_c
 
-    log, metadata = stream_one_session_then_ctrl_c(["--config", "tiny", "--device", "cpu", "--resolution", "64x48"],
-                                                   frames=29, chunks=2, start_timeout_s=120, stream_timeout_s=120)
+    log, metadata = stream_one_session_then_ctrl_c(
+        ["--config", "tiny", "--device", "cpu", "--resolution", "64x48"],
+        frames=29,
+        chunks=2,
+        start_timeout_s=120,
+        stream_timeout_s=120,
+    )
     model = metadata["model"]  # the factory's metadata, as /v1/service/metadata nests it
     assert model["model"] == "LingBot-World v2" and model["ulysses_transport"] == "portable", model
     assert "warmup_s" not in model  # auto: only on CUDA

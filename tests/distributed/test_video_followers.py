@@ -41,8 +41,9 @@ def _serve_and_follow(ctx):
         with tempfile.TemporaryDirectory() as out, TestClient(create_video_app(leader, output_dir=out)) as client:
             bad = client.post("/v1/videos", json={"prompt": "p", "size": "101x64"})  # odd: no H.264 4:2:0
             assert bad.status_code == 422
-            one = client.post("/v1/videos", json={"prompt": "one", "size": "64x32", "seconds": 0.2, "steps": 4,
-                                                  "seed": 3}).json()["id"]  # fmt: skip
+            one = client.post(
+                "/v1/videos", json={"prompt": "one", "size": "64x32", "seconds": 0.2, "steps": 4, "seed": 3}
+            ).json()["id"]
             _wait(lambda: client.get(f"/v1/videos/{one}").json()["status"] == "completed")
             time.sleep(0.8)  # idle: heartbeat pings keep the follower's blocking broadcast alive
             two = client.post("/v1/videos", json={"prompt": "two", "steps": 300}).json()["id"]
@@ -62,8 +63,15 @@ def test_follower_replays_rank0_jobs_and_cancels_at_the_same_step(ranks2):
     (calls0, steps0, _, stopped), (calls1, steps1, followed, _) = ranks2.run(_serve_and_follow)
     assert [c["prompt"] for c in calls0] == ["one", "two"]
     assert calls0 == calls1  # identical VideoSpec arguments, same order
-    assert calls0[0] == {"prompt": "one", "resolution": "64x32", "aspect_ratio": "16:9", "seconds": 0.2, "steps": 4,
-                         "seed": 3, "output_size": None}  # fmt: skip
+    assert calls0[0] == {
+        "prompt": "one",
+        "resolution": "64x32",
+        "aspect_ratio": "16:9",
+        "seconds": 0.2,
+        "steps": 4,
+        "seed": 3,
+        "output_size": None,
+    }
     assert steps0 == steps1 and steps0[0] == 3 and 0 < steps0[1] < 299 and steps0[1] == stopped
     assert followed == 6  # create, next_chunk, close per job; the refused request never reached the follower
 
@@ -89,11 +97,32 @@ def test_serve_under_torchrun_with_the_tiny_model():
     out = Path(tempfile.mkdtemp(prefix="tf-video-"))
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video.cli", "serve",
-         "--port", "0", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2", "--output-dir", str(out)],
-        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "telefuser.serving.video.cli",
+            "serve",
+            "--port",
+            "0",
+            "--config",
+            "tiny",
+            "--device",
+            "cpu",
+            "--ulysses-degree",
+            "2",
+            "--output-dir",
+            str(out),
+        ],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
@@ -103,8 +132,9 @@ def test_serve_under_torchrun_with_the_tiny_model():
         url = next(pattern.search(line).group(1) for line in lines if pattern.search(line))
         _wait(lambda: any("startup complete" in line for line in lines), 30)
         with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
-            job = http.post("/v1/videos", data={"prompt": "waves", "size": "64x32", "seconds": "0.2",
-                                                "num_inference_steps": "3"}).json()  # fmt: skip
+            job = http.post(
+                "/v1/videos", data={"prompt": "waves", "size": "64x32", "seconds": "0.2", "num_inference_steps": "3"}
+            ).json()
             _wait(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] in ("completed", "failed"), 60)
             done = http.get(f"/v1/videos/{job['id']}").json()
             assert done["status"] == "completed", done["error"]

@@ -15,8 +15,12 @@ IPC_TROUBLE = re.compile(r"(?i)(warn|leak|error|fail).*ipc|ipc.*(warn|leak|error
 
 def test_serve_stream_on_gpu_ctrl_c_without_ipc_warnings():
     log, metadata = stream_one_session_then_ctrl_c(
-        ["--config", "tiny", "--device", "cuda", "--resolution", "128x96"], frames=29, chunks=2,
-        start_timeout_s=300, stream_timeout_s=300)
+        ["--config", "tiny", "--device", "cuda", "--resolution", "128x96"],
+        frames=29,
+        chunks=2,
+        start_timeout_s=300,
+        stream_timeout_s=300,
+    )
     expected = "ce-symm" if torch.cuda.device_count() >= 2 else "ce-ipc"
     model = metadata["model"]  # the factory's metadata, as /v1/service/metadata nests it
     assert model["ulysses_transport"] == expected and model["warmup_s"] > 0, model

@@ -67,8 +67,10 @@ def test_lingbot_fp8_quantizes_the_block_gemms_only_and_stays_close():
     assert len(names) == config.num_layers * len(model.FP8_LINEARS)
     assert all(isinstance(model.get_submodule(n), Float8Linear) for n in names)
     kept = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    assert all("cam" in n or "modulation" in n or not n.startswith("blocks.") or "cross_attn.k" in n
-               or "cross_attn.v" in n for n in kept), kept
+    assert all(
+        "cam" in n or "modulation" in n or not n.startswith("blocks.") or "cross_attn.k" in n or "cross_attn.v" in n
+        for n in kept
+    ), kept
     assert model.compute_dtype == reference.compute_dtype and "fp8" in model.weights_source
     g = torch.Generator().manual_seed(2)
     text = torch.randn(1, 5, config.text_dim, generator=g)

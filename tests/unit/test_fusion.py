@@ -13,8 +13,9 @@ from telefuser.models.minimax_h3 import blocks as minimax_blocks
 from telefuser.models.minimax_h3 import modulation as minimax_mod
 from telefuser.ops.fusion import cuda_fused, fusion_enabled, set_fusion
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
-                               reason="no CUDA GPU on this machine: compiled kernels run on CUDA only")
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU on this machine: compiled kernels run on CUDA only"
+)
 
 
 @pytest.fixture
@@ -50,11 +51,14 @@ def _cases(device):
         "minimax.gated_residual": (minimax_mod.gated_residual, (x_bf, r(6, 256), r(2, 300, 256), rows)),
         "minimax.swiglu": (minimax_blocks.swiglu, (r(2, 300, 512),)),
         "lingbot.wan_rms_norm": (lingbot_norms.wan_rms_norm, (x_bf, r(256) + 1, 1e-6)),
-        "lingbot.layer_norm_modulate": (lingbot_norms.layer_norm_modulate,
-                                        (x_fp, 1e-6, r(2, 1, 256, dtype=torch.float32), r(2, 1, 256, dtype=torch.float32),
-                                         torch.bfloat16)),
-        "lingbot.layer_norm_to": (lingbot_norms.layer_norm_to,
-                                  (x_fp, r(256, dtype=torch.float32), r(256, dtype=torch.float32), 1e-6, torch.bfloat16)),
+        "lingbot.layer_norm_modulate": (
+            lingbot_norms.layer_norm_modulate,
+            (x_fp, 1e-6, r(2, 1, 256, dtype=torch.float32), r(2, 1, 256, dtype=torch.float32), torch.bfloat16),
+        ),
+        "lingbot.layer_norm_to": (
+            lingbot_norms.layer_norm_to,
+            (x_fp, r(256, dtype=torch.float32), r(256, dtype=torch.float32), 1e-6, torch.bfloat16),
+        ),
         "lingbot.apply_rope": (apply_rope, (r(2, 300, 4, 64), cos, sin)),
         "lingbot.gated_residual": (lingbot_blocks.gated_residual, (x_fp, x_bf, r(2, 1, 256, dtype=torch.float32))),
         "lingbot.camera_modulate": (lingbot_blocks.camera_modulate, (x_fp, x_bf, x_bf)),
@@ -91,8 +95,10 @@ def test_lingbot_tiny_chunk_fused_matches_eager(fusion_on):
     for fused in (False, True):
         set_fusion(fused)
         session = model.new_session(1, text, tokens_per_frame=24)
-        outs[fused] = [model.forward_chunk(session, latents, torch.full((1,), t), None, update_cache=t == 0.0)
-                       for t in (900.0, 0.0, 500.0)]
+        outs[fused] = [
+            model.forward_chunk(session, latents, torch.full((1,), t), None, update_cache=t == 0.0)
+            for t in (900.0, 0.0, 500.0)
+        ]
         session.close()
     for eager, fused in zip(outs[False], outs[True]):
         scale = eager.abs().max()

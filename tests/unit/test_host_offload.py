@@ -34,8 +34,9 @@ def _bound(dtype: torch.dtype) -> float:
 def test_offloaded_prompt_encoder_gives_the_resident_encoders_conditioning():
     resident, offloaded = _encoders()
     assert offloaded.offload and not resident.offload
-    other = PromptEncoder(load_tokenizer(None), MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=64),
-                                                                         num_layers=2, seed=4))
+    other = PromptEncoder(
+        load_tokenizer(None), MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=64), num_layers=2, seed=4)
+    )
     for prompt in ("a red fox in snow", "waves on a pebble beach at night"):
         expected = resident(prompt, torch.device("cpu"))
         got = offloaded(prompt, torch.device("cpu"))
@@ -62,18 +63,26 @@ def test_buffers_travel_with_the_parameters():
     x = torch.randn(3, 4)
     with resident.on("cpu") as lent:
         out = lent(x)
-    torch.testing.assert_close(out, (x - torch.arange(4.0)) / torch.sqrt(torch.ones(4) + module.eps)
-                               * module.weight.detach() + module.bias.detach())
+    torch.testing.assert_close(
+        out,
+        (x - torch.arange(4.0)) / torch.sqrt(torch.ones(4) + module.eps) * module.weight.detach()
+        + module.bias.detach(),
+    )
 
 
 @needs_gpu
 def test_offloaded_encoder_lends_the_gpu_its_weights_only_while_it_encodes():
     device = torch.device("cuda")
     config = tiny_text_config(hidden_size=256, num_layers=4)
-    resident = PromptEncoder(load_tokenizer(None), MiniMaxH3TextEncoder.random(
-        config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16))
-    offloaded = PromptEncoder(load_tokenizer(None), MiniMaxH3TextEncoder.random(
-        config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16), offload=True)
+    resident = PromptEncoder(
+        load_tokenizer(None),
+        MiniMaxH3TextEncoder.random(config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16),
+    )
+    offloaded = PromptEncoder(
+        load_tokenizer(None),
+        MiniMaxH3TextEncoder.random(config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16),
+        offload=True,
+    )
     params = list(offloaded.encoder.parameters())
     assert all(p.device.type == "cpu" and p.is_pinned() for p in params)
     weight_bytes = sum(p.numel() * p.element_size() for p in params)

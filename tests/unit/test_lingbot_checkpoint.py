@@ -114,10 +114,14 @@ def test_a_seven_channel_control_projection_is_refused(source, tmp_path):
 
 
 def test_missing_and_unexpected_keys_are_named(source, tmp_path):
-    write_official_checkpoint(source, tmp_path, drop=["blocks.1.cam_scale_layer.weight"],
-                              extra={"blocks.0.img_emb.weight": torch.zeros(2)})
-    with pytest.raises(CheckpointError, match=r"1 missing: blocks.1.cam_scale_layer.weight; "
-                                              r"1 unexpected: blocks.0.img_emb.weight"):
+    write_official_checkpoint(
+        source, tmp_path, drop=["blocks.1.cam_scale_layer.weight"], extra={"blocks.0.img_emb.weight": torch.zeros(2)}
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 missing: blocks.1.cam_scale_layer.weight; "
+        r"1 unexpected: blocks.0.img_emb.weight",
+    ):
         load_lingbot_dit(tmp_path, device="cpu")
 
 
@@ -126,8 +130,11 @@ def test_a_config_that_does_not_match_the_weights_is_refused(source, tmp_path):
     payload = json.loads((tmp_path / "config.json").read_text())
     payload["in_dim"] = 32
     (tmp_path / "config.json").write_text(json.dumps(payload))
-    with pytest.raises(CheckpointError, match=r"patch_embedding.weight has shape \(64, 36, 1, 2, 2\), the config "
-                                              r"expects \(64, 32, 1, 2, 2\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"patch_embedding.weight has shape \(64, 36, 1, 2, 2\), the config "
+        r"expects \(64, 32, 1, 2, 2\)",
+    ):
         load_lingbot_dit(weights, device="cpu")
 
 
@@ -158,47 +165,70 @@ def _write_diffusers_dir(root: Path, tensors: dict, config: dict) -> Path:
 
 
 def _diffusers_config(config: LingBotWorldV2Config, **overrides) -> dict:
-    payload = {"_class_name": "WanTransformer3DModel", "patch_size": list(config.patch_size),
-               "num_attention_heads": config.num_heads, "attention_head_dim": config.head_dim,
-               "in_channels": config.in_dim, "out_channels": config.out_dim, "text_dim": config.text_dim,
-               "freq_dim": config.freq_dim, "ffn_dim": config.ffn_dim, "num_layers": config.num_layers,
-               "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": config.eps, "image_dim": None,
-               "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None}
+    payload = {
+        "_class_name": "WanTransformer3DModel",
+        "patch_size": list(config.patch_size),
+        "num_attention_heads": config.num_heads,
+        "attention_head_dim": config.head_dim,
+        "in_channels": config.in_dim,
+        "out_channels": config.out_dim,
+        "text_dim": config.text_dim,
+        "freq_dim": config.freq_dim,
+        "ffn_dim": config.ffn_dim,
+        "num_layers": config.num_layers,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": config.eps,
+        "image_dim": None,
+        "added_kv_proj_dim": None,
+        "rope_max_seq_len": 1024,
+        "pos_embed_seq_len": None,
+    }
     return {**payload, **overrides}
 
 
 def test_the_diffusers_config_maps_onto_the_original_keys():
     cfg = LingBotWorldV2Config.tiny()
     mapped = LingBotWorldV2Config.from_dict(_diffusers_config(cfg, out_channels=None))
-    assert mapped == LingBotWorldV2Config(**{**cfg.to_dict(), "text_len": 512, "local_attn_size": 18,
-                                             "sink_size": 6, "out_dim": cfg.in_dim})  # out_channels or in_channels
+    assert mapped == LingBotWorldV2Config(
+        **{**cfg.to_dict(), "text_len": 512, "local_attn_size": 18, "sink_size": 6, "out_dim": cfg.in_dim}
+    )  # out_channels or in_channels
     official = LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config()))
     assert official == LingBotWorldV2Config()
 
 
-@pytest.mark.parametrize("overrides, match", [
-    ({"image_dim": 1280}, r"image_dim=1280: a CLIP image branch .* LingBot-World v2 has none"),
-    ({"added_kv_proj_dim": 64}, r"image key/value projections"),
-    ({"pos_embed_seq_len": 514}, r"learned position embedding"),
-    ({"qk_norm": "rms_norm"}, r"qk_norm='rms_norm'; LingBot-World v2 normalises Q and K over all heads"),
-    ({"dim": 64}, r"mixes diffusers-format keys with original ones \(dim\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"image_dim": 1280}, r"image_dim=1280: a CLIP image branch .* LingBot-World v2 has none"),
+        ({"added_kv_proj_dim": 64}, r"image key/value projections"),
+        ({"pos_embed_seq_len": 514}, r"learned position embedding"),
+        ({"qk_norm": "rms_norm"}, r"qk_norm='rms_norm'; LingBot-World v2 normalises Q and K over all heads"),
+        ({"dim": 64}, r"mixes diffusers-format keys with original ones \(dim\)"),
+    ],
+)
 def test_a_diffusers_config_that_cannot_map_is_refused(overrides, match):
     with pytest.raises(LingBotConfigError, match=match):
         LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config.tiny(), **overrides))
     with pytest.raises(LingBotConfigError, match="diffusers-format transformer config missing required keys: ffn_dim"):
-        LingBotWorldV2Config.from_dict({"in_channels": 36, "num_attention_heads": 4, "attention_head_dim": 16,
-                                        "num_layers": 2})
+        LingBotWorldV2Config.from_dict(
+            {"in_channels": 36, "num_attention_heads": 4, "attention_head_dim": 16, "num_layers": 2}
+        )
 
 
 def test_a_wan_image_branch_a_camera_less_wan_and_mixed_names_are_refused(source, tmp_path):
     cfg = source.config
     tensors = _diffusers_names(source)
-    image = {"condition_embedder.image_embedder.norm1.weight": torch.ones(4),
-             "blocks.0.attn2.add_k_proj.weight": torch.ones(cfg.dim, 4)}
+    image = {
+        "condition_embedder.image_embedder.norm1.weight": torch.ones(4),
+        "blocks.0.attn2.add_k_proj.weight": torch.ones(cfg.dim, 4),
+    }
     _write_diffusers_dir(tmp_path / "i2v", {**tensors, **image}, _diffusers_config(cfg))
-    with pytest.raises(CheckpointError, match=r"has a CLIP image branch \(blocks.0.attn2.add_k_proj.weight, "
-                                              r"condition_embedder.image_embedder.norm1.weight\): a Wan 2.1 I2V"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"has a CLIP image branch \(blocks.0.attn2.add_k_proj.weight, "
+        r"condition_embedder.image_embedder.norm1.weight\): a Wan 2.1 I2V",
+    ):
         load_lingbot_dit(tmp_path / "i2v", device="cpu")
     plain = {k: v for k, v in tensors.items() if "cam" not in k and "c2ws" not in k}
     _write_diffusers_dir(tmp_path / "plain", plain, _diffusers_config(cfg))
@@ -206,8 +236,11 @@ def test_a_wan_image_branch_a_camera_less_wan_and_mixed_names_are_refused(source
         load_lingbot_dit(tmp_path / "plain", device="cpu")
     mixed = {**tensors, "blocks.0.self_attn.q.weight": torch.ones(cfg.dim, cfg.dim)}
     _write_diffusers_dir(tmp_path / "mixed", mixed, _diffusers_config(cfg))
-    with pytest.raises(CheckpointError, match=r"mixes diffusers' Wan tensor names .* with the original ones "
-                                              r"\(blocks.0.self_attn.q.weight\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"mixes diffusers' Wan tensor names .* with the original ones "
+        r"\(blocks.0.self_attn.q.weight\)",
+    ):
         load_lingbot_dit(tmp_path / "mixed", device="cpu")
     write_official_checkpoint(source, tmp_path / "orig", extra={"condition_embedder.time_proj.weight": torch.ones(2)})
     with pytest.raises(CheckpointError, match=r"mixes diffusers' Wan tensor names \(condition_embedder.time_proj"):
@@ -219,8 +252,11 @@ def test_a_diffusers_directory_names_its_missing_and_unknown_tensors(source, tmp
     del tensors["blocks.1.attn2.norm_k.weight"]
     tensors["blocks.0.cam_plucker_proj.weight"] = torch.ones(2)  # another project's name for a camera layer
     _write_diffusers_dir(tmp_path, tensors, _diffusers_config(source.config))
-    with pytest.raises(CheckpointError, match=r"1 missing: blocks.1.attn2.norm_k.weight; "
-                                              r"1 unexpected: blocks.0.cam_plucker_proj.weight"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 missing: blocks.1.attn2.norm_k.weight; "
+        r"1 unexpected: blocks.0.cam_plucker_proj.weight",
+    ):
         load_lingbot_dit(tmp_path, device="cpu")
 
 

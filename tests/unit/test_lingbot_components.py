@@ -35,16 +35,19 @@ from tests.numerics import relative_error
 
 
 def _measure(index, frames, seconds):
-    return {"index": index, "frames": frames, "compute_seconds": seconds,
-            "phases": {"dit_s": seconds / 2, "kv_update_s": 0.0, "decode_s": seconds / 2, "convert_s": 0.0}}
+    return {
+        "index": index,
+        "frames": frames,
+        "compute_seconds": seconds,
+        "phases": {"dit_s": seconds / 2, "kv_update_s": 0.0, "decode_s": seconds / 2, "convert_s": 0.0},
+    }
 
 
 # ---------------------------------------------------------------- metrics
 
 
 def test_summary_on_known_numbers():
-    ms = [_measure(0, 13, 2.0), _measure(1, 16, 1.0), _measure(2, 16, 0.5), _measure(3, 16, 2.0),
-          _measure(4, 16, 1.5)]
+    ms = [_measure(0, 13, 2.0), _measure(1, 16, 1.0), _measure(2, 16, 0.5), _measure(3, 16, 2.0), _measure(4, 16, 1.5)]
     s = summarize(ms)
     assert s["chunks"] == 5 and s["frames"] == 77 and s["compute_seconds"] == pytest.approx(7.0)
     assert s["first_chunk_seconds"] == 2.0
@@ -127,7 +130,7 @@ def test_trace_json_list_and_json_lines_agree(tmp_path):
         ('[{"chunk": 1, "keys": "W"}]', r"keys must be a list"),
         ('[{"chunk": 1, "keys": [], "hold": true}]', r"unknown \['hold'\]"),
         ('[{"keys": []}]', r"missing \['chunk'\]"),
-        ('[[1, 2]]', r"expected an object"),
+        ("[[1, 2]]", r"expected an object"),
         ('[{"chunk": 1, "keys": []}', r"not valid JSON"),
     ],
 )
@@ -238,8 +241,9 @@ def test_image_to_canvas_is_bicubic_in_minus_one_one():
     assert canvas.shape == (3, 12, 16) and canvas.dtype == torch.float32
     assert torch.allclose(canvas[0], torch.ones(12, 16)) and torch.allclose(canvas[1], -torch.ones(12, 16))
     random = np.random.default_rng(0).integers(0, 256, (6, 8, 3), dtype=np.uint8)
-    expected = F.interpolate(torch.from_numpy(random).permute(2, 0, 1)[None].float() / 127.5 - 1, size=(12, 16),
-                             mode="bicubic")[0]
+    expected = F.interpolate(
+        torch.from_numpy(random).permute(2, 0, 1)[None].float() / 127.5 - 1, size=(12, 16), mode="bicubic"
+    )[0]
     assert torch.allclose(image_to_canvas(random, 16, 12), expected, atol=1e-6)
 
 
@@ -315,8 +319,9 @@ def test_vae_official_loader_refuses_what_it_cannot_map(tmp_path):
     with pytest.raises(ValueError, match="not a Wan 2.1 VAE state dict"):
         WanVideoVAE.from_official(bogus)
     partial = tmp_path / "partial.pth"
-    torch.save({"decoder.middle.0.residual.0.gamma": torch.zeros(384, 1, 1, 1), "extra.weight": torch.zeros(1)},
-               partial)
+    torch.save(
+        {"decoder.middle.0.residual.0.gamma": torch.zeros(384, 1, 1, 1), "extra.weight": torch.zeros(1)}, partial
+    )
     with pytest.raises(ValueError, match=r"cannot map onto AutoencoderKLWan.*missing.*unexpected \['extra.weight'\]"):
         WanVideoVAE.from_official(partial)
     with pytest.raises(FileNotFoundError):
@@ -328,6 +333,7 @@ def test_vae_official_loader_refuses_what_it_cannot_map(tmp_path):
 
 def wan_t5_reference(state, ids, heads, layers, buckets=32, max_dist=128):
     """Wan's umT5 encoder written from its formulas, on Wan's key names (independent of transformers)."""
+
     def norm(x, w):
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
@@ -346,6 +352,7 @@ def wan_t5_reference(state, ids, heads, layers, buckets=32, max_dist=128):
     length = ids.shape[1]
     rel = torch.arange(length)[None] - torch.arange(length)[:, None]
     for i in range(layers):
+
         def p(name):
             return state[f"blocks.{i}.{name}"]
 
@@ -367,9 +374,18 @@ def _official_state_from(model, num_layers):
 
 
 def _wan_keys(num_layers):
-    per_block = ["norm1.weight", "attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight",
-                 "pos_embedding.embedding.weight", "norm2.weight", "ffn.gate.0.weight", "ffn.fc1.weight",
-                 "ffn.fc2.weight"]
+    per_block = [
+        "norm1.weight",
+        "attn.q.weight",
+        "attn.k.weight",
+        "attn.v.weight",
+        "attn.o.weight",
+        "pos_embedding.embedding.weight",
+        "norm2.weight",
+        "ffn.gate.0.weight",
+        "ffn.fc1.weight",
+        "ffn.fc2.weight",
+    ]
     return {"token_embedding.weight", "norm.weight"} | {f"blocks.{i}.{n}" for i in range(num_layers) for n in per_block}
 
 

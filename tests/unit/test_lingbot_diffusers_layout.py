@@ -23,13 +23,27 @@ CONFIG = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
 
 
 def _diffusers_transformer_config(config: LingBotWorldV2Config) -> dict:
-    return {"_class_name": "WanTransformer3DModel", "patch_size": list(config.patch_size),
-            "num_attention_heads": config.num_heads, "attention_head_dim": config.head_dim,
-            "in_channels": config.in_dim, "out_channels": config.out_dim, "text_dim": config.text_dim,
-            "freq_dim": config.freq_dim, "ffn_dim": config.ffn_dim, "num_layers": config.num_layers,
-            "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": config.eps, "image_dim": None,
-            "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None,
-            "local_attn_size": config.local_attn_size, "sink_size": config.sink_size}
+    return {
+        "_class_name": "WanTransformer3DModel",
+        "patch_size": list(config.patch_size),
+        "num_attention_heads": config.num_heads,
+        "attention_head_dim": config.head_dim,
+        "in_channels": config.in_dim,
+        "out_channels": config.out_dim,
+        "text_dim": config.text_dim,
+        "freq_dim": config.freq_dim,
+        "ffn_dim": config.ffn_dim,
+        "num_layers": config.num_layers,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": config.eps,
+        "image_dim": None,
+        "added_kv_proj_dim": None,
+        "rope_max_seq_len": 1024,
+        "pos_embed_seq_len": None,
+        "local_attn_size": config.local_attn_size,
+        "sink_size": config.sink_size,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +57,10 @@ def checkpoint(tmp_path_factory):
     shutil.copytree(TOKENIZER, root / "tokenizer")
     dit = build_random_lingbot_dit(CONFIG, seed=5)
     (root / "transformer").mkdir()
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()},
-              str(root / "transformer" / "diffusion_pytorch_model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in dit.state_dict().items()},
+        str(root / "transformer" / "diffusion_pytorch_model.safetensors"),
+    )
     (root / "transformer" / "config.json").write_text(json.dumps(_diffusers_transformer_config(CONFIG)))
     return root, {"vae": vae.state_dict(), "text_encoder": encoder.state_dict(), "dit": dit.state_dict()}
 
@@ -56,8 +72,12 @@ def _equal_states(got: dict, expected: dict) -> bool:
 def test_every_part_loads_from_its_folder_and_a_session_runs(checkpoint):
     root, states = checkpoint
     paths = resolve_checkpoint(root)
-    assert {k: p.name for k, p in paths.items()} == {"vae": "vae", "text_encoder": "text_encoder",
-                                                     "tokenizer": "tokenizer", "dit": "transformer"}
+    assert {k: p.name for k, p in paths.items()} == {
+        "vae": "vae",
+        "text_encoder": "text_encoder",
+        "tokenizer": "tokenizer",
+        "dit": "transformer",
+    }
     pipe = build_lingbot_pipeline(checkpoint=root, device="cpu", dtype=torch.float32)
     assert _equal_states(pipe.vae.model.state_dict(), states["vae"])
     assert _equal_states(pipe.prompt_encoder.encoder.state_dict(), states["text_encoder"])

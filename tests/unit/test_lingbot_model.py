@@ -58,10 +58,26 @@ def test_defaults_are_the_v2_architecture():
 
 
 def test_from_json_reads_the_official_keys_and_refuses_an_incomplete_config(tmp_path, config):
-    official = {"_class_name": "WanModelFast", "_diffusers_version": "0.35.1", "model_type": "i2v",
-                "patch_size": [1, 2, 2], "text_len": 512, "in_dim": 36, "dim": 5120, "ffn_dim": 13824,
-                "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 40, "num_layers": 40,
-                "local_attn_size": 18, "sink_size": 6, "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+    official = {
+        "_class_name": "WanModelFast",
+        "_diffusers_version": "0.35.1",
+        "model_type": "i2v",
+        "patch_size": [1, 2, 2],
+        "text_len": 512,
+        "in_dim": 36,
+        "dim": 5120,
+        "ffn_dim": 13824,
+        "freq_dim": 256,
+        "text_dim": 4096,
+        "out_dim": 16,
+        "num_heads": 40,
+        "num_layers": 40,
+        "local_attn_size": 18,
+        "sink_size": 6,
+        "qk_norm": True,
+        "cross_attn_norm": True,
+        "eps": 1e-6,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(official))
     assert LingBotWorldV2Config.from_json(path) == LingBotWorldV2Config()
@@ -156,8 +172,8 @@ def test_cache_rolls_in_place_keeps_the_sink_and_reads_leave_it_untouched(model,
         model.forward_chunk(session, latents, torch.tensor([0.0]), camera, update_cache=True)
         assert [t.data_ptr() for t in _layer_buffers(session)] == pointers  # no reallocation, ever
         if sink is None:
-            sink = [t[:, :session.sink_rows].clone() for t in _layer_buffers(session)]
-        assert all(torch.equal(s, t[:, :session.sink_rows]) for s, t in zip(sink, _layer_buffers(session)))
+            sink = [t[:, : session.sink_rows].clone() for t in _layer_buffers(session)]
+        assert all(torch.equal(s, t[:, : session.sink_rows]) for s, t in zip(sink, _layer_buffers(session)))
     # 8 frames committed into a 4-frame window: it rolled, and stays full.
     assert session.frame_offset == 8 and session.committed == session.capacity
 
@@ -167,13 +183,25 @@ def _wan_rope_complex(x, frames, h, w, theta=10000.0):
     """Wan's rope_params + causal_rope_apply, written with complex numbers, positions 0..frames-1."""
     d = x.shape[-1]
     c = d // 2
+
     def table(n, dim):
-        return torch.polar(torch.ones(n, dim // 2, dtype=torch.float64),
-                           torch.outer(torch.arange(n, dtype=torch.float64),
-                                       1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)))
+        return torch.polar(
+            torch.ones(n, dim // 2, dtype=torch.float64),
+            torch.outer(
+                torch.arange(n, dtype=torch.float64),
+                1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim),
+            ),
+        )
+
     ft, ht, wt = table(frames, 2 * (c - 2 * (c // 3))), table(h, 2 * (c // 3)), table(w, 2 * (c // 3))
-    freqs = torch.cat([ft[:, None, None].expand(frames, h, w, -1), ht[None, :, None].expand(frames, h, w, -1),
-                       wt[None, None].expand(frames, h, w, -1)], dim=-1).reshape(frames * h * w, 1, -1)
+    freqs = torch.cat(
+        [
+            ft[:, None, None].expand(frames, h, w, -1),
+            ht[None, :, None].expand(frames, h, w, -1),
+            wt[None, None].expand(frames, h, w, -1),
+        ],
+        dim=-1,
+    ).reshape(frames * h * w, 1, -1)
     xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(xc * freqs).flatten(-2).to(x.dtype)
 
@@ -189,7 +217,7 @@ def _visible(chunk_rows, capacity, sink_rows):
         newest = committed - evicted - head
         rows = slice(start, start + n)
         mask[rows, :head] = True
-        mask[rows, start - newest:start] = True
+        mask[rows, start - newest : start] = True
         mask[rows, rows] = True
         committed, start = committed - evicted + n, start + n
     return mask
@@ -213,8 +241,13 @@ def _dense_reference(model, text, latents, camera, t, chunk_rows):
     ctx = lin(m.text_embedding[2], F.gelu(lin(m.text_embedding[0], ctx), approximate="tanh"))
     mask = _visible(chunk_rows, cfg.local_attn_size * hp * wp, cfg.sink_size * hp * wp)
     split = lambda y: y.view(b, -1, heads, hd)  # noqa: E731
-    sdpa = lambda q, k, v, mask=None: F.scaled_dot_product_attention(  # noqa: E731
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask).transpose(1, 2).flatten(2)
+    sdpa = lambda q, k, v, mask=None: (
+        F.scaled_dot_product_attention(  # noqa: E731
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
+        )
+        .transpose(1, 2)
+        .flatten(2)
+    )
     for blk in m.blocks:
         sm, scm, gm, sf, scf, gf = (blk.modulation + e0[:, None]).unbind(2)
         y = ln(x) * (1 + scm) + sm
@@ -251,8 +284,14 @@ def test_chunked_generation_equals_dense_masked_attention(model, config, chunk_f
         outputs.append(model.forward_chunk(session, latents, t_ref, camera, update_cache=True))
         assert torch.equal(read_only, outputs[-1])  # reading and committing attend to the same keys
     assert rolled == (sum(chunk_frames) > config.local_attn_size)
-    dense = _dense_reference(model, text, torch.cat([c[0] for c in chunks], 2), torch.cat([c[1] for c in chunks], 1),
-                             t_ref, [f * TPF for f in chunk_frames])
+    dense = _dense_reference(
+        model,
+        text,
+        torch.cat([c[0] for c in chunks], 2),
+        torch.cat([c[1] for c in chunks], 1),
+        t_ref,
+        [f * TPF for f in chunk_frames],
+    )
     chunked = torch.cat(outputs, dim=2)
     err = ((chunked - dense).abs().max() / dense.abs().max()).item()
     assert err < TOL, err
@@ -266,7 +305,7 @@ def test_rope_offset_rows_equal_the_dense_positions_and_the_complex_convention()
     # The same float64 angles, but cos/sin over tensors of other lengths may take other vector paths (one float64
     # ulp apart), which the float32 result hides except on a rounding tie: allow one float32 ulp of a value <= 1.
     for offset, dense in ((cos, cos_all), (sin, sin_all)):
-        torch.testing.assert_close(offset, dense[5 * h * w:], rtol=0, atol=2.0**-24)
+        torch.testing.assert_close(offset, dense[5 * h * w :], rtol=0, atol=2.0**-24)
     x = torch.randn(1, (5 + frames) * h * w, 2, head_dim, dtype=torch.float64)
     ours = apply_rope(x, cos_all, sin_all)
     torch.testing.assert_close(ours, _wan_rope_complex(x, 5 + frames, h, w), rtol=0, atol=1e-6)

@@ -78,7 +78,7 @@ def test_full_session_five_chunks_77_frames(parts):
     calls = dit_session.calls
     assert len(calls) == 5 * 5
     for i in range(5):
-        chunk_calls = calls[5 * i:5 * i + 5]
+        chunk_calls = calls[5 * i : 5 * i + 5]
         assert [c["t"] for c in chunk_calls] == [[999.0], [967.0], [908.0], [768.0], [0.0]]
         assert [c["update_cache"] for c in chunk_calls] == [False] * 4 + [True]
         assert all(c["frames"] == 4 and c["camera"] for c in chunk_calls)
@@ -111,14 +111,15 @@ def reference_loop(dit, encoder, vae, rgb, prompt, seed, plan):
     mask[:, 0] = 1
     image_latents = vae.encode_condition(image_to_canvas(rgb, plan.width, plan.height), plan.latent_frames)[0]
     y = torch.cat([mask, image_latents])
-    session = dit.new_session(1, encoder(prompt, "cpu"), tokens_per_frame=plan.tokens_per_frame, device="cpu",
-                              dtype=torch.float32)
+    session = dit.new_session(
+        1, encoder(prompt, "cpu"), tokens_per_frame=plan.tokens_per_frame, device="cpu", dtype=torch.float32
+    )
     outputs = []
     for c in range(plan.total_chunks):
-        latent, cond = noise[:, 4 * c:4 * c + 4], y[:, 4 * c:4 * c + 4]
+        latent, cond = noise[:, 4 * c : 4 * c + 4], y[:, 4 * c : 4 * c + 4]
         timesteps = torch.tensor(schedule.timesteps)
         for i in range(4):
-            flow = dit.forward_chunk(session, torch.cat([latent, cond])[None], timesteps[i:i + 1].float(), None)[0]
+            flow = dit.forward_chunk(session, torch.cat([latent, cond])[None], timesteps[i : i + 1].float(), None)[0]
             # x0 = x_t - sigma_t * flow, sigma_t at the first timestep match, in float64
             x0 = (latent.double() - schedule.x0_sigmas[i] * flow.double()).float()
             if i < 3:
@@ -171,8 +172,9 @@ def test_frame_policy_truncate_drops_the_partial_chunk_and_strict_refuses(parts)
 @pytest.mark.numerics
 def test_per_chunk_condition_encoding_gives_the_same_video(parts):
     def run(mode, seed=0):
-        with make_pipe(parts, condition_encoding=mode).start(image(), "a road", seed=seed, resolution=RES,
-                                                             num_frames=29, keep_latents=True) as session:
+        with make_pipe(parts, condition_encoding=mode).start(
+            image(), "a road", seed=seed, resolution=RES, num_frames=29, keep_latents=True
+        ) as session:
             chunks = [session.next_chunk() for _ in range(session.total_chunks)]
         return chunks
 
@@ -248,9 +250,23 @@ def session_geometry(session):
 
 def test_cli_writes_an_mp4_and_metrics(tmp_path):
     out = tmp_path / "clip.mp4"
-    cmd = [sys.executable, str(REPO / "examples/lingbot_world_v2/run_i2v.py"), "--config", "tiny",
-           "--device", "cpu", "--resolution", "32x16", "--num-frames", "29", "--fps", "8", "--output", str(out),
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples/lingbot_world_v2/run_i2v.py"),
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--resolution",
+        "32x16",
+        "--num-frames",
+        "29",
+        "--fps",
+        "8",
+        "--output",
+        str(out),
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steady compute FPS" in proc.stdout and "random weights" in proc.stdout

@@ -22,8 +22,23 @@ def bench():
 
 def test_variants_side_by_side_on_the_tiny_model(bench, tmp_path, capsys):
     out = tmp_path / "ab.json"
-    rc = bench.main(["--config", "tiny", "--device", "cpu", "--resolution", "32x32", "--num-frames", "29",
-                     "--rounds", "1", "--no-warmup", "--output", str(out)])
+    rc = bench.main(
+        [
+            "--config",
+            "tiny",
+            "--device",
+            "cpu",
+            "--resolution",
+            "32x32",
+            "--num-frames",
+            "29",
+            "--rounds",
+            "1",
+            "--no-warmup",
+            "--output",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
     report = json.loads(out.read_text())

@@ -21,7 +21,9 @@ def test_eight_ranks_tp2_ulysses4():
     assert ulysses == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
-@pytest.mark.parametrize("kwargs", [dict(ulysses_degree=0), dict(tp_degree=-1), dict(ulysses_degree=1.5), dict(tp_degree=True)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(ulysses_degree=0), dict(tp_degree=-1), dict(ulysses_degree=1.5), dict(tp_degree=True)]
+)
 def test_degrees_must_be_positive_integers(kwargs):
     with pytest.raises(ParallelConfigError, match="must be a positive integer"):
         ParallelConfig(**kwargs)
@@ -36,5 +38,7 @@ def test_heads_must_divide():
     ParallelConfig(ulysses_degree=2, tp_degree=2).check_heads(56)  # MiniMax H3: 28 per TP rank, 14 after scatter
     with pytest.raises(ParallelConfigError, match="cannot be split over tp_degree 2"):
         ParallelConfig(1, 2).check_heads(5)
-    with pytest.raises(ParallelConfigError, match="40 attention heads give 20 heads per TP rank, which ulysses_degree 3"):
+    with pytest.raises(
+        ParallelConfigError, match="40 attention heads give 20 heads per TP rank, which ulysses_degree 3"
+    ):
         ParallelConfig(3, 2).check_heads(40)

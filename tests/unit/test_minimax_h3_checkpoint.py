@@ -119,8 +119,11 @@ def test_stacked_file_with_its_layout_in_metadata_loads(release, tmp_path):
     model = load_minimax_h3_dit(directory, device="cpu", dtype=torch.float32, qkv_layout="stacked")
     assert _error_against(reference, model) <= MAX_RELATIVE_ERROR
 
-    save_file({k: v.contiguous() for k, v in single.items()}, str(directory / "model.safetensors"),
-              metadata={"qkv_layout": "stacked"})  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in single.items()},
+        str(directory / "model.safetensors"),
+        metadata={"qkv_layout": "stacked"},
+    )
     model = load_minimax_h3_dit(directory, device="cpu", dtype=torch.float32)
     assert "metadata" in model.checkpoint_layout and _error_against(reference, model) <= MAX_RELATIVE_ERROR
     with pytest.raises(CheckpointError, match="metadata says 'stacked'"):

@@ -129,25 +129,40 @@ def _reference_run(reference):
     token_ids = reference["tokenizer"](PROMPT, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         prompt_embeds = get_qwen3vl_prompt_embeds(
-            reference["text_encoder"], TextOnlyProcessor(), token_ids, {}, text_encoder_layer=50,
-            device=torch.device("cpu"), dtype=torch.float32,
-        )  # fmt: skip
-    blocks = SequentialPipelineBlocks.from_blocks_dict({"denoise": MiniMaxH3CoreDenoiseStep(),
-                                                        "decode": MiniMaxH3DecodeStep()})  # fmt: skip
+            reference["text_encoder"],
+            TextOnlyProcessor(),
+            token_ids,
+            {},
+            text_encoder_layer=50,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
+    blocks = SequentialPipelineBlocks.from_blocks_dict(
+        {"denoise": MiniMaxH3CoreDenoiseStep(), "decode": MiniMaxH3DecodeStep()}
+    )
     pipe = blocks.init_pipeline()
     pipe.update_components(
-        transformer=reference["transformer"], vae=reference["vae"], audio_vae=reference["audio_vae"],
-        scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
+        transformer=reference["transformer"],
+        vae=reference["vae"],
+        audio_vae=reference["audio_vae"],
+        scheduler=MiniMaxH3Scheduler(shift=12.0),
+        audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
         video_processor=VideoProcessor(vae_scale_factor=16, do_normalize=False),
-    )  # fmt: skip
+    )
     with pytest.MonkeyPatch.context() as patch:
         # The product floor of 5 s would make CI decode 331k audio samples twice; the geometry code is the same.
         patch.setattr(MiniMaxH3ModularPipeline, "min_duration", property(lambda self: 0.9))
         out = pipe(
-            prompt_embeds=prompt_embeds, text_token_tags=torch.ones(len(token_ids), dtype=torch.long), height=SIZE,
-            width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(SEED),
-            output_type="pt", output=["latents", "audio_latents", "videos", "audio"],
-        )  # fmt: skip
+            prompt_embeds=prompt_embeds,
+            text_token_tags=torch.ones(len(token_ids), dtype=torch.long),
+            height=SIZE,
+            width=SIZE,
+            num_frames=FRAMES,
+            num_inference_steps=STEPS,
+            generator=torch.Generator().manual_seed(SEED),
+            output_type="pt",
+            output=["latents", "audio_latents", "videos", "audio"],
+        )
     return prompt_embeds, out
 
 

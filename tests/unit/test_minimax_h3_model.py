@@ -83,8 +83,9 @@ def test_from_json_ignores_unknown_keys_and_names_missing_ones(tmp_path, caplog)
 
 # -- packing ----------------------------------------------------------------------------------------------------
 def test_packed_layout_follows_the_release():
-    layout = pack_layout(text_rows=3, video_latent_thw=(6, 4, 8), audio_rows=8, audio_channels=2,
-                         patch_size=(1, 2, 2), multiple_of=3)
+    layout = pack_layout(
+        text_rows=3, video_latent_thw=(6, 4, 8), audio_rows=8, audio_channels=2, patch_size=(1, 2, 2), multiple_of=3
+    )
     assert (layout.used, layout.seq_len) == (3 + 8 + 6 * 8, 192)  # lcm(64, Ulysses 3)
     tags = layout.tags.tolist()
     assert tags == [TAG_TEXT] * 3 + [TAG_AUDIO] * 8 + [TAG_VIDEO] * 48 + [TAG_PAD] * (192 - 59)
@@ -103,12 +104,13 @@ def test_packed_layout_follows_the_release():
     assert audio[:, 0].tolist() == [3, 4, 5, 6, 3, 4, 5, 6]  # channel-major, each channel restarts at L
     assert audio[:4, 2].unique().tolist() == pytest.approx([w0])  # channel 0 on the first w column
     assert audio[4:, 2].unique().item() == pytest.approx(pos[layout.video][3, 2].item())  # channel 1 on the last
-    assert (audio[:, 1] == 0).all() and (pos[layout.used:] == 0).all()
+    assert (audio[:, 1] == 0).all() and (pos[layout.used :] == 0).all()
 
 
 def test_adaln_rows_pick_modality_and_its_timestep():
-    layout = pack_layout(text_rows=2, video_latent_thw=(1, 2, 2), audio_rows=2, audio_channels=2,
-                         patch_size=(1, 2, 2), alignment=8)
+    layout = pack_layout(
+        text_rows=2, video_latent_thw=(1, 2, 2), audio_rows=2, audio_channels=2, patch_size=(1, 2, 2), alignment=8
+    )
     timesteps = timestep_rows(layout.timestep_slots, batch=2)
     rows = table_rows(layout.tags, timesteps)
     # conditioning rows: [video t item0, video t item1, audio t item0, audio t item1]; table row = t_row*3 + tag.
@@ -156,8 +158,9 @@ def test_rope_rotates_only_the_leading_channels(model, monkeypatch):
     config = model.config
     rot = config.rotary_dim  # 12 of 16 here; 96 of 128 in the release
     seen = []
-    monkeypatch.setattr(attention_module, "attend_documents",
-                        lambda q, k, v, docs, impl: seen.append((q, k)) or v.contiguous())
+    monkeypatch.setattr(
+        attention_module, "attend_documents", lambda q, k, v, docs, impl: seen.append((q, k)) or v.contiguous()
+    )
     attn = model.blocks[0].attn
     x = torch.randn(1, 10, config.hidden_size)
     positions = torch.rand(10, 3) * 20

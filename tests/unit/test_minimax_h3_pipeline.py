@@ -107,8 +107,9 @@ def _silent_audio(z):
 def make_pipeline(dit: StubDiT | None = None, *, decode: bool = True) -> MiniMaxH3Pipeline:
     encoder = MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=TEXT_DIM), num_layers=2, seed=0)
     video, audio = _decoders() if decode else (Silence(_silent_video), Silence(_silent_audio))
-    return MiniMaxH3Pipeline(dit or StubDiT(), PromptEncoder(load_tokenizer(None), encoder), video, audio,
-                             show_progress=False)  # fmt: skip
+    return MiniMaxH3Pipeline(
+        dit or StubDiT(), PromptEncoder(load_tokenizer(None), encoder), video, audio, show_progress=False
+    )
 
 
 # ---- request -> shapes -------------------------------------------------------------------------------------------
@@ -290,8 +291,22 @@ def test_placeholder_cache_parameters_with_real_weights_are_warned_about(caplog)
 def test_example_cli_runs_the_tiny_config_with_the_real_dit(tmp_path):
     out = tmp_path / "t2va.mp4"
     cmd = [
-        sys.executable, str(REPO / "examples/minimax_h3/run_t2va.py"), "--config", "tiny", "--device", "cpu",
-        "--dtype", "float32", "--duration", "0.9", "--resolution", "32", "--steps", "3", "--output", str(out),
+        sys.executable,
+        str(REPO / "examples/minimax_h3/run_t2va.py"),
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--duration",
+        "0.9",
+        "--resolution",
+        "32",
+        "--steps",
+        "3",
+        "--output",
+        str(out),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -326,6 +341,13 @@ def test_on_step_reports_every_dit_call_and_cancelled_stops_before_the_next():
     dit = StubDiT()
     pipe = make_pipeline(dit, decode=False)
     with pytest.raises(GenerationCancelled, match="after 2 DiT calls") as stopped:
-        pipe("a fox", duration=0.5, resolution=64, steps=4, seed=0, on_step=lambda done, total: seen.append(done),
-             cancelled=lambda: len(dit.calls) >= 2)
+        pipe(
+            "a fox",
+            duration=0.5,
+            resolution=64,
+            steps=4,
+            seed=0,
+            on_step=lambda done, total: seen.append(done),
+            cancelled=lambda: len(dit.calls) >= 2,
+        )
     assert stopped.value.steps_done == 2 and len(dit.calls) == 2

@@ -52,8 +52,12 @@ def test_release_video_vae_loads_through_the_key_map(video_vae, tmp_path):
     for key, value in TINY_VIDEO_DIFFUSERS.items():
         assert config[key] == value, key
     assert weights == folder / "source" / "model.safetensors"
-    assert tiling == {"tile_sample_min_height": 32, "tile_sample_min_width": 32,
-                      "tile_sample_min_overlap_height": 16, "tile_sample_min_overlap_width": 16}  # fmt: skip
+    assert tiling == {
+        "tile_sample_min_height": 32,
+        "tile_sample_min_width": 32,
+        "tile_sample_min_overlap_height": 16,
+        "tile_sample_min_overlap_width": 16,
+    }
 
     loaded = load_video_vae(folder)
     assert loaded.weights_source.startswith("diffusers AutoencoderKLMiniMaxH3 from the release")
@@ -179,7 +183,9 @@ def test_release_video_vae_in_bf16_keeps_diffusers_fp32_modules(video_vae, tmp_p
     dtypes = {name: p.dtype for name, p in loaded.named_parameters()}
     assert dtypes["encoder.conv_in.weight"] == dtypes["decoder.transformer_blocks.0.scale1"] == torch.float32
     assert dtypes["decoder.transformer_blocks.0.norm1.weight"] == torch.float32
-    assert dtypes["decoder.transformer_blocks.0.attn.to_q.weight"] == dtypes["decoder.proj_out.weight"] == torch.bfloat16
+    assert (
+        dtypes["decoder.transformer_blocks.0.attn.to_q.weight"] == dtypes["decoder.proj_out.weight"] == torch.bfloat16
+    )
     # read back exactly where kept in fp32, rounded once where cast (data movement + one rounding)
     theirs = video_vae.state_dict()
     assert torch.equal(loaded.state_dict()["encoder.conv_in.weight"], theirs["encoder.conv_in.weight"])

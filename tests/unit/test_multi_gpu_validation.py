@@ -20,8 +20,17 @@ spec.loader.exec_module(runner)
 def test_every_step_names_an_existing_tool(gpus, tmp_path):
     steps = runner.build_steps(gpus, tmp_path)
     names = [s.name for s in steps]
-    assert {"correctness", "gpu_tests_symm", "gpu_tests_ipc", "model_parity", "ab_bench", "overlap_minimax",
-            "overlap_lingbot", "minimax_tp2_u2", "lingbot_u4_dit"} <= set(names)
+    assert {
+        "correctness",
+        "gpu_tests_symm",
+        "gpu_tests_ipc",
+        "model_parity",
+        "ab_bench",
+        "overlap_minimax",
+        "overlap_lingbot",
+        "minimax_tp2_u2",
+        "lingbot_u4_dit",
+    } <= set(names)
     assert ("lingbot_u8_dit" in names and "minimax_tp2_u4" in names) == (gpus == 8)
     for step in steps:
         scripts = [a for a in step.command if a.endswith(".py") and "/" in a]

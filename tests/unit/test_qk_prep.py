@@ -43,7 +43,9 @@ def test_norm_without_eps_is_refused():
         norm_rope(nn.RMSNorm(x.shape[-1]), x, (cos, sin))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the compiled kernel runs on CUDA only")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the compiled kernel runs on CUDA only"
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_compiled_cuda_kernel_matches_reference(dtype):
     x, norm, cos, sin = _case("cuda", dtype, seq=1000, heads=14, head_dim=128, rotary=96)

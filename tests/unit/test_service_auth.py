@@ -138,8 +138,15 @@ def test_video_service_requires_the_key_everywhere_but_health(tmp_path):
 
 
 def test_access_logs_hide_tokens_and_exposure_is_recognised():
-    record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
-                               ("1.2.3.4", "GET", "/v1/x/events?frames=1&token=s3cr3t", "1.1", 200), None)  # fmt: skip
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        '%s - "%s %s HTTP/%s" %d',
+        ("1.2.3.4", "GET", "/v1/x/events?frames=1&token=s3cr3t", "1.1", 200),
+        None,
+    )
     assert RedactTokens().filter(record) and "s3cr3t" not in record.getMessage()
     assert "token=<redacted>" in record.getMessage() and "frames=1" in record.getMessage()
     assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")

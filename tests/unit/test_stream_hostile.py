@@ -102,8 +102,9 @@ def test_an_oversized_canvas_is_refused_before_the_model_is_asked():
         assert "832x480 canvas" in limits["limit_sources"]["max_pixels"]
         for resolution, limit in (("32000x32000", "max_width=1,664"), ("64x1680", "max_height=1,664"),
                                   ("1664x1664", "max_pixels=1,597,440")):  # fmt: skip
-            r = client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE,
-                                                         "config": {"resolution": resolution}})  # fmt: skip
+            r = client.post(
+                "/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": {"resolution": resolution}}
+            )
             assert r.status_code == 422 and f"the limit is {limit}" in r.json()["detail"], r.text
         r = client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": {"num_frames": 10**18}})
         assert r.status_code == 422 and "the limit is max_frames=9,600 (--max-frames" in r.json()["detail"]
@@ -139,13 +140,15 @@ def test_a_session_past_its_memory_share_is_422_naming_the_limit():
         meta = client.get("/v1/service/metadata").json()
         assert meta["limits"]["max_session_memory_bytes"] == int(0.01 * 2**30)
         assert meta["limit_sources"]["max_session_memory_bytes"] == "set by --max-session-memory-gib"
-        r = client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE,
-                                                     "config": {"resolution": "832x480"}})  # fmt: skip
+        r = client.post(
+            "/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": {"resolution": "832x480"}}
+        )
         detail = r.json()["detail"]
         assert r.status_code == 422 and "the limit is max_session_memory_bytes=10.2 MiB" in detail, detail
         assert "delivery" in detail and "chunk frames" in detail  # the terms of the estimate
-        assert client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE,
-                                                        "config": SMALL}).status_code == 201  # fmt: skip
+        assert (
+            client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": SMALL}).status_code == 201
+        )
     assert fake.created == 1
 
 
@@ -155,7 +158,11 @@ def test_flags_override_the_derived_limits():
     with TestClient(app) as client:
         meta = client.get("/v1/service/metadata").json()
         assert {k: meta["limits"][k] for k in ("max_width", "max_height", "max_pixels", "max_frames")} == {
-            "max_width": 128, "max_height": 96, "max_pixels": 8192, "max_frames": 29}  # fmt: skip
+            "max_width": 128,
+            "max_height": 96,
+            "max_pixels": 8192,
+            "max_frames": 29,
+        }
         assert meta["limit_sources"]["max_frames"] == "set by --max-frames"
         r = client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": {"resolution": "128x96"}})
         assert r.status_code == 422 and "max_pixels=8,192 (--max-pixels; set by --max-pixels)" in r.json()["detail"]
@@ -208,8 +215,11 @@ class _BrokenFactory(FakeSessionFactory):
 def test_a_server_fault_is_a_generic_500_with_the_request_id_in_the_log(caplog):
     app, _ = make_app(_BrokenFactory())
     with caplog.at_level(logging.ERROR, logger="telefuser.serving"), TestClient(app) as client:
-        r = client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": SMALL},
-                        headers={"X-Request-ID": "req-15"})  # fmt: skip
+        r = client.post(
+            "/v1/stream/sessions",
+            json={"prompt": "p", "image": IMAGE, "config": SMALL},
+            headers={"X-Request-ID": "req-15"},
+        )
         assert r.status_code == 500 and r.headers["x-request-id"] == "req-15"
         assert r.json() == {"detail": "internal server error (request id req-15); the server log has the details"}
         assert client.get("/v1/service/health").json()["sessions_in_use"] == 0  # the slot came back
@@ -307,8 +317,13 @@ def test_a_flood_of_messages_is_rate_limited_and_the_queue_stays_bounded():
     with TestClient(app) as client:
         _, headers, events = _stream_with(client, flood)
         metrics = client.get("/v1/service/metrics").text
-    dropped = float(next(line.split()[-1] for line in metrics.splitlines()
-                         if line.startswith("telefuser_stream_client_messages_dropped_total")))  # fmt: skip
+    dropped = float(
+        next(
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("telefuser_stream_client_messages_dropped_total")
+        )
+    )
     assert dropped > 0, metrics
     assert any(e["stage"] == "error" and "too many messages" in e["message"] for e in events)
     assert sum(e["stage"] == "control_state" for e in events) <= BURST + 10  # what the bucket let through
@@ -328,25 +343,45 @@ def test_message_budget_refills_at_its_rate():
 
 # ---- properties -------------------------------------------------------------------------------------------------
 VALID_IMAGES = [IMAGE, "data:image/png;base64," + IMAGE]
-IMAGES = VALID_IMAGES + [base64.b64encode(b"plain text").decode(), "@@", "",
-                         base64.b64encode(hv.png_header(9000, 9000)).decode()]  # fmt: skip
+IMAGES = VALID_IMAGES + [
+    base64.b64encode(b"plain text").decode(),
+    "@@",
+    "",
+    base64.b64encode(hv.png_header(9000, 9000)).decode(),
+]
 config_values = hv.one_field_hostile(
-    valid={"seed": st.integers(0, 2**63 - 1), "resolution": st.sampled_from(["64x48", "32x32", "320x192", "1664x960"]),
-           "num_frames": st.sampled_from([13, 29, None]), "fps": st.floats(1, 120),
-           "frame_policy": st.sampled_from(["strict", "truncate"])},
-    hostile={"seed": hv.huge_ints, "resolution": st.sampled_from(["32000x32000", "0x0", "833x480", "64x48 ", "99999x16",
-                                                                  "x", "1664x1664", "16x16"]),
-             "num_frames": st.sampled_from([5, 30, 0, -1, 10**9, 10**30]), "fps": st.floats(),
-             "frame_policy": hv.surrogate_text},
+    valid={
+        "seed": st.integers(0, 2**63 - 1),
+        "resolution": st.sampled_from(["64x48", "32x32", "320x192", "1664x960"]),
+        "num_frames": st.sampled_from([13, 29, None]),
+        "fps": st.floats(1, 120),
+        "frame_policy": st.sampled_from(["strict", "truncate"]),
+    },
+    hostile={
+        "seed": hv.huge_ints,
+        "resolution": st.sampled_from(
+            ["32000x32000", "0x0", "833x480", "64x48 ", "99999x16", "x", "1664x1664", "16x16"]
+        ),
+        "num_frames": st.sampled_from([5, 30, 0, -1, 10**9, 10**30]),
+        "fps": st.floats(),
+        "frame_policy": hv.surrogate_text,
+    },
     optional=("seed", "resolution", "num_frames", "fps", "frame_policy"),
-)  # fmt: skip
+)
 create_fields = hv.one_field_hostile(
-    valid={"prompt": st.text(min_size=1, max_size=40).map(lambda t: "p" + t), "image": st.sampled_from(VALID_IMAGES),
-           "config": config_values, "codec": st.sampled_from(CODECS)},
-    hostile={"prompt": st.one_of(hv.surrogate_text, st.just(" "), st.just("p" * 10_001)),
-             "image": st.sampled_from(IMAGES), "codec": st.sampled_from(["h264", "JPEG", ""])},
+    valid={
+        "prompt": st.text(min_size=1, max_size=40).map(lambda t: "p" + t),
+        "image": st.sampled_from(VALID_IMAGES),
+        "config": config_values,
+        "codec": st.sampled_from(CODECS),
+    },
+    hostile={
+        "prompt": st.one_of(hv.surrogate_text, st.just(" "), st.just("p" * 10_001)),
+        "image": st.sampled_from(IMAGES),
+        "codec": st.sampled_from(["h264", "JPEG", ""]),
+    },
     optional=("config", "codec"),
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -385,10 +420,14 @@ def test_property_no_create_request_gets_a_5xx(fake_client, fields, encoding, ra
 ws_messages = st.lists(
     st.one_of(
         st.builds(hv.json_text, hv.json_values),
-        st.builds(lambda k: hv.json_text({"type": "control", "keys": k}),
-                  hv.anything_or(st.lists(st.sampled_from([*ALLOWED_KEYS, "q", "Space", "w"]), max_size=4))),
-        st.builds(lambda n: hv.json_text({"type": "delivery_ack", "published_frames": n}),
-                  st.one_of(st.integers(max_value=-1), hv.json_values.filter(lambda v: not isinstance(v, int)))),
+        st.builds(
+            lambda k: hv.json_text({"type": "control", "keys": k}),
+            hv.anything_or(st.lists(st.sampled_from([*ALLOWED_KEYS, "q", "Space", "w"]), max_size=4)),
+        ),
+        st.builds(
+            lambda n: hv.json_text({"type": "delivery_ack", "published_frames": n}),
+            st.one_of(st.integers(max_value=-1), hv.json_values.filter(lambda v: not isinstance(v, int))),
+        ),
         st.builds(lambda kind: hv.json_text({"type": kind}), hv.json_values),
         hv.any_text.map(lambda t: t.encode("utf-8", "backslashreplace").decode()),
         st.binary(max_size=40),
@@ -396,7 +435,7 @@ ws_messages = st.lists(
         st.integers(30, 2000).map(lambda n: hv.nested(n).decode()),
     ),
     max_size=10,
-)  # fmt: skip
+)
 
 
 @settings(PROPERTY, max_examples=40)
@@ -430,11 +469,13 @@ def test_property_websocket_messages_never_break_a_stream(fake_client, messages)
 )
 def test_property_the_control_channel_and_stream_queries_never_5xx(fake_client, route, body, query):
     """POST .../control, .../ack, .../stop with any body, and the SSE route with any query, on a live session."""
-    s = fake_client.post("/v1/stream/sessions", json={"prompt": "p", "image": IMAGE,
-                                                      "config": {"num_frames": None}}).json()  # fmt: skip
+    s = fake_client.post(
+        "/v1/stream/sessions", json={"prompt": "p", "image": IMAGE, "config": {"num_frames": None}}
+    ).json()
     try:
-        r = fake_client.post(f"/v1/stream/sessions/{s['session_id']}/{route}", content=body,
-                             headers={"content-type": "application/json"})  # fmt: skip
+        r = fake_client.post(
+            f"/v1/stream/sessions/{s['session_id']}/{route}", content=body, headers={"content-type": "application/json"}
+        )
         assert r.status_code in (200, 202, 400, 409, 413, 422), r.text
         r = fake_client.get(f"/v1/stream/sessions/{s['session_id']}/events", params={**query, "frames": "x"})
         assert r.status_code == 422, r.text  # a query FastAPI cannot read is refused before the stream starts
@@ -455,8 +496,18 @@ def test_property_runs_left_the_service_healthy_and_memory_bounded(fake_client):
 def tiny_lingbot():
     from telefuser.serving.stream.lingbot import build_lingbot_factory
 
-    args = argparse.Namespace(config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl=None,
-                              resolution="64x48", num_frames=29, fps=16, max_sessions=2, warmup="off")  # fmt: skip
+    args = argparse.Namespace(
+        config="tiny",
+        checkpoint=None,
+        device="cpu",
+        dtype="float32",
+        attn_impl=None,
+        resolution="64x48",
+        num_frames=29,
+        fps=16,
+        max_sessions=2,
+        warmup="off",
+    )
     return build_lingbot_factory(args)
 
 

@@ -19,8 +19,17 @@ from telefuser.serving.stream.lingbot import build_lingbot_factory
 
 
 def _args(**overrides) -> argparse.Namespace:
-    args = dict(config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl=None, resolution="64x48",
-                num_frames=29, fps=16, max_sessions=1)
+    args = dict(
+        config="tiny",
+        checkpoint=None,
+        device="cpu",
+        dtype="float32",
+        attn_impl=None,
+        resolution="64x48",
+        num_frames=29,
+        fps=16,
+        max_sessions=1,
+    )
     args.update(overrides)
     return argparse.Namespace(**args)
 
@@ -88,8 +97,9 @@ def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
 
     communicator = SimpleNamespace(backend_name="portable")
     pipeline = SimpleNamespace(dit=SimpleNamespace(communicator=communicator))
-    factory = LingBotSessionFactory(pipeline, defaults={"resolution": "64x48", "fps": 16}, max_sessions=1,
-                                    weights="random (no checkpoint)")
+    factory = LingBotSessionFactory(
+        pipeline, defaults={"resolution": "64x48", "fps": 16}, max_sessions=1, weights="random (no checkpoint)"
+    )
     assert factory.metadata["ulysses_transport"] == "portable"
     communicator.backend_name = "ce-ipc"  # what the first exchange on a shared GPU selects
     factory.warmup_s = 1.5

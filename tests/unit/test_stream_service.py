@@ -78,7 +78,9 @@ def wait_for(predicate, timeout=5.0, what="condition"):
 def parse_metrics(text: str) -> dict[str, float]:
     """Strict-enough Prometheus text parser: every sample belongs to a declared family and is well-formed."""
     types, samples = {}, {}
-    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? (\S+)$')
+    sample = re.compile(
+        r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? (\S+)$'
+    )
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
@@ -114,9 +116,17 @@ def test_health_metadata_and_metrics_format():
         r = client.get("/v1/service/metrics")
         assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
         m = parse_metrics(r.text)
-        for name in ("sessions_created_total", "frames_generated_total", "frames_sent_total", "frames_dropped_total",
-                     "chunks_generated_total", "chunks_sent_total", "sessions_active", "queue_depth_chunks",
-                     "chunk_compute_seconds_count"):
+        for name in (
+            "sessions_created_total",
+            "frames_generated_total",
+            "frames_sent_total",
+            "frames_dropped_total",
+            "chunks_generated_total",
+            "chunks_sent_total",
+            "sessions_active",
+            "queue_depth_chunks",
+            "chunk_compute_seconds_count",
+        ):
             assert f"telefuser_stream_{name}" in m, name
         assert m['telefuser_stream_chunk_compute_seconds_bucket{le="+Inf"}'] == 0
         assert client.get("/").headers["content-type"].startswith("text/html")
@@ -154,11 +164,23 @@ NOT_AN_IMAGE = base64.b64encode(b"this is plain text, not a picture").decode()
         ({"prompt": "x"}, 422, "'image' is required"),
         ({"prompt": "x", "image": "@@not base64@@"}, 400, "'image' is not valid base64"),
         ({"prompt": "x", "image": NOT_AN_IMAGE}, 400, "'image' could not be decoded"),
-        ({"prompt": "x", "image": IMAGE_B64, "config": {"resolution": "big"}}, 422, "resolution must be a string 'WIDTHxHEIGHT'"),
+        (
+            {"prompt": "x", "image": IMAGE_B64, "config": {"resolution": "big"}},
+            422,
+            "resolution must be a string 'WIDTHxHEIGHT'",
+        ),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"resolution": "833x480"}}, 422, "multiples of 8"),
-        ({"prompt": "x", "image": IMAGE_B64, "config": {"num_frames": 50, "frame_policy": "strict"}}, 422, "is not 13 + 16k"),
+        (
+            {"prompt": "x", "image": IMAGE_B64, "config": {"num_frames": 50, "frame_policy": "strict"}},
+            422,
+            "is not 13 + 16k",
+        ),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"num_frames": 5}}, 422, "fewer than one chunk"),
-        ({"prompt": "x", "image": IMAGE_B64, "config": {"num_frames": -1}}, 422, "num_frames must be a positive integer"),
+        (
+            {"prompt": "x", "image": IMAGE_B64, "config": {"num_frames": -1}},
+            422,
+            "num_frames must be a positive integer",
+        ),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"steps": 4}}, 422, "unknown config key(s) 'steps'"),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"fps": "fast"}}, 422, "fps must be a number"),
         ({"prompt": "x", "image": IMAGE_B64, "extra": 1}, 422, "unknown field(s) 'extra'"),
@@ -191,7 +213,9 @@ def test_create_multipart_and_content_type_errors():
         assert r.status_code == 400 and "could not be decoded" in r.json()["detail"]
         r = client.post("/v1/stream/sessions", content=b"prompt=x", headers={"content-type": "text/plain"})
         assert r.status_code == 415 and "unsupported content type" in r.json()["detail"]
-        r = client.post("/v1/stream/sessions", content=b"--x\r\n", headers={"content-type": "multipart/form-data; boundary=x"})
+        r = client.post(
+            "/v1/stream/sessions", content=b"--x\r\n", headers={"content-type": "multipart/form-data; boundary=x"}
+        )
         assert r.status_code == 400 and "malformed multipart" in r.json()["detail"]
 
 
@@ -251,7 +275,9 @@ def test_ws_lossless_slow_client_gets_every_chunk_exactly_once():
     fake = FakeSessionFactory(pattern="noise")
     app, _ = make_app(fake, buffer_chunks=1, codec="raw")
     with serve_in_thread(app) as base, httpx.Client(base_url=base, trust_env=False) as http:
-        s = http.post("/v1/stream/sessions", json=body(config={"resolution": "192x192", "num_frames": 13 + 16 * 9})).json()
+        s = http.post(
+            "/v1/stream/sessions", json=body(config={"resolution": "192x192", "num_frames": 13 + 16 * 9})
+        ).json()
         with connect(ws_url(base, s), max_size=None, proxy=None) as ws:
             headers, frames, events = read_ws_stream(ws, sleep_s=0.08)
         wait_for(lambda: http.get("/v1/service/health").json()["sessions_in_use"] == 0, what="slot release")
@@ -451,7 +477,13 @@ def test_sse_chunks_are_lossless_checkable():
         assert kinds == ["chunk"] * 5 + ["done"]
         chunks = [e[1] for e in events[:-1]]
         # The AIPerf lossless checks: indices exactly 0..N-1, sum of frames == declared published_frames.
-        assert [c["chunk"] for c in chunks] == list(range(5)) and [e[2] for e in events[:-1]] == ["0", "1", "2", "3", "4"]
+        assert [c["chunk"] for c in chunks] == list(range(5)) and [e[2] for e in events[:-1]] == [
+            "0",
+            "1",
+            "2",
+            "3",
+            "4",
+        ]
         done = events[-1][1]
         assert sum(c["frames"] for c in chunks) == done["published_frames"] == 77 and done["chunks"] == 5
         assert all(set(c) >= {"type", "chunk", "frames", "first_frame", "checksum", "measurement"} for c in chunks)
@@ -491,10 +523,17 @@ def _run_unconsumed(mode: str, buffer_chunks: int):
         pool = ThreadPoolExecutor(2)
         loop = asyncio.get_running_loop()
         rt = SessionRuntime(
-            "s", model, prompt="p", config=config, codec="raw", settings=settings, metrics=metrics,
-            run_blocking=lambda fn, *a: loop.run_in_executor(pool, fn, *a), on_released=lambda r: None,
+            "s",
+            model,
+            prompt="p",
+            config=config,
+            codec="raw",
+            settings=settings,
+            metrics=metrics,
+            run_blocking=lambda fn, *a: loop.run_in_executor(pool, fn, *a),
+            on_released=lambda r: None,
             on_closed=lambda r: None,
-        )  # fmt: skip
+        )
         rt.attach("test", images=True)
         await asyncio.sleep(0.3)
         generated_while_blocked = rt.chunks_generated
@@ -538,6 +577,7 @@ def test_lifespan_shutdown_closes_open_sessions():
         streaming = create(client, config={"resolution": "64x48", "num_frames": None})
         r = client.post(f"/v1/stream/sessions/{streaming['session_id']}/control", json={"keys": []})
         assert r.status_code == 200
+
         def read_sse():
             try:
                 client.get(streaming["sse_path"])
@@ -568,6 +608,7 @@ def test_create_delete_200_sessions_does_not_leak(record_property):
     fake = FakeSessionFactory(keep_sessions=False)
     app, _ = make_app(fake, max_sessions=1)
     with TestClient(app) as client:
+
         def cycle(stream: bool):
             s = create(client)
             if stream:  # every 4th session also streams a chunk over the WebSocket first
@@ -597,11 +638,29 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
     from websockets.sync.client import connect
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "telefuser.serving.stream.cli", "serve-stream", "--fake", "--port", "0",
-         "--resolution", "64x48", "--fake-delay", "0.05", "--max-sessions", "2", "--log-level", "info"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "telefuser.serving.stream.cli",
+            "serve-stream",
+            "--fake",
+            "--port",
+            "0",
+            "--resolution",
+            "64x48",
+            "--fake-delay",
+            "0.05",
+            "--max-sessions",
+            "2",
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -614,7 +673,10 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
             sse_lines: list[str] = []
 
             def read_sse():
-                with httpx.Client(trust_env=False, timeout=30) as c, c.stream("GET", base + sse_session["sse_path"]) as r:
+                with (
+                    httpx.Client(trust_env=False, timeout=30) as c,
+                    c.stream("GET", base + sse_session["sse_path"]) as r,
+                ):
                     sse_lines.extend(r.iter_lines())
 
             sse = threading.Thread(target=read_sse, daemon=True)

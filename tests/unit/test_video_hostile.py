@@ -38,8 +38,10 @@ def post_json_text(client, text):
 
 def wait_idle(client, timeout=20.0) -> None:
     deadline = time.monotonic() + timeout
-    while client.get("/v1/service/health").json()["running"] is not None or \
-            client.get("/v1/service/health").json()["queue_depth"]:  # fmt: skip
+    while (
+        client.get("/v1/service/health").json()["running"] is not None
+        or client.get("/v1/service/health").json()["queue_depth"]
+    ):
         assert time.monotonic() < deadline, "the worker did not go idle"
         time.sleep(0.01)
 
@@ -79,10 +81,16 @@ def test_a_lone_surrogate_prompt_is_422_and_the_listing_survives_a_restart(tmp_p
 
 
 def _record(prompt="p", **changes) -> dict:
-    job = VideoJob(id=new_job_id(), model="MiniMax-H3", prompt=prompt, request={"prompt": prompt},
-                   spec=VideoSpec(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
-                   plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
-                   status="cancelled", finished_at=time.time())  # fmt: skip
+    job = VideoJob(
+        id=new_job_id(),
+        model="MiniMax-H3",
+        prompt=prompt,
+        request={"prompt": prompt},
+        spec=VideoSpec(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
+        plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
+        status="cancelled",
+        finished_at=time.time(),
+    )
     job.touch()
     return {**job.record(), **changes}
 
@@ -230,19 +238,30 @@ def test_a_server_fault_is_a_generic_500_logged_with_the_request_id(tmp_path, ca
 # ---- properties -------------------------------------------------------------------------------------------------
 SIZES = st.sampled_from(["64x32", "32x32", "96x54", "128x128", "100x64", "1280x720"])
 video_fields = hv.one_field_hostile(
-    valid={"prompt": st.text(min_size=1, max_size=30).map(lambda t: "p" + t), "model": st.just("MiniMax-H3"),
-           "size": SIZES, "seconds": st.sampled_from([0.2, "0.2", 0.5, 1]), "num_inference_steps": st.integers(2, 6),
-           "seed": st.integers(0, 2**63 - 1), "fps": st.just(24), "guidance_scale": st.just(1.0),
-           "negative_prompt": st.just("")},
-    hostile={"prompt": st.one_of(hv.surrogate_text, st.just(" "), st.just("p" * 10_001)),
-             "model": st.sampled_from(["sora-2", "", "minimax-h3 "]),
-             "size": st.sampled_from(["32000x32000", "0x0", "1281x720", "8x8", "64 x 32", "2688x2688", "x", "9" * 50]),
-             "seconds": st.one_of(st.floats(), st.sampled_from(["soon", "-1", "1e400", 10**400])),
-             "num_inference_steps": st.one_of(hv.huge_ints, st.sampled_from([0, 1, 1001, "2.5"])),
-             "seed": st.one_of(hv.huge_ints, st.just("9" * 40)), "fps": st.sampled_from([30, "24", 0]),
-             "guidance_scale": st.floats(), "negative_prompt": hv.any_text},
+    valid={
+        "prompt": st.text(min_size=1, max_size=30).map(lambda t: "p" + t),
+        "model": st.just("MiniMax-H3"),
+        "size": SIZES,
+        "seconds": st.sampled_from([0.2, "0.2", 0.5, 1]),
+        "num_inference_steps": st.integers(2, 6),
+        "seed": st.integers(0, 2**63 - 1),
+        "fps": st.just(24),
+        "guidance_scale": st.just(1.0),
+        "negative_prompt": st.just(""),
+    },
+    hostile={
+        "prompt": st.one_of(hv.surrogate_text, st.just(" "), st.just("p" * 10_001)),
+        "model": st.sampled_from(["sora-2", "", "minimax-h3 "]),
+        "size": st.sampled_from(["32000x32000", "0x0", "1281x720", "8x8", "64 x 32", "2688x2688", "x", "9" * 50]),
+        "seconds": st.one_of(st.floats(), st.sampled_from(["soon", "-1", "1e400", 10**400])),
+        "num_inference_steps": st.one_of(hv.huge_ints, st.sampled_from([0, 1, 1001, "2.5"])),
+        "seed": st.one_of(hv.huge_ints, st.just("9" * 40)),
+        "fps": st.sampled_from([30, "24", 0]),
+        "guidance_scale": st.floats(),
+        "negative_prompt": hv.any_text,
+    },
     optional=("model", "size", "seconds", "num_inference_steps", "seed", "fps", "guidance_scale", "negative_prompt"),
-)  # fmt: skip
+)
 extra_fields = st.sampled_from(
     [
         {},
@@ -277,7 +296,7 @@ def video_client(tmp_path_factory):
     encoding=st.sampled_from(["json", "json", "form", "urlencoded", "raw"]),
     raw=hv.raw_bodies,
 )
-def test_property_no_video_request_gets_a_5xx(video_client, fields, extra, encoding, raw):  # fmt: skip
+def test_property_no_video_request_gets_a_5xx(video_client, fields, extra, encoding, raw):
     fields = {**fields, **extra}
     text = {k: v if isinstance(v, str) else hv.json_text(v) for k, v in fields.items()}
     if encoding == "json":
@@ -288,8 +307,9 @@ def test_property_no_video_request_gets_a_5xx(video_client, fields, extra, encod
     elif encoding == "urlencoded":
         from urllib.parse import urlencode
 
-        body = urlencode([(k.encode("utf-8", "backslashreplace"), v.encode("utf-8", "backslashreplace"))
-                          for k, v in text.items()])  # fmt: skip
+        body = urlencode(
+            [(k.encode("utf-8", "backslashreplace"), v.encode("utf-8", "backslashreplace")) for k, v in text.items()]
+        )
         r = video_client.post("/v1/videos", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
     else:
         r = video_client.post("/v1/videos", content=raw[0], headers={"content-type": raw[1]})
@@ -302,8 +322,12 @@ def test_property_no_video_request_gets_a_5xx(video_client, fields, extra, encod
         assert isinstance(r.json()["detail"], (str, list))
 
 
-query_values = st.one_of(st.integers(-5, 200).map(str), st.text(max_size=12), hv.huge_ints.map(str),
-                         hv.any_text.map(lambda t: t.encode("utf-8", "backslashreplace").decode()))  # fmt: skip
+query_values = st.one_of(
+    st.integers(-5, 200).map(str),
+    st.text(max_size=12),
+    hv.huge_ints.map(str),
+    hv.any_text.map(lambda t: t.encode("utf-8", "backslashreplace").decode()),
+)
 
 
 @settings(PROPERTY, max_examples=50)
@@ -341,10 +365,20 @@ def tiny_runner():
     from telefuser.serving.video.minimax import build_minimax_runner
 
     args = argparse.Namespace(
-        config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl="sdpa",
-        ulysses_degree=1, tp_degree=1, enable_feature_cache=False, steps_default=2, size_default=None,
-        seconds_default=0.2, served_model_name="MiniMax-H3", offload_text_encoder=False,
-    )  # fmt: skip
+        config="tiny",
+        checkpoint=None,
+        device="cpu",
+        dtype="float32",
+        attn_impl="sdpa",
+        ulysses_degree=1,
+        tp_degree=1,
+        enable_feature_cache=False,
+        steps_default=2,
+        size_default=None,
+        seconds_default=0.2,
+        served_model_name="MiniMax-H3",
+        offload_text_encoder=False,
+    )
     runner = build_minimax_runner(args)
     yield runner
     runner.close()
@@ -392,8 +426,10 @@ def test_soak_1000_mixed_requests_against_the_tiny_minimax_service(tiny_runner, 
             if kind == "valid":
                 keep = len(accepted) % 25 == 0  # a few run to the end; the rest are cancelled while queued
                 size = ("96x54" if len(accepted) % 50 == 0 else "64x32") if keep else rng.choice(["64x32", "96x54"])
-                r = client.post("/v1/videos", json={"prompt": f"waves {i}", "size": size, "seconds": 0.2,
-                                                    "num_inference_steps": 2, "seed": i})  # fmt: skip
+                r = client.post(
+                    "/v1/videos",
+                    json={"prompt": f"waves {i}", "size": size, "seconds": 0.2, "num_inference_steps": 2, "seed": i},
+                )
                 if r.status_code == 200:
                     accepted.append(r.json()["id"])
                     if not keep:
@@ -416,8 +452,10 @@ def test_soak_1000_mixed_requests_against_the_tiny_minimax_service(tiny_runner, 
         assert all_listed(client) == listed  # the restart path reads every record back
     record_property("soak_seconds", round(elapsed, 1))
     record_property("rss_growth_mb", round(growth_mb, 1))
-    print(f"\nvideo soak: 1000 requests in {elapsed:.1f} s, RSS growth {growth_mb:.1f} MB, statuses {statuses}, "
-          f"{len(completed)} completed")  # fmt: skip
+    print(
+        f"\nvideo soak: 1000 requests in {elapsed:.1f} s, RSS growth {growth_mb:.1f} MB, statuses {statuses}, "
+        f"{len(completed)} completed"
+    )
     assert sum(statuses.values()) == 1000 and len(accepted) > 300 and len(completed) >= 10 and resized
     assert set(listed) == set(accepted)  # cancelled jobs stay listed; nothing accepted is lost
     assert growth_mb < 100, growth_mb

@@ -44,8 +44,10 @@ def aiohttp_form(fields: dict[str, object]) -> tuple[bytes, dict[str, str]]:
     out = b""
     for name, value in fields.items():
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        out += (f"--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                f'Content-Disposition: form-data; name="{name}"\r\n\r\n').encode()
+        out += (
+            f"--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f'Content-Disposition: form-data; name="{name}"\r\n\r\n'
+        ).encode()
         out += text.encode() + b"\r\n"
     out += f"--{boundary}--\r\n".encode()
     return out, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
@@ -101,10 +103,20 @@ def tiny_runner():
     from telefuser.serving.video.minimax import build_minimax_runner
 
     args = argparse.Namespace(
-        config="tiny", checkpoint=None, device="cpu", dtype="float32", attn_impl="sdpa",
-        ulysses_degree=1, tp_degree=1, enable_feature_cache=False, steps_default=3, size_default=None,
-        seconds_default=None, served_model_name="MiniMax-H3", offload_text_encoder=True,
-    )  # fmt: skip
+        config="tiny",
+        checkpoint=None,
+        device="cpu",
+        dtype="float32",
+        attn_impl="sdpa",
+        ulysses_degree=1,
+        tp_degree=1,
+        enable_feature_cache=False,
+        steps_default=3,
+        size_default=None,
+        seconds_default=None,
+        served_model_name="MiniMax-H3",
+        offload_text_encoder=True,
+    )
     runner = build_minimax_runner(args)
     yield runner
     runner.close()
@@ -150,8 +162,18 @@ def test_multipart_as_aiperf_sends_it_completes_with_video_and_audio(tiny_runner
 def test_json_submission_with_a_short_edge_and_aspect_ratio(tiny_runner, tmp_path):
     app = create_video_app(tiny_runner, output_dir=tmp_path)
     with TestClient(app) as client:
-        r = client.post("/v1/videos", json={"prompt": "rain on a tin roof", "resolution": 32, "aspect_ratio": "1:1",
-                                            "seconds": 0.5, "steps": 3, "seed": 1, "fps": 24})  # fmt: skip
+        r = client.post(
+            "/v1/videos",
+            json={
+                "prompt": "rain on a tin roof",
+                "resolution": 32,
+                "aspect_ratio": "1:1",
+                "seconds": 0.5,
+                "steps": 3,
+                "seed": 1,
+                "fps": 24,
+            },
+        )
         assert r.status_code == 200, r.text
         assert r.json()["size"] == "32x32" and r.json()["frames"] == 22  # 0.5 s -> 12 frames -> snapped to 17n+5
         done = poll(client, r.json()["id"])
@@ -188,8 +210,11 @@ def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny
 
     steps.clear()
     with pytest.raises(JobCancelled) as stopped:
-        tiny_runner.run(spec, tmp_path / "x.mp4", RunHooks(progress=lambda d, t: steps.append((d, t)),
-                                                           cancelled=lambda: len(steps) >= 2))  # fmt: skip
+        tiny_runner.run(
+            spec,
+            tmp_path / "x.mp4",
+            RunHooks(progress=lambda d, t: steps.append((d, t)), cancelled=lambda: len(steps) >= 2),
+        )
     assert stopped.value.step == 2 and steps == [(1, 4), (2, 4)] and not (tmp_path / "x.mp4").exists()
     assert tiny_runner.run(spec, None, RunHooks()).dit_calls == 4  # the hooks do not leak into the next job
 
@@ -310,9 +335,15 @@ def test_jobs_interrupted_by_a_crash_are_reported_failed(tmp_path):
     store = JobStore(tmp_path)
     ids = {}
     for status in ("queued", "in_progress"):  # what a killed server leaves on disk
-        job = VideoJob(id=new_job_id(), model="MiniMax-H3", prompt=status, request={}, spec=VideoSpec(
-            "p", "64x64", "16:9", 0.2, 4, 0).as_dict(), plan={"width": 64, "height": 64, "frames": 5, "fps": 24,
-            "duration_s": 5 / 24, "dit_calls": 3}, status=status)  # fmt: skip
+        job = VideoJob(
+            id=new_job_id(),
+            model="MiniMax-H3",
+            prompt=status,
+            request={},
+            spec=VideoSpec("p", "64x64", "16:9", 0.2, 4, 0).as_dict(),
+            plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
+            status=status,
+        )
         job.touch()
         store.save(job.record())
         ids[status] = job.id
@@ -338,9 +369,15 @@ BAD = [
     ({"prompt": "p", "size": "big"}, 422, "'size' must be WIDTHxHEIGHT"),
     ({"prompt": "p", "size": "1281x720"}, 422, "both sides must be even (H.264 4:2:0)"),
     ({"prompt": "p", "size": "8x8"}, 422, "at least 16"),
-    ({"prompt": "p", "size": "32000x32000"}, 422, ("'size' 32000x32000 is 32000 pixels wide; the limit is "
-                                                   "max_width=2,688 (--max-width; model: 2 x the long edge of its "
-                                                   "1344x768 canvas)")),
+    (
+        {"prompt": "p", "size": "32000x32000"},
+        422,
+        (
+            "'size' 32000x32000 is 32000 pixels wide; the limit is "
+            "max_width=2,688 (--max-width; model: 2 x the long edge of its "
+            "1344x768 canvas)"
+        ),
+    ),
     ({"prompt": "p", "size": "2688x2688"}, 422, "has 7,225,344 pixels (2688x2688); the limit is max_pixels=4,128,768"),
     ({"prompt": "p", "size": "1344x768", "seconds": 2, "num_frames": 10**6}, 422, "the limit is max_frames="),
     ({"prompt": "p", "size": "0x64"}, 422, "must be positive"),
@@ -396,8 +433,18 @@ def test_unreadable_bodies_and_accepted_edge_values(fake_client, tmp_path):
     assert c.delete("/v1/videos/video_nope").status_code == 404
     # values that mean "no change" are accepted: guidance 1.0, an empty negative prompt, fps 24 as text,
     # a num_frames on the model's grid, an urlencoded form, the model name in another case
-    ok = c.post("/v1/videos", json={"prompt": "p", "guidance_scale": 1.0, "negative_prompt": "", "fps": "24",
-                                    "num_frames": 22, "model": "minimax-h3", "seed": str(2**63 - 1)})  # fmt: skip
+    ok = c.post(
+        "/v1/videos",
+        json={
+            "prompt": "p",
+            "guidance_scale": 1.0,
+            "negative_prompt": "",
+            "fps": "24",
+            "num_frames": 22,
+            "model": "minimax-h3",
+            "seed": str(2**63 - 1),
+        },
+    )
     assert ok.status_code == 200, ok.text
     assert ok.json()["frames"] == 22 and ok.json()["seconds"] == f"{22 / 24:g}"
     form = c.post("/v1/videos", data={"prompt": "p", "size": "32x64", "seconds": "0.2"})
@@ -430,16 +477,35 @@ def test_models_health_metadata_and_metrics(fake_client):
 
 def test_serve_fake_on_port_0_and_sigterm(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "telefuser.serving.video.cli", "serve", "--fake", "--port", "0", "--output-dir",
-         str(tmp_path), "--fake-step-delay", "0.2", "--steps-default", "50"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "telefuser.serving.video.cli",
+            "serve",
+            "--fake",
+            "--port",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+            "--fake-step-delay",
+            "0.2",
+            "--steps-default",
+            "50",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
-        url = wait_for(lambda: next((m.group(1) for m in map(re.compile(r"serving on (http://\S+)").search, lines)
-                                     if m), None), 30, "the server to log its URL")  # fmt: skip
+        url = wait_for(
+            lambda: next((m.group(1) for m in map(re.compile(r"serving on (http://\S+)").search, lines) if m), None),
+            30,
+            "the server to log its URL",
+        )
         wait_for(lambda: any("startup complete" in line for line in lines), 10, "startup")
         body, headers = aiohttp_form({"prompt": "a kite", "model": "MiniMax-H3", "size": "64x64", "seconds": 0.2})
         with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:

@@ -53,18 +53,25 @@ DEFAULT_CONFIG = REPO_ROOT / "tools/aiperf/configs/batch_minimax_h3.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p, m = bench_parser(__doc__, DEFAULT_CONFIG, "telefuser serve", "MiniMax-H3 checkpoint (random weights when omitted)")
+    p, m = bench_parser(
+        __doc__, DEFAULT_CONFIG, "telefuser serve", "MiniMax-H3 checkpoint (random weights when omitted)"
+    )
     m.add_argument("--size", default=None, help="video size when a request omits it (service --size-default)")
     m.add_argument("--seconds", type=float, default=None, help="seconds when a request omits it")
     m.add_argument("--steps", type=int, default=None, help="num_inference_steps when a request omits it")
     m.add_argument("--fake", action="store_true", help="the model-free test runner (pattern + tone)")
     m.add_argument("--fake-step-delay", type=float, default=0.01)
-    m.add_argument("--service-arg", action="append", default=[],
-                   help="extra service flag, e.g. --service-arg=--tp-degree=2")
-    m.add_argument("--service-module", default=None,
-                   help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video.cli)")
-    m.add_argument("--output-dir", type=Path, default=None,
-                   help="service --output-dir (default: <artifact dir>/service_videos)")
+    m.add_argument(
+        "--service-arg", action="append", default=[], help="extra service flag, e.g. --service-arg=--tp-degree=2"
+    )
+    m.add_argument(
+        "--service-module",
+        default=None,
+        help="module whose CLI has `serve` (default: telefuser.cli, else telefuser.serving.video.cli)",
+    )
+    m.add_argument(
+        "--output-dir", type=Path, default=None, help="service --output-dir (default: <artifact dir>/service_videos)"
+    )
     add_launch_options(p, m)
     return p.parse_args(argv)
 
@@ -80,9 +87,18 @@ def serve_module(python: str, override: str | None) -> str:
 
 def service_args(args: argparse.Namespace, port: int, output_dir: Path) -> list[str]:
     out = ["--host", "127.0.0.1", "--port", str(port), "--output-dir", str(output_dir), "--log-level", "info"]
-    out += model_flags(args, ["--fake", "--fake-step-delay", str(args.fake_step_delay)], {
-        "--checkpoint": args.checkpoint, "--device": args.device, "--dtype": args.dtype, "--size-default": args.size,
-        "--seconds-default": args.seconds, "--steps-default": args.steps})
+    out += model_flags(
+        args,
+        ["--fake", "--fake-step-delay", str(args.fake_step_delay)],
+        {
+            "--checkpoint": args.checkpoint,
+            "--device": args.device,
+            "--dtype": args.dtype,
+            "--size-default": args.size,
+            "--seconds-default": args.seconds,
+            "--steps-default": args.steps,
+        },
+    )
     return out + list(args.service_arg)
 
 

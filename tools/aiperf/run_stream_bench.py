@@ -44,8 +44,9 @@ DEFAULT_CONFIG = REPO_ROOT / "tools/aiperf/configs/stream_lingbot_world_v2_1min.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p, m = bench_parser(__doc__, DEFAULT_CONFIG, "telefuser serve-stream",
-                        "checkpoint directory (random weights when omitted)")
+    p, m = bench_parser(
+        __doc__, DEFAULT_CONFIG, "telefuser serve-stream", "checkpoint directory (random weights when omitted)"
+    )
     m.add_argument("--attn-impl", default=None)
     m.add_argument("--resolution", default=None, help="the service's default resolution WxH")
     m.add_argument("--fake", action="store_true", help="the test-pattern model instead of LingBot-World v2")
@@ -57,9 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def service_args(args: argparse.Namespace, port: int) -> list[str]:
     out = ["--host", "127.0.0.1", "--port", str(port), "--delivery-mode", "lossless", "--log-level", "info"]
-    return out + model_flags(args, ["--fake", "--fake-delay", str(args.fake_delay)], {
-        "--checkpoint": args.checkpoint, "--device": args.device, "--dtype": args.dtype, "--attn-impl": args.attn_impl,
-        "--resolution": args.resolution, "--buffer-chunks": args.buffer_chunks})
+    return out + model_flags(
+        args,
+        ["--fake", "--fake-delay", str(args.fake_delay)],
+        {
+            "--checkpoint": args.checkpoint,
+            "--device": args.device,
+            "--dtype": args.dtype,
+            "--attn-impl": args.attn_impl,
+            "--resolution": args.resolution,
+            "--buffer-chunks": args.buffer_chunks,
+        },
+    )
 
 
 def scrape(url: str) -> dict:

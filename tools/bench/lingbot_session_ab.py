@@ -86,11 +86,22 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], WanVideoVAE, 
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
 
     def pipeline(dit, vae):
-        return WorldSessionPipeline(dit, base.prompt_encoder, vae, device=device, dit_dtype=dtype,
-                                    camera_factory=base.camera_factory, weights=base.weights)
+        return WorldSessionPipeline(
+            dit,
+            base.prompt_encoder,
+            vae,
+            device=device,
+            dit_dtype=dtype,
+            camera_factory=base.camera_factory,
+            weights=base.weights,
+        )
 
-    made = {"recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32), "reuse": lambda: pipeline(base.dit, vae32),
-            "reuse+bf16-vae": lambda: pipeline(base.dit, vae16), "fp8": lambda: pipeline(fp8_copy(base.dit), vae32)}
+    made = {
+        "recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32),
+        "reuse": lambda: pipeline(base.dit, vae32),
+        "reuse+bf16-vae": lambda: pipeline(base.dit, vae16),
+        "fp8": lambda: pipeline(fp8_copy(base.dit), vae32),
+    }
     return {name: made[name]() for name in args.variants}, vae32, vae16
 
 
@@ -103,16 +114,27 @@ def fp8_copy(dit):
 def run_session(pipe, args, trace, image) -> dict:
     chunks, latents = [], []
     frames = []
-    with pipe.start(image, "a corridor in an old castle", seed=42, resolution=args.resolution,
-                    num_frames=args.num_frames, frame_policy="truncate", keep_latents=True) as session:
+    with pipe.start(
+        image,
+        "a corridor in an old castle",
+        seed=42,
+        resolution=args.resolution,
+        num_frames=args.num_frames,
+        frame_policy="truncate",
+        keep_latents=True,
+    ) as session:
         for i in range(session.total_chunks):
             chunk = session.next_chunk(trace.keys_for(i))
             chunks.append(chunk.measurement)
             latents.append(chunk.latents)
             frames.append(chunk.frames)
         summary = session.summary()
-    return {"summary": summary, "chunks": chunks, "latents": torch.cat(latents, dim=2),
-            "frames": np.concatenate(frames)}
+    return {
+        "summary": summary,
+        "chunks": chunks,
+        "latents": torch.cat(latents, dim=2),
+        "frames": np.concatenate(frames),
+    }
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -122,9 +144,11 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def fp8_gate(fp8: dict, bf16: dict) -> dict:
     a, b = fp8["latents"].double().flatten(), bf16["latents"].double().flatten()
-    return {"latents_relative_l2": ((a - b).norm() / b.norm()).item(),
-            "latents_cosine": torch.nn.functional.cosine_similarity(a, b, dim=0).item(),
-            "frames_psnr_db": psnr(fp8["frames"], bf16["frames"])}
+    return {
+        "latents_relative_l2": ((a - b).norm() / b.norm()).item(),
+        "latents_cosine": torch.nn.functional.cosine_similarity(a, b, dim=0).item(),
+        "frames_psnr_db": psnr(fp8["frames"], bf16["frames"]),
+    }
 
 
 def vae_quality(vae32: WanVideoVAE, vae16: WanVideoVAE, latents: torch.Tensor, image) -> dict:
@@ -160,12 +184,14 @@ def main(argv=None) -> int:
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             result = run_session(variants[name], args, trace, IMAGE)
             runs[name].append(result)
             s = result["summary"]
-            print(f"round {r} {name}: steady {s['steady_compute_fps']:.3f} FPS, chunk 0 {s['first_chunk_seconds']:.3f} s",
-                  flush=True)
+            print(
+                f"round {r} {name}: steady {s['steady_compute_fps']:.3f} FPS, chunk 0 {s['first_chunk_seconds']:.3f} s",
+                flush=True,
+            )
 
     rows, report = [], {"args": {k: str(v) for k, v in vars(args).items()}, "variants": {}}
     reference = runs[names[0]][0]
@@ -176,33 +202,56 @@ def main(argv=None) -> int:
         fps = [x["summary"]["steady_compute_fps"] for x in results]
         chunk = [x["summary"]["chunk_seconds"]["mean"] for x in results]
         first = [x["summary"]["first_chunk_seconds"] for x in results]
-        phases = {p: statistics.fmean(x["summary"]["phase_mean_seconds"][p] or 0.0 for x in results)
-                  for p in results[0]["summary"]["phase_mean_seconds"]}
+        phases = {
+            p: statistics.fmean(x["summary"]["phase_mean_seconds"][p] or 0.0 for x in results)
+            for p in results[0]["summary"]["phase_mean_seconds"]
+        }
         baseline = first_with_vae[name.endswith("bf16-vae")]
         other = runs[baseline][0]
-        exact = None if baseline == name or name == "fp8" else bool(
-            torch.equal(results[0]["latents"], other["latents"]) and np.array_equal(results[0]["frames"], other["frames"]))
+        exact = (
+            None
+            if baseline == name or name == "fp8"
+            else bool(
+                torch.equal(results[0]["latents"], other["latents"])
+                and np.array_equal(results[0]["frames"], other["frames"])
+            )
+        )
         rows.append((name, statistics.median(fps), statistics.fmean(chunk), phases, statistics.fmean(first), exact))
-        report["variants"][name] = {"steady_fps": fps, "chunk_mean_s": chunk, "first_chunk_s": first,
-                                    "phase_mean_s": phases, "same_latents_and_frames_as_first_variant": exact,
-                                    "sessions": [{"summary": x["summary"], "chunks": x["chunks"]} for x in results]}
+        report["variants"][name] = {
+            "steady_fps": fps,
+            "chunk_mean_s": chunk,
+            "first_chunk_s": first,
+            "phase_mean_s": phases,
+            "same_latents_and_frames_as_first_variant": exact,
+            "sessions": [{"summary": x["summary"], "chunks": x["chunks"]} for x in results],
+        }
     phase_names = list(rows[0][3])
     head = ["variant", "steady FPS", "chunk s", *phase_names, "chunk0/steady", "output vs same-VAE baseline"]
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, fps, chunk, phases, first, exact in rows:
-        cells = [name, f"{fps:.3f}", f"{chunk:.3f}", *(f"{phases[p]:.3f}" for p in phase_names), f"{first / chunk:.2f}",
-                 "-" if exact is None else ("bit-identical" if exact else "DIFFERENT")]
+        cells = [
+            name,
+            f"{fps:.3f}",
+            f"{chunk:.3f}",
+            *(f"{phases[p]:.3f}" for p in phase_names),
+            f"{first / chunk:.2f}",
+            "-" if exact is None else ("bit-identical" if exact else "DIFFERENT"),
+        ]
         print("| " + " | ".join(cells) + " |")
     if "reuse+bf16-vae" in variants:
         quality = vae_quality(vae32, vae16, reference["latents"], IMAGE)
         report["vae_bf16_quality"] = quality
-        print(f"\nbf16 VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; condition "
-              f"latents relative error {quality['condition_relative_error']:.2e}")
+        print(
+            f"\nbf16 VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; condition "
+            f"latents relative error {quality['condition_relative_error']:.2e}"
+        )
     if "fp8" in runs and "reuse" in runs:
         gate = fp8_gate(runs["fp8"][0], runs["reuse"][0])
         report["fp8_quality"] = gate
-        print(f"fp8 against bf16 over a session: latents relative L2 {gate['latents_relative_l2']:.3e}, cosine "
-              f"{gate['latents_cosine']:.5f}; frames PSNR {gate['frames_psnr_db']:.1f} dB")
+        print(
+            f"fp8 against bf16 over a session: latents relative L2 {gate['latents_relative_l2']:.3e}, cosine "
+            f"{gate['latents_cosine']:.5f}; frames PSNR {gate['frames_psnr_db']:.1f} dB"
+        )
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(report, indent=2) + "\n")

@@ -69,9 +69,15 @@ from telefuser.ops.attention import CUDA_SDPA_PRIORITY
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
 from telefuser.profiling.flop_rates import (
-    NO_ATTENTION_IMPLS, attention_flops, counted_flops, describe, dispatched_attention_flops, flop_counter, rate)
-from tools.bench.transport_ab import (
-    TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
+    NO_ATTENTION_IMPLS,
+    attention_flops,
+    counted_flops,
+    describe,
+    dispatched_attention_flops,
+    flop_counter,
+    rate,
+)
+from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
 
 LATENT_FRAMES_PER_CHUNK = 4
 DENOISING_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)  # four reads of the window; the commit runs at t=0
@@ -123,8 +129,11 @@ class Runner:
 
 
 def dit_config(args) -> LingBotWorldV2Config:
-    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(
-        local_attn_size=10, sink_size=2)
+    config = (
+        LingBotWorldV2Config()
+        if args.config == "official"
+        else LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
+    )
     return replace(config, num_layers=args.layers) if args.layers else config
 
 
@@ -145,8 +154,9 @@ def forward_attention_flops(config, new_rows: int, key_rows: int, world: int, la
     if attn_impl in NO_ATTENTION_IMPLS:
         return 0
     local_rows = -(-new_rows // world)
-    per_layer = (attention_flops(1, config.num_heads // world, new_rows, key_rows, config.head_dim)
-                 + attention_flops(1, config.num_heads, local_rows, config.text_len, config.head_dim))
+    per_layer = attention_flops(1, config.num_heads // world, new_rows, key_rows, config.head_dim) + attention_flops(
+        1, config.num_heads, local_rows, config.text_len, config.head_dim
+    )
     return per_layer * layers
 
 
@@ -179,8 +189,11 @@ def run_session(model, runner, args, width, height, *, count_flops: bool):
                 _, seconds = runner.timed(chunk)
             row = {"seconds": seconds}
             if count_flops:
-                row.update(counted=counted_flops(counter), attention_dispatched=dispatched_attention_flops(counter),
-                           attention_formula=chunk_attention_flops(config, plan, world, model.attn_impl))
+                row.update(
+                    counted=counted_flops(counter),
+                    attention_dispatched=dispatched_attention_flops(counter),
+                    attention_formula=chunk_attention_flops(config, plan, world, model.attn_impl),
+                )
                 row["flops"] = row["counted"] + row["attention_formula"]
             rows.append(row)
     finally:
@@ -210,8 +223,9 @@ def session_mode(args, runner) -> dict:
     width, height = parse_resolution(args.resolution)
     config = dit_config(args)
     t0 = time.perf_counter()
-    model = build_random_lingbot_dit(config, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
-                                     init_on_device=runner.on_gpu).eval()
+    model = build_random_lingbot_dit(
+        config, 0, runner.device, runner.dtype, attn_impl=args.attn_impl, init_on_device=runner.on_gpu
+    ).eval()
     init_s = time.perf_counter() - t0
     transports = args.transports
     switch = TransportSwitch(model, runner.mesh, transports)  # collective: one communicator per transport, in order
@@ -242,8 +256,12 @@ def session_mode(args, runner) -> dict:
     for name in transports:
         p50, worst, fps = steady_figures(sessions[name, variants[0]])
         by_transport[name] = {
-            "runs_on": switch.runs_on(name), "fallback_reasons": switch.fallback_reasons(name), "sessions": rounds,
-            "steady_dit_seconds_p50": p50, "steady_dit_seconds_max": worst, "steady_dit_fps": fps,
+            "runs_on": switch.runs_on(name),
+            "fallback_reasons": switch.fallback_reasons(name),
+            "sessions": rounds,
+            "steady_dit_seconds_p50": p50,
+            "steady_dit_seconds_max": worst,
+            "steady_dit_fps": fps,
             "steady_dit_seconds_p50_by_fusion": {v: steady_figures(sessions[name, v])[0] for v in variants},
             "steady_dit_fps_by_fusion": {v: steady_figures(sessions[name, v])[2] for v in variants},
         }
@@ -255,19 +273,36 @@ def session_mode(args, runner) -> dict:
     chunks = []
     for index, c in enumerate(counted):
         seconds = statistics.median(rows[index]["seconds"] for rows in timed)  # the one session's, with one round
-        chunks.append({"index": index, "dit_seconds": seconds, "tflop_this_rank": c["flops"] / 1e12,
-                       "tflop_counted": c["counted"] / 1e12, "attention_tflop_formula": c["attention_formula"] / 1e12,
-                       "attention_tflop_dispatched": c["attention_dispatched"] / 1e12,
-                       **rate(c["flops"], seconds, device_name)})
+        chunks.append(
+            {
+                "index": index,
+                "dit_seconds": seconds,
+                "tflop_this_rank": c["flops"] / 1e12,
+                "tflop_counted": c["counted"] / 1e12,
+                "attention_tflop_formula": c["attention_formula"] / 1e12,
+                "attention_tflop_dispatched": c["attention_dispatched"] / 1e12,
+                **rate(c["flops"], seconds, device_name),
+            }
+        )
     steady_counted = counted[1:] or counted
-    steady = rate(sum(c["flops"] for c in steady_counted) * len(timed),
-                  sum(row["seconds"] for row in steady_rows(timed)), device_name)
+    steady = rate(
+        sum(c["flops"] for c in steady_counted) * len(timed),
+        sum(row["seconds"] for row in steady_rows(timed)),
+        device_name,
+    )
     p50, worst, fps = steady_figures(timed)
     result = {
-        "mode": "session", "config": args.config, "layers": config.num_layers, "resolution": f"{width}x{height}",
-        "device": device_name, "world": runner.world,
-        "ulysses_transport": transport, "weights": "random (no checkpoint)", "weight_init_s": init_s,
-        "attn_impl": args.attn_impl, "chunks": chunks,
+        "mode": "session",
+        "config": args.config,
+        "layers": config.num_layers,
+        "resolution": f"{width}x{height}",
+        "device": device_name,
+        "world": runner.world,
+        "ulysses_transport": transport,
+        "weights": "random (no checkpoint)",
+        "weight_init_s": init_s,
+        "attn_impl": args.attn_impl,
+        "chunks": chunks,
         "steady_dit_seconds_p50": p50,
         "steady_dit_seconds_max": worst,
         "steady_dit_fps": fps,
@@ -277,20 +312,30 @@ def session_mode(args, runner) -> dict:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if runner.on_gpu else None,
         "fusion": variants[0],
         "steady_dit_seconds_p50_by_fusion": by_transport[first]["steady_dit_seconds_p50_by_fusion"],
-        "transports": transports, "timed_rounds": rounds, "by_transport": by_transport,
+        "transports": transports,
+        "timed_rounds": rounds,
+        "by_transport": by_transport,
     }
-    runner.say("chunk | DiT s (4 reads + commit) | TFLOP (this rank) | of which attention | TFLOP/s | of measured 786 "
-               "| of datasheet 989")
+    runner.say(
+        "chunk | DiT s (4 reads + commit) | TFLOP (this rank) | of which attention | TFLOP/s | of measured 786 "
+        "| of datasheet 989"
+    )
     for c in chunks:
-        runner.say(f"{c['index']:5d} | {c['dit_seconds']:24.3f} | {c['tflop_this_rank']:17.3f} | "
-                   f"{c['attention_tflop_formula']:18.3f} | {c['achieved_tflops']:7.1f} | "
-                   f"{fraction(c['of_measured_matmul_ceiling']):>15s} | {fraction(c['of_datasheet_bf16_dense']):>16s}")
-    runner.say(f"LingBot-World v2 DiT ({args.config}, {config.num_layers} layers, random weights) {width}x{height}: "
-               f"steady DiT p50 {result['steady_dit_seconds_p50']:.3f} s/chunk -> {result['steady_dit_fps']:.2f} FPS "
-               f"(DiT only), {describe(steady)}, Ulysses transport: {transport}, fusion: {variants[0]}")
+        runner.say(
+            f"{c['index']:5d} | {c['dit_seconds']:24.3f} | {c['tflop_this_rank']:17.3f} | "
+            f"{c['attention_tflop_formula']:18.3f} | {c['achieved_tflops']:7.1f} | "
+            f"{fraction(c['of_measured_matmul_ceiling']):>15s} | {fraction(c['of_datasheet_bf16_dense']):>16s}"
+        )
+    runner.say(
+        f"LingBot-World v2 DiT ({args.config}, {config.num_layers} layers, random weights) {width}x{height}: "
+        f"steady DiT p50 {result['steady_dit_seconds_p50']:.3f} s/chunk -> {result['steady_dit_fps']:.2f} FPS "
+        f"(DiT only), {describe(steady)}, Ulysses transport: {transport}, fusion: {variants[0]}"
+    )
     if len(variants) > 1:
-        runner.say("fusion side by side (steady DiT p50 s/chunk): " + ", ".join(
-            f"{v} {t:.3f}" for v, t in result["steady_dit_seconds_p50_by_fusion"].items()))
+        runner.say(
+            "fusion side by side (steady DiT p50 s/chunk): "
+            + ", ".join(f"{v} {t:.3f}" for v, t in result["steady_dit_seconds_p50_by_fusion"].items())
+        )
     if len(transports) > 1:
         runner.say(transport_table(result, args, variants))
     return result
@@ -302,14 +347,18 @@ def fraction(value: float | None) -> str:
 
 def transport_table(result: dict, args, variants: list[str]) -> str:
     first = result["transports"][0]
-    lines = [f"LingBot-World v2 Ulysses{result['world']}: steady DiT per chunk ({result['config']}, {result['layers']} "
-             f"layers, {result['resolution']}, {result['timed_rounds']} sessions of {args.chunks} chunks "
-             "per transport)",
-             "transport | runs on  | " + " | ".join(f"p50 s/chunk ({v}) | FPS ({v})" for v in variants)
-             + f" | vs {first}"]
+    lines = [
+        f"LingBot-World v2 Ulysses{result['world']}: steady DiT per chunk ({result['config']}, {result['layers']} "
+        f"layers, {result['resolution']}, {result['timed_rounds']} sessions of {args.chunks} chunks "
+        "per transport)",
+        "transport | runs on  | " + " | ".join(f"p50 s/chunk ({v}) | FPS ({v})" for v in variants) + f" | vs {first}",
+    ]
     for name, row in result["by_transport"].items():
-        cells = " | ".join(f"{row['steady_dit_seconds_p50_by_fusion'][v]:{len(f'p50 s/chunk ({v})')}.3f} | "
-                           f"{row['steady_dit_fps_by_fusion'][v]:{len(f'FPS ({v})')}.2f}" for v in variants)
+        cells = " | ".join(
+            f"{row['steady_dit_seconds_p50_by_fusion'][v]:{len(f'p50 s/chunk ({v})')}.3f} | "
+            f"{row['steady_dit_fps_by_fusion'][v]:{len(f'FPS ({v})')}.2f}"
+            for v in variants
+        )
         lines.append(f"{name:9s} | {row['runs_on']:8s} | {cells} | {row['ratio_to_first']:.2f}x")
     return "\n".join(lines)
 
@@ -335,10 +384,20 @@ def build_diffusers_wan(config: LingBotWorldV2Config, device, dtype):
     try:
         with torch.device(device):
             model = WanTransformer3DModel(
-                patch_size=config.patch_size, num_attention_heads=config.num_heads, attention_head_dim=config.head_dim,
-                in_channels=config.in_dim, out_channels=config.out_dim, text_dim=config.text_dim,
-                freq_dim=config.freq_dim, ffn_dim=config.ffn_dim, num_layers=config.num_layers,
-                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=config.eps, image_dim=None)
+                patch_size=config.patch_size,
+                num_attention_heads=config.num_heads,
+                attention_head_dim=config.head_dim,
+                in_channels=config.in_dim,
+                out_channels=config.out_dim,
+                text_dim=config.text_dim,
+                freq_dim=config.freq_dim,
+                ffn_dim=config.ffn_dim,
+                num_layers=config.num_layers,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                eps=config.eps,
+                image_dim=None,
+            )
     finally:
         torch.set_default_dtype(previous)
     # as from_pretrained(torch_dtype=bf16) leaves it: the modules diffusers keeps in fp32 go back to fp32
@@ -384,8 +443,9 @@ def vs_diffusers_mode(args, runner) -> dict:
     results, best_errors = [], {}
     diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
     best_label, best_model = diffusers_best(diffusers_model, runner, args.compile_backend)
-    ours = build_random_lingbot_dit(base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl,
-                                    init_on_device=runner.on_gpu).eval()
+    ours = build_random_lingbot_dit(
+        base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl, init_on_device=runner.on_gpu
+    ).eval()
     set_fusion(True)
     for frames in args.frames:
         config = base
@@ -402,21 +462,33 @@ def vs_diffusers_mode(args, runner) -> dict:
                 set_fusion(True)
 
         def run_diffusers(model):
-            return model(hidden_states=latents.to(runner.dtype), timestep=t.to(runner.device),
-                         encoder_hidden_states=text, return_dict=False)
+            return model(
+                hidden_states=latents.to(runner.dtype),
+                timestep=t.to(runner.device),
+                encoder_hidden_states=text,
+                return_dict=False,
+            )
 
         # name -> (call, eager twin that does the same arithmetic: whose FLOPs are counted, attention impl)
         variants = {
-            "telefuser (cuDNN SDPA first)": (lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
-                                             ours_eager_chains, args.attn_impl),
+            "telefuser (cuDNN SDPA first)": (
+                lambda: ours.forward_chunk(session, latents, t, None, update_cache=False),
+                ours_eager_chains,
+                args.attn_impl,
+            ),
             "telefuser, eager elementwise chains": (ours_eager_chains, ours_eager_chains, args.attn_impl),
-            "diffusers (torch default SDPA order)": (lambda: run_diffusers(diffusers_model),
-                                                     lambda: run_diffusers(diffusers_model), "sdpa"),
+            "diffusers (torch default SDPA order)": (
+                lambda: run_diffusers(diffusers_model),
+                lambda: run_diffusers(diffusers_model),
+                "sdpa",
+            ),
         }
         if runner.on_gpu:
+
             def diffusers_cudnn():
                 with cudnn_first():
                     return run_diffusers(diffusers_model)
+
             variants["diffusers (cuDNN SDPA first)"] = (diffusers_cudnn, diffusers_cudnn, "sdpa")
         variants[best_label] = (lambda: run_diffusers(best_model), lambda: run_diffusers(diffusers_model), "sdpa")
         tokens = frames * tokens_per_frame
@@ -434,9 +506,11 @@ def vs_diffusers_mode(args, runner) -> dict:
                 with flop_counter() as counter:
                     eager_twin()
                 set_fusion(True)
-                measured[name].update(counted=counted_flops(counter),
-                                      attention_dispatched=dispatched_attention_flops(counter),
-                                      attention_formula=dense_attention_flops(config, tokens, attn_impl))
+                measured[name].update(
+                    counted=counted_flops(counter),
+                    attention_dispatched=dispatched_attention_flops(counter),
+                    attention_formula=dense_attention_flops(config, tokens, attn_impl),
+                )
                 if runner.on_gpu:
                     base_mem = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
@@ -452,27 +526,51 @@ def vs_diffusers_mode(args, runner) -> dict:
         for name, m in measured.items():
             seconds = statistics.median(m["seconds"])
             flops = m["counted"] + m["attention_formula"]
-            results.append({"implementation": name, "latent_frames": frames, "query_tokens": tokens,
-                            "key_tokens": tokens, "seconds": seconds, "seconds_all": m["seconds"],
-                            "tflop": flops / 1e12, "tflop_counted": m["counted"] / 1e12,
-                            "attention_tflop_formula": m["attention_formula"] / 1e12,
-                            "attention_tflop_dispatched": m["attention_dispatched"] / 1e12,
-                            **rate(flops, seconds, device_name), "activation_peak_gib": m["peak_gib"]})
+            results.append(
+                {
+                    "implementation": name,
+                    "latent_frames": frames,
+                    "query_tokens": tokens,
+                    "key_tokens": tokens,
+                    "seconds": seconds,
+                    "seconds_all": m["seconds"],
+                    "tflop": flops / 1e12,
+                    "tflop_counted": m["counted"] / 1e12,
+                    "attention_tflop_formula": m["attention_formula"] / 1e12,
+                    "attention_tflop_dispatched": m["attention_dispatched"] / 1e12,
+                    **rate(flops, seconds, device_name),
+                    "activation_peak_gib": m["peak_gib"],
+                }
+            )
     ours.close()
     width = max(len(row["implementation"]) for row in results)
-    runner.say(f"tokens (Q = K) | {'implementation':{width}s} | s/forward |  TFLOP | TFLOP/s | of measured 786 | "
-               "of datasheet 989 | vs telefuser")
+    runner.say(
+        f"tokens (Q = K) | {'implementation':{width}s} | s/forward |  TFLOP | TFLOP/s | of measured 786 | "
+        "of datasheet 989 | vs telefuser"
+    )
     for row in results:
-        ref = next(r for r in results if r["latent_frames"] == row["latent_frames"]
-                   and r["implementation"].startswith("telefuser ("))
-        runner.say(f"{row['query_tokens']:14d} | {row['implementation']:{width}s} | {row['seconds']:9.3f} | "
-                   f"{row['tflop']:6.2f} | {row['achieved_tflops']:7.1f} | "
-                   f"{fraction(row['of_measured_matmul_ceiling']):>15s} | "
-                   f"{fraction(row['of_datasheet_bf16_dense']):>16s} | {row['seconds'] / ref['seconds']:.2f}x")
-    return {"mode": "vs-diffusers", "config": args.config, "layers": base.num_layers,
-            "resolution": f"{width}x{height}", "device": device_name,
-            "weights": "random (no checkpoint)", "diffusers_best": best_label,
-            "diffusers_best_errors": {str(k): v for k, v in best_errors.items()}, "rows": results}
+        ref = next(
+            r
+            for r in results
+            if r["latent_frames"] == row["latent_frames"] and r["implementation"].startswith("telefuser (")
+        )
+        runner.say(
+            f"{row['query_tokens']:14d} | {row['implementation']:{width}s} | {row['seconds']:9.3f} | "
+            f"{row['tflop']:6.2f} | {row['achieved_tflops']:7.1f} | "
+            f"{fraction(row['of_measured_matmul_ceiling']):>15s} | "
+            f"{fraction(row['of_datasheet_bf16_dense']):>16s} | {row['seconds'] / ref['seconds']:.2f}x"
+        )
+    return {
+        "mode": "vs-diffusers",
+        "config": args.config,
+        "layers": base.num_layers,
+        "resolution": f"{width}x{height}",
+        "device": device_name,
+        "weights": "random (no checkpoint)",
+        "diffusers_best": best_label,
+        "diffusers_best_errors": {str(k): v for k, v in best_errors.items()},
+        "rows": results,
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -481,20 +579,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", choices=["official", "tiny"], default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers (fit several ranks on one GPU)")
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT in pixels, multiples of 16")
-    p.add_argument("--chunks", type=int, default=8, help="session: chunks of 4 latent frames (the window rolls from the 5th)")
+    p.add_argument(
+        "--chunks", type=int, default=8, help="session: chunks of 4 latent frames (the window rolls from the 5th)"
+    )
     p.add_argument("--frames", type=int, nargs="+", default=[21, 4], help="vs-diffusers: latent frames per forward")
-    p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
-                   help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each")
+    p.add_argument(
+        "--fusion",
+        choices=["fused", "eager", "both"],
+        default="fused",
+        help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each",
+    )
     p.add_argument("--profile", action="store_true", help="vs-diffusers: print each one's top GPU kernels")
-    p.add_argument("--compile-backend", default="inductor",
-                   help="vs-diffusers: torch.compile backend of diffusers' compile_repeated_blocks (eager: CPU smoke)")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="vs-diffusers: torch.compile backend of diffusers' compile_repeated_blocks (eager: CPU smoke)",
+    )
     p.add_argument("--ulysses", type=int, default=1)
-    p.add_argument("--transports", type=parse_transports, default=None,
-                   help=f"session: comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
-                        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)")
+    p.add_argument(
+        "--transports",
+        type=parse_transports,
+        default=None,
+        help=f"session: comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
+        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)",
+    )
     p.add_argument("--attn-impl", default="sdpa")
-    p.add_argument("--iters", type=int, default=3,
-                   help="vs-diffusers: timed forwards each; session with several transports: timed rounds")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=3,
+        help="vs-diffusers: timed forwards each; session with several transports: timed rounds",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
     args = p.parse_args(argv)
@@ -503,8 +618,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.chunks < 1 or args.iters < 1:
         raise SystemExit("--chunks and --iters must be at least 1")
     if len(args.transports) > 1 and (args.mode != "session" or args.ulysses < 2):
-        p.error("--transports with several transports compares Ulysses transports: session mode with --ulysses 2 "
-                "or more under torchrun")
+        p.error(
+            "--transports with several transports compares Ulysses transports: session mode with --ulysses 2 "
+            "or more under torchrun"
+        )
     if len(args.transports) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         raise SystemExit("--transports with several transports needs Ulysses ranks: start it with torchrun")
     return args

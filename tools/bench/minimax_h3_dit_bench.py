@@ -49,9 +49,15 @@ from telefuser.models.minimax_h3.packing import pack_layout
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
 from telefuser.profiling.flop_rates import (
-    NO_ATTENTION_IMPLS, attention_flops, counted_flops, describe, dispatched_attention_flops, flop_counter, rate)
-from tools.bench.transport_ab import (
-    TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated)
+    NO_ATTENTION_IMPLS,
+    attention_flops,
+    counted_flops,
+    describe,
+    dispatched_attention_flops,
+    flop_counter,
+    rate,
+)
+from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
 
@@ -69,15 +75,26 @@ def attention_flops_this_rank(model, batch_inputs, *, ulysses_rank: int, ulysses
         return 0
     config = model.config
     video, audio, text = batch_inputs[:3]
-    layout = pack_layout(text_rows=text.shape[1], video_latent_thw=tuple(video.shape[2:]), audio_rows=audio.shape[2],
-                         audio_channels=STEREO, patch_size=config.patch_size, alignment=model.sequence_alignment,
-                         multiple_of=ulysses)
+    layout = pack_layout(
+        text_rows=text.shape[1],
+        video_latent_thw=tuple(video.shape[2:]),
+        audio_rows=audio.shape[2],
+        audio_channels=STEREO,
+        patch_size=config.patch_size,
+        alignment=model.sequence_alignment,
+        multiple_of=ulysses,
+    )
     batch, heads, head_dim = video.shape[0], config.num_attention_heads // tp, config.attention_head_dim
-    blocks = config.num_layers * sum(attention_flops(batch, heads // ulysses, stop - start, stop - start, head_dim)
-                                     for start, stop in layout.documents)
+    blocks = config.num_layers * sum(
+        attention_flops(batch, heads // ulysses, stop - start, stop - start, head_dim)
+        for start, stop in layout.documents
+    )
     holds_text = layout.local_rows(ulysses_rank, ulysses).start < layout.text.stop
-    refiner = (config.token_refiner_num_layers * attention_flops(batch, heads, text.shape[1], text.shape[1], head_dim)
-               if holds_text else 0)
+    refiner = (
+        config.token_refiner_num_layers * attention_flops(batch, heads, text.shape[1], text.shape[1], head_dim)
+        if holds_text
+        else 0
+    )
     return blocks + refiner
 
 
@@ -101,14 +118,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text-len", type=int, default=256, help="prompt tokens after the text encoder")
     p.add_argument("--ulysses", type=int, default=1)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (world size = tp x ulysses)")
-    p.add_argument("--transports", type=parse_transports, default=None,
-                   help=f"comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
-                        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)")
+    p.add_argument(
+        "--transports",
+        type=parse_transports,
+        default=None,
+        help=f"comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
+        "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)",
+    )
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--fusion", choices=["fused", "eager", "both"], default="fused",
-                   help="elementwise chains (norms, AdaLN, RoPE) as compiled kernels on CUDA, or eager ops; "
-                        "'both' alternates them in this run")
+    p.add_argument(
+        "--fusion",
+        choices=["fused", "eager", "both"],
+        default="fused",
+        help="elementwise chains (norms, AdaLN, RoPE) as compiled kernels on CUDA, or eager ops; "
+        "'both' alternates them in this run",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", default=None, help="JSON file for the result")
     args = p.parse_args(argv)
@@ -135,8 +160,9 @@ def main(argv=None) -> int:
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     t0 = time.perf_counter()
-    model = build_random_minimax_h3_dit(config, seed=0, device=device, dtype=dtype, attn_impl=args.attn_impl,
-                                        init_on_device=on_gpu).eval()
+    model = build_random_minimax_h3_dit(
+        config, seed=0, device=device, dtype=dtype, attn_impl=args.attn_impl, init_on_device=on_gpu
+    ).eval()
     build_s = time.perf_counter() - t0
     transports = args.transports
     switch = TransportSwitch(model, mesh, transports)  # collective: TP slicing, then one communicator per transport
@@ -157,7 +183,8 @@ def main(argv=None) -> int:
         counted = counted_flops(counter)
         attention_dispatched = dispatched_attention_flops(counter)
         attention_formula = attention_flops_this_rank(
-            model, batch, ulysses_rank=mesh.ulysses_rank if mesh else 0, ulysses=args.ulysses, tp=args.tp)
+            model, batch, ulysses_rank=mesh.ulysses_rank if mesh else 0, ulysses=args.ulysses, tp=args.tp
+        )
         flops = counted + attention_formula
         for iteration in range(args.iters):
             for name in rotated(transports, iteration):  # alternate, so all see the same clocks and neighbours
@@ -182,32 +209,49 @@ def main(argv=None) -> int:
     for name in transports:
         median = statistics.median(samples[name, variants[0]])
         by_transport[name] = {
-            "runs_on": switch.runs_on(name), "fallback_reasons": switch.fallback_reasons(name),
-            "seconds_per_call": median, "seconds_all": samples[name, variants[0]],
+            "runs_on": switch.runs_on(name),
+            "fallback_reasons": switch.fallback_reasons(name),
+            "seconds_per_call": median,
+            "seconds_all": samples[name, variants[0]],
             "ratio_to_first": median / seconds,
             "seconds_per_call_by_fusion": {v: statistics.median(samples[name, v]) for v in variants},
         }
     device_name = torch.cuda.get_device_name() if on_gpu else "cpu"
     achieved = rate(flops, seconds, device_name)
     result = {
-        "config": args.config, "layers": config.num_layers, "device": device_name,
-        "world": runtime.world_size, "tp": args.tp, "ulysses": args.ulysses, "ulysses_transport": backend,
-        "request": shape.as_dict(), "text_tokens": args.text_len,
-        "flops_this_rank": flops, "flops_counted": counted, "attention_flops_formula": attention_formula,
-        "attention_flops_dispatched": attention_dispatched, "seconds_per_call": seconds, "seconds_all": times,
+        "config": args.config,
+        "layers": config.num_layers,
+        "device": device_name,
+        "world": runtime.world_size,
+        "tp": args.tp,
+        "ulysses": args.ulysses,
+        "ulysses_transport": backend,
+        "request": shape.as_dict(),
+        "text_tokens": args.text_len,
+        "flops_this_rank": flops,
+        "flops_counted": counted,
+        "attention_flops_formula": attention_formula,
+        "attention_flops_dispatched": attention_dispatched,
+        "seconds_per_call": seconds,
+        "seconds_all": times,
         **achieved,
-        "fusion": variants[0], "seconds_per_call_by_fusion": by_variant,
-        "transports": transports, "by_transport": by_transport,
+        "fusion": variants[0],
+        "seconds_per_call_by_fusion": by_variant,
+        "transports": transports,
+        "by_transport": by_transport,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-        "weights": model.weights_source, "weight_init_s": build_s,
+        "weights": model.weights_source,
+        "weight_init_s": build_s,
     }
     switch.close()
     if rank == 0:
         print(json.dumps(result, indent=2))
-        print(f"MiniMax H3 DiT ({args.config}, {config.num_layers} layers, random weights) "
-              f"{shape.width}x{shape.height} {shape.frame_count} frames: {seconds * 1e3:.1f} ms/call, "
-              f"{flops / 1e12:.1f} TFLOP on rank 0 ({attention_formula / 1e12:.1f} of them attention) -> "
-              f"{describe(achieved)}, Ulysses transport: {backend}, fusion: {variants[0]}")
+        print(
+            f"MiniMax H3 DiT ({args.config}, {config.num_layers} layers, random weights) "
+            f"{shape.width}x{shape.height} {shape.frame_count} frames: {seconds * 1e3:.1f} ms/call, "
+            f"{flops / 1e12:.1f} TFLOP on rank 0 ({attention_formula / 1e12:.1f} of them attention) -> "
+            f"{describe(achieved)}, Ulysses transport: {backend}, fusion: {variants[0]}"
+        )
         if len(variants) > 1:
             print("fusion side by side: " + ", ".join(f"{v} {t * 1e3:.1f} ms/call" for v, t in by_variant.items()))
         if len(transports) > 1:
@@ -222,10 +266,12 @@ def main(argv=None) -> int:
 
 def transport_table(result: dict, label: str, variants: list[str], iters: int) -> str:
     first = result["transports"][0]
-    lines = [f"MiniMax H3 {label}: DiT time per call ({result['config']}, {result['layers']} layers, "
-             f"{result['request']['width']}x{result['request']['height']} {result['request']['frame_count']} frames, "
-             f"median of {iters})",
-             "transport | runs on  | " + " | ".join(f"ms/call ({v})" for v in variants) + f" | vs {first}"]
+    lines = [
+        f"MiniMax H3 {label}: DiT time per call ({result['config']}, {result['layers']} layers, "
+        f"{result['request']['width']}x{result['request']['height']} {result['request']['frame_count']} frames, "
+        f"median of {iters})",
+        "transport | runs on  | " + " | ".join(f"ms/call ({v})" for v in variants) + f" | vs {first}",
+    ]
     for name, row in result["by_transport"].items():
         cells = " | ".join(f"{row['seconds_per_call_by_fusion'][v] * 1e3:{len(f'ms/call ({v})')}.1f}" for v in variants)
         lines.append(f"{name:9s} | {row['runs_on']:8s} | {cells} | {row['ratio_to_first']:.2f}x")

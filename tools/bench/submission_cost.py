@@ -103,8 +103,10 @@ def main():
     except (ImportError, AttributeError):
         pass
     if comm.rank == 0:
-        print(f"\nCPU cost per call {args.label}, {comm.backend_name}, world {w}, fused V/Q/K views "
-              f"[1, 1024, {8 * w}, 128] bf16 (median, us)")  # fmt: skip
+        print(
+            f"\nCPU cost per call {args.label}, {comm.backend_name}, world {w}, fused V/Q/K views "
+            f"[1, 1024, {8 * w}, 128] bf16 (median, us)"
+        )
         for name, label in (("v", "scatter_heads(v, barrier=False)"), ("q", "scatter_heads(q, barrier=False)"),
                             ("k", "scatter_heads(k) completing, with handshake"), ("group", "per call, whole group")):  # fmt: skip
             print(f"  {label:<52} {public[name]:8.1f}")

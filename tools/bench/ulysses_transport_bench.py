@@ -205,7 +205,6 @@ def nccl_zero_cta_row(shape_name, local, fused, iters, repeats, bytes_moved) -> 
     return row
 
 
-
 def main() -> int:
     global CPU_GROUP
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,7 +261,11 @@ def main() -> int:
                 continue
             per_repeat, submit_us = time_groups(comm, fused, args.iters, args.repeats)
             med = max_over_ranks(statistics.median(per_repeat))
-            row.ms_per_layer, row.ms_min, row.ms_max = med, max_over_ranks(min(per_repeat)), max_over_ranks(max(per_repeat))
+            row.ms_per_layer, row.ms_min, row.ms_max = (
+                med,
+                max_over_ranks(min(per_repeat)),
+                max_over_ranks(max(per_repeat)),
+            )
             row.gbps = bytes_moved / (med * 1e-3) / 1e9
             row.submit_us_per_call = max_over_ranks(submit_us)
             if name in ("ce-ipc", "ce-symm"):
@@ -281,25 +284,41 @@ def main() -> int:
             rows.append(row)
     if rank == 0:
         dev = torch.cuda.get_device_name()
-        print(f"\nUlysses grouped V/Q/K scatter per layer: world={world}, {dev}, "
-              f"{'one GPU per rank' if one_gpu_per_rank else 'ranks share one GPU'}, bf16, "
-              f"{args.repeats} repeats x {args.iters} groups (median; max over ranks)")
-        print(f"{'backend':<24} {'shape':<18} {'local [B,S,H,D]':<22} {'ms/layer':>9} {'min-max':>15} {'GB/s':>7} "
-              f"{'of flat':>8} {'submit us/call':>15}")
+        print(
+            f"\nUlysses grouped V/Q/K scatter per layer: world={world}, {dev}, "
+            f"{'one GPU per rank' if one_gpu_per_rank else 'ranks share one GPU'}, bf16, "
+            f"{args.repeats} repeats x {args.iters} groups (median; max over ranks)"
+        )
+        print(
+            f"{'backend':<24} {'shape':<18} {'local [B,S,H,D]':<22} {'ms/layer':>9} {'min-max':>15} {'GB/s':>7} "
+            f"{'of flat':>8} {'submit us/call':>15}"
+        )
         for r in rows:
             if r.ms_per_layer is None:
                 print(f"{r.backend:<24} {r.shape:<18} {str(list(r.local_shape)):<22} {r.note}")
                 continue
             flat = f"{r.of_flat_ceiling:.0%}" if r.of_flat_ceiling else "-"
             submit = f"{r.submit_us_per_call:.1f}" if r.submit_us_per_call is not None else "-"
-            print(f"{r.backend:<24} {r.shape:<18} {str(list(r.local_shape)):<22} {r.ms_per_layer:>9.3f} "
-                  f"{r.ms_min:>7.3f}-{r.ms_max:<7.3f} {r.gbps:>7.0f} {flat:>8} {submit:>15}")
+            print(
+                f"{r.backend:<24} {r.shape:<18} {str(list(r.local_shape)):<22} {r.ms_per_layer:>9.3f} "
+                f"{r.ms_min:>7.3f}-{r.ms_max:<7.3f} {r.gbps:>7.0f} {flat:>8} {submit:>15}"
+            )
         for key, value in extras.items():
             print(f"{key}: " + ", ".join(f"{k}={v:.4g}" for k, v in value.items()))
         if args.output:
             with open(args.output, "w") as f:
-                json.dump({"world": world, "device": dev, "one_gpu_per_rank": one_gpu_per_rank,
-                           "torch": torch.__version__, "rows": [asdict(r) for r in rows], "extras": extras}, f, indent=2)
+                json.dump(
+                    {
+                        "world": world,
+                        "device": dev,
+                        "one_gpu_per_rank": one_gpu_per_rank,
+                        "torch": torch.__version__,
+                        "rows": [asdict(r) for r in rows],
+                        "extras": extras,
+                    },
+                    f,
+                    indent=2,
+                )
     dist.destroy_process_group()
     return 0
 

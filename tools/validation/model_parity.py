@@ -135,8 +135,11 @@ def model_config(model: str, args):
     if model == "minimax_h3":
         config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
     else:
-        config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(
-            local_attn_size=10, sink_size=2)
+        config = (
+            LingBotWorldV2Config()
+            if args.config == "official"
+            else LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
+        )
     return replace(config, num_layers=args.layers) if args.layers else config
 
 
@@ -182,8 +185,10 @@ def lingbot_inputs(config: LingBotWorldV2Config, args, device, dtype) -> dict:
     tokens_per_frame = (grid[0] // config.patch_size[1]) * (grid[1] // config.patch_size[2])
     chunks = []
     for frames in lingbot_schedule(config):
-        latents = [torch.randn(BATCH, config.in_dim, frames, *grid, generator=g).to(device)
-                   for _ in range(len(LINGBOT_READ_TIMESTEPS) + 1)]
+        latents = [
+            torch.randn(BATCH, config.in_dim, frames, *grid, generator=g).to(device)
+            for _ in range(len(LINGBOT_READ_TIMESTEPS) + 1)
+        ]
         camera = 0.1 * torch.randn(BATCH, frames * tokens_per_frame, config.camera_feature_dim, generator=g)
         chunks.append({"frames": frames, "latents": latents, "camera": camera.to(device)})
     text = torch.randn(BATCH, config.text_len * 3 // 4, config.text_dim, generator=g).to(device, dtype)
@@ -196,8 +201,9 @@ def run_lingbot(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]
     try:
         for index, chunk in enumerate(inputs["chunks"]):
             plan = session.plan(chunk["frames"])
-            chunks.append({"chunk": index, "frames": chunk["frames"], "window_rows": plan.committed,
-                           "evicted_rows": plan.evicted})
+            chunks.append(
+                {"chunk": index, "frames": chunk["frames"], "window_rows": plan.committed, "evicted_rows": plan.evicted}
+            )
             steps = [(t, False) for t in LINGBOT_READ_TIMESTEPS] + [(0.0, True)]
             for (t, commit), latents in zip(steps, chunk["latents"]):
                 timestep = torch.full((BATCH,), t)
@@ -218,8 +224,10 @@ MODELS = {
 def weights_checksum(model: torch.nn.Module) -> str:
     """Exact: integer sums of every tensor's bits, hashed. Equal on two ranks iff (in practice) the weights are."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    sums = [t.detach().contiguous().view(ints[t.element_size()]).sum(dtype=torch.int64)
-            for _, t in sorted([*model.named_parameters(), *model.named_buffers()], key=lambda kv: kv[0])]
+    sums = [
+        t.detach().contiguous().view(ints[t.element_size()]).sum(dtype=torch.int64)
+        for _, t in sorted([*model.named_parameters(), *model.named_buffers()], key=lambda kv: kv[0])
+    ]
     return hashlib.sha256(str(torch.stack(sums).tolist()).encode()).hexdigest()[:16]
 
 
@@ -233,8 +241,13 @@ def compare(dense, parallel) -> list[dict]:
             d, p = d.float(), p.float()
             diff = (p - d).abs()
             ref = d.abs().max().item()
-            row.update(max_abs=diff.max().item(), sum_abs=diff.sum(dtype=torch.float64).item(), numel=diff.numel(),
-                       max_ref=ref, relative=diff.max().item() / ref if ref > 0 else math.inf)
+            row.update(
+                max_abs=diff.max().item(),
+                sum_abs=diff.sum(dtype=torch.float64).item(),
+                numel=diff.numel(),
+                max_ref=ref,
+                relative=diff.max().item() / ref if ref > 0 else math.inf,
+            )
             if not (torch.isfinite(d).all() and torch.isfinite(p).all()):
                 row["problem"] = "non-finite values"
             elif ref == 0:
@@ -309,17 +322,27 @@ def case_mesh(case: Case, device: torch.device) -> ParallelMesh | None:
 def _merge(rows: list[dict]) -> dict:
     """Worst over rows (outputs x ranks): max abs, relative; mean abs over every element."""
     numel = sum(r["numel"] for r in rows)
-    return {"max_abs": max(r["max_abs"] for r in rows), "mean_abs": sum(r["sum_abs"] for r in rows) / numel,
-            "relative": max(r["relative"] for r in rows), "max_abs_dense": max(r["max_ref"] for r in rows)}
+    return {
+        "max_abs": max(r["max_abs"] for r in rows),
+        "mean_abs": sum(r["sum_abs"] for r in rows) / numel,
+        "relative": max(r["relative"] for r in rows),
+        "max_abs_dense": max(r["max_ref"] for r in rows),
+    }
 
 
 def summarize(case: Case, results: list[dict | None], args, bound: float) -> dict:
     ranks = [r for r in results if r is not None]
     n = case.ranks
     summary = {
-        "case": case.name, "model": MODELS[case.model][0], "layout": case.layout, "ulysses": case.ulysses,
-        "tp": case.tp, "groups": [list(range(s, s + n)) for s in range(0, len(ranks), n)],
-        "requested_transport": args.transport, "max_rel_error_bound": bound, "problems": [],
+        "case": case.name,
+        "model": MODELS[case.model][0],
+        "layout": case.layout,
+        "ulysses": case.ulysses,
+        "tp": case.tp,
+        "groups": [list(range(s, s + n)) for s in range(0, len(ranks), n)],
+        "requested_transport": args.transport,
+        "max_rel_error_bound": bound,
+        "problems": [],
     }
     problems = summary["problems"]
     for r in ranks:
@@ -333,8 +356,10 @@ def summarize(case: Case, results: list[dict | None], args, bound: float) -> dic
     summary["transport"] = transports[0] if len(transports) == 1 else "mixed: " + ", ".join(transports)
     summary["fallback_reasons"] = ranks[0]["fallback_reasons"]
     if args.transport != "auto" and transports != [args.transport]:
-        problems.append(f"--transport {args.transport} asked for, ran on {summary['transport']} "
-                        f"({summary['fallback_reasons'] or 'no reason given'})")
+        problems.append(
+            f"--transport {args.transport} asked for, ran on {summary['transport']} "
+            f"({summary['fallback_reasons'] or 'no reason given'})"
+        )
     if len({r["weights"] for r in ranks}) != 1:
         problems.append("the ranks drew different weights: " + ", ".join(f"{r['rank']}:{r['weights']}" for r in ranks))
     if any(r["rebuilt_weights"] != r["weights"] for r in ranks):
@@ -353,8 +378,10 @@ def summarize(case: Case, results: list[dict | None], args, bound: float) -> dic
             if not any(c["evicted_rows"] for c in chunks[:-1]):
                 problems.append("the KV window never rolled before the last chunk")
         else:
-            summary["outputs"] = {name: _merge([row for row in numeric if row["name"] == name])
-                                  for name in dict.fromkeys(row["name"] for row in numeric)}
+            summary["outputs"] = {
+                name: _merge([row for row in numeric if row["name"] == name])
+                for name in dict.fromkeys(row["name"] for row in numeric)
+            }
         if not summary["relative"] <= bound:
             problems.append(f"relative error {summary['relative']:.3g} > bound {bound:g}")
     summary["dense_s"] = max(r["dense_s"] for r in ranks)
@@ -369,21 +396,26 @@ def _ranges(groups: list[list[int]]) -> str:
 
 
 def table(report: dict) -> str:
-    head = (f"{'case':<15} {'layout':<7} {'ranks':<12} {'transport':<10} {'max|err|':>9} {'mean|err|':>9} "
-            f"{'rel err':>9} {'bound':>7}  result")
+    head = (
+        f"{'case':<15} {'layout':<7} {'ranks':<12} {'transport':<10} {'max|err|':>9} {'mean|err|':>9} "
+        f"{'rel err':>9} {'bound':>7}  result"
+    )
     lines = [
         f"Model parity, parallel vs dense: world {report['world_size']}, {report['device_name']}, {report['dtype']}, "
         f"config {report['config']} ({report['layers']}), transport {report['transport']}, fusion {report['fusion']}",
         f"bound on max|parallel - dense| / max|dense|: {report['max_rel_error']:g} ({report['tolerance_why']})",
-        head, "-" * len(head),
+        head,
+        "-" * len(head),
     ]
     for s in report["cases"]:
         if "relative" in s:
             numbers = f"{s['max_abs']:>9.2e} {s['mean_abs']:>9.2e} {s['relative']:>9.2e}"
         else:
             numbers = f"{'-':>9} {'-':>9} {'-':>9}"
-        lines.append(f"{s['case']:<15} {s['layout']:<7} {_ranges(s['groups']):<12} {s.get('transport', '-'):<10} "
-                     f"{numbers} {s['max_rel_error_bound']:>7.0e}  {'PASS' if s['passed'] else 'FAIL'}")
+        lines.append(
+            f"{s['case']:<15} {s['layout']:<7} {_ranges(s['groups']):<12} {s.get('transport', '-'):<10} "
+            f"{numbers} {s['max_rel_error_bound']:>7.0e}  {'PASS' if s['passed'] else 'FAIL'}"
+        )
         for c in s.get("chunks", []):
             label = f"  chunk {c['chunk']}: {c['frames']} fr, window {c['window_rows']}, evicts {c['evicted_rows']}"
             lines.append(f"{label:<46} {c['max_abs']:>9.2e} {c['mean_abs']:>9.2e} {c['relative']:>9.2e}")
@@ -401,15 +433,24 @@ def parse_args(argv=None):
     p.add_argument("--config", choices=["tiny", "official"], default="tiny")
     p.add_argument("--layers", type=int, default=None, help="override num_layers (official width, few layers)")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto")
-    p.add_argument("--fusion", choices=["fused", "eager"], default="fused",
-                   help="elementwise chains compiled on CUDA (the production path) or eager")
+    p.add_argument(
+        "--fusion",
+        choices=["fused", "eager"],
+        default="fused",
+        help="elementwise chains compiled on CUDA (the production path) or eager",
+    )
     p.add_argument("--max-rel-error", type=float, default=None, help="override the bound (see the tolerances above)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--perturb", type=float, default=0.0,
-                   help="testing this tool: scale the parallel model's first block by 1 + PERTURB (>= 1e-2 for bf16, "
-                        "whose step near 1 is 3.9e-3); every case must then fail")
-    p.add_argument("--timeout-s", type=float, default=300.0,
-                   help="process-group timeout: a stuck collective fails after it")
+    p.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        help="testing this tool: scale the parallel model's first block by 1 + PERTURB (>= 1e-2 for bf16, "
+        "whose step near 1 is 3.9e-3); every case must then fail",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=300.0, help="process-group timeout: a stuck collective fails after it"
+    )
     p.add_argument("--output", default=None, help="folder for model_parity.json")
     args = p.parse_args(argv)
 
@@ -441,8 +482,10 @@ def parse_args(argv=None):
     if args.device == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if not torch.cuda.is_available() or torch.cuda.device_count() < local_world:
-            p.error(f"--device cuda needs one GPU per rank: {local_world} ranks on this host, "
-                    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs visible")
+            p.error(
+                f"--device cuda needs one GPU per rank: {local_world} ranks on this host, "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs visible"
+            )
     for case in cases:
         try:
             case.parallel.check_heads(num_heads(model_config(case.model, args)))
@@ -479,14 +522,23 @@ def main(argv=None) -> int:
 
     layers = {m: model_config(m, args).num_layers for m in dict.fromkeys(c.model for c in cases)}
     report = {
-        "tool": "tools/validation/model_parity.py", "world_size": world, "device": args.device,
+        "tool": "tools/validation/model_parity.py",
+        "world_size": world,
+        "device": args.device,
         "device_name": torch.cuda.get_device_name(device) if on_gpu else f"cpu ({os.cpu_count()} cores)",
-        "backend": str(dist.get_backend()), "dtype": str(dtype).removeprefix("torch."), "config": args.config,
-        "layers": ", ".join(f"{MODELS[m][0]} {n} layers" for m, n in layers.items()), "transport": args.transport,
-        "fusion": args.fusion if on_gpu else "n/a (cpu)", "seed": args.seed, "perturb": args.perturb,
-        "torch": torch.__version__, "max_rel_error": bound,
+        "backend": str(dist.get_backend()),
+        "dtype": str(dtype).removeprefix("torch."),
+        "config": args.config,
+        "layers": ", ".join(f"{MODELS[m][0]} {n} layers" for m, n in layers.items()),
+        "transport": args.transport,
+        "fusion": args.fusion if on_gpu else "n/a (cpu)",
+        "seed": args.seed,
+        "perturb": args.perturb,
+        "torch": torch.__version__,
+        "max_rel_error": bound,
         "tolerance_why": TOLERANCE_WHY[device.type] if args.max_rel_error is None else "set by --max-rel-error",
-        "cases": summaries, "passed": all(s["passed"] for s in summaries),
+        "cases": summaries,
+        "passed": all(s["passed"] for s in summaries),
     }
     failed = not report["passed"]
     if rank == 0:

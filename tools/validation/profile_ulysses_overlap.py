@@ -88,20 +88,37 @@ def local_shape(preset: str, rank: int, world: int) -> dict:
             raise ValueError(f"{preset}: {config.num_heads} heads do not split over {world} Ulysses ranks")
         chunk_rows = cfg["frames"] * cfg["grid"][0] * cfg["grid"][1]
         rows, padded = rank_rows(chunk_rows, rank, world)
-        return dict(layer=cfg["layer"], first_row=rows.start, rows=rows.stop - rows.start, chunk_rows=chunk_rows,
-                    padded_rows=padded, heads=config.num_heads, heads_after_scatter=config.num_heads // world,
-                    head_dim=config.head_dim, dim=config.dim)
+        return dict(
+            layer=cfg["layer"],
+            first_row=rows.start,
+            rows=rows.stop - rows.start,
+            chunk_rows=chunk_rows,
+            padded_rows=padded,
+            heads=config.num_heads,
+            heads_after_scatter=config.num_heads // world,
+            head_dim=config.head_dim,
+            dim=config.dim,
+        )
     heads = cfg["heads"] - cfg["heads"] % world  # the generic shape: drop the heads that do not split evenly
     if heads == 0:
         raise ValueError(f"{preset}: {cfg['heads']} heads do not split over {world} Ulysses ranks")
     local = cfg["local_seq"]
-    return dict(layer=cfg["layer"], first_row=rank * local, rows=local, chunk_rows=local * world,
-                padded_rows=local * world, heads=heads, heads_after_scatter=heads // world,
-                head_dim=cfg["head_dim"], dim=cfg["dim"])
+    return dict(
+        layer=cfg["layer"],
+        first_row=rank * local,
+        rows=local,
+        chunk_rows=local * world,
+        padded_rows=local * world,
+        heads=heads,
+        heads_after_scatter=heads // world,
+        head_dim=cfg["head_dim"],
+        dim=cfg["dim"],
+    )
 
 
-def build_layer(preset: str, rank: int, world: int, comm: UlyssesCommunicator, device: torch.device,
-                dtype: torch.dtype):
+def build_layer(
+    preset: str, rank: int, world: int, comm: UlyssesCommunicator, device: torch.device, dtype: torch.dtype
+):
     """(call, x): the preset's attention layer on `device` in `dtype`, attention replaced by identity, as a
     function of this rank's input rows x ``[1, rows, dim]``."""
     cfg, shape = PRESETS[preset], local_shape(preset, rank, world)
@@ -125,15 +142,28 @@ def build_layer(preset: str, rank: int, world: int, comm: UlyssesCommunicator, d
     grid_h, grid_w = cfg["grid"]
     module = CausalSelfAttention(config.dim, config.num_heads, config.eps).to(device, dtype)
     session = KVWindow(  # what LingBotWorldV2DiT.new_session allocates, for one layer (no text K/V needed)
-        batch=1, num_layers=1, tokens_per_frame=grid_h * grid_w, local_attn_size=config.local_attn_size,
-        sink_size=config.sink_size, local_heads=shape["heads_after_scatter"], head_dim=config.head_dim,
-        ulysses_degree=world, cross_kv=[], device=device, dtype=dtype,
+        batch=1,
+        num_layers=1,
+        tokens_per_frame=grid_h * grid_w,
+        local_attn_size=config.local_attn_size,
+        sink_size=config.sink_size,
+        local_heads=shape["heads_after_scatter"],
+        head_dim=config.head_dim,
+        ulysses_degree=world,
+        cross_kv=[],
+        device=device,
+        dtype=dtype,
     )
     ctx = ChunkContext(
-        session=session, plan=session.plan(cfg["frames"]), chunk_rows=shape["chunk_rows"], commit=False,
-        rope=chunk_rope(session.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim,
-                        theta=config.rope_theta, device=device),  # all ranks' rows: RoPE runs after the scatter
-        communicator=comm, attn_impl="identity",
+        session=session,
+        plan=session.plan(cfg["frames"]),
+        chunk_rows=shape["chunk_rows"],
+        commit=False,
+        rope=chunk_rope(
+            session.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim, theta=config.rope_theta, device=device
+        ),  # all ranks' rows: RoPE runs after the scatter
+        communicator=comm,
+        attn_impl="identity",
     )
     return (lambda inp: module(inp, 0, ctx)), x
 
@@ -183,8 +213,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(PRESETS), default="minimax_h3_tp2_u2")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto")
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cpu: a smoke run of the same code over gloo (use a *_tiny preset; no GPU overlap to see)")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cpu: a smoke run of the same code over gloo (use a *_tiny preset; no GPU overlap to see)",
+    )
     p.add_argument("--output", type=Path, default=Path("outputs/overlap"))
     args = p.parse_args(argv)
     if args.iters < 1:
@@ -200,8 +234,9 @@ def main(argv=None) -> int:
     on_gpu = args.device == "cuda"
     if on_gpu:
         if not torch.cuda.is_available():
-            raise SystemExit("--device cuda asked for, but no CUDA GPU is visible; "
-                             "use --device cpu --preset lingbot_tiny")
+            raise SystemExit(
+                "--device cuda asked for, but no CUDA GPU is visible; use --device cpu --preset lingbot_tiny"
+            )
         one_gpu_per_rank = torch.cuda.device_count() >= world
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if one_gpu_per_rank else 0)
         device, dtype = torch.device("cuda", torch.cuda.current_device()), torch.bfloat16
@@ -239,20 +274,35 @@ def main(argv=None) -> int:
         per_call = {k: v / args.iters for k, v in vars(v_copy_overlap(trace_events)).items()}
         split = {k: v / args.iters for k, v in vars(transfer_compute_overlap(trace_events)).items()}
         ranges = phase_ranges(trace_events)
-        summary = {"preset": args.preset, "layer": cfg["layer"], "world": world, "transport": backend,
-                   "one_gpu_per_rank": one_gpu_per_rank,
-                   "device": torch.cuda.get_device_name() if on_gpu else "cpu", "iters": args.iters,
-                   "rank0_shape": shape, "phase_ranges": ranges, "per_layer_call_us": per_call,
-                   "transfer_vs_compute_per_layer_call_us": split}
+        summary = {
+            "preset": args.preset,
+            "layer": cfg["layer"],
+            "world": world,
+            "transport": backend,
+            "one_gpu_per_rank": one_gpu_per_rank,
+            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+            "iters": args.iters,
+            "rank0_shape": shape,
+            "phase_ranges": ranges,
+            "per_layer_call_us": per_call,
+            "transfer_vs_compute_per_layer_call_us": split,
+        }
         (args.output / "overlap.json").write_text(json.dumps(summary, indent=2) + "\n")
-        v_label, qk_label = (("V copy", "Q/K norm+RoPE") if cfg["layer"] == "minimax_h3" else
-                             ("V range (V GEMM + copies)", "Q/K range (Q/K GEMMs + norms, Q copies)"))
-        print(f"{args.preset}, world {world}, {backend}, {shape['rows']} rows x {shape['heads']} heads per rank: "
-              f"per layer call: {v_label} {per_call['v_copy_us']:.1f} us, {qk_label} {per_call['qk_prep_us']:.1f} us, "
-              f"overlap {per_call['overlap_us']:.1f} us -> {trace}")
-        print(f"{args.preset}, transfer vs compute: V transfer {split['v_copy_us']:.1f} us, Q/K compute kernels "
-              f"{split['qk_prep_us']:.1f} us, overlap {split['overlap_us']:.1f} us"
-              + ("" if on_gpu else " (CPU run: no GPU activity in the trace)"))
+        v_label, qk_label = (
+            ("V copy", "Q/K norm+RoPE")
+            if cfg["layer"] == "minimax_h3"
+            else ("V range (V GEMM + copies)", "Q/K range (Q/K GEMMs + norms, Q copies)")
+        )
+        print(
+            f"{args.preset}, world {world}, {backend}, {shape['rows']} rows x {shape['heads']} heads per rank: "
+            f"per layer call: {v_label} {per_call['v_copy_us']:.1f} us, {qk_label} {per_call['qk_prep_us']:.1f} us, "
+            f"overlap {per_call['overlap_us']:.1f} us -> {trace}"
+        )
+        print(
+            f"{args.preset}, transfer vs compute: V transfer {split['v_copy_us']:.1f} us, Q/K compute kernels "
+            f"{split['qk_prep_us']:.1f} us, overlap {split['overlap_us']:.1f} us"
+            + ("" if on_gpu else " (CPU run: no GPU activity in the trace)")
+        )
     dist.destroy_process_group()
     return 0
 

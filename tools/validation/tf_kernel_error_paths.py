@@ -1,6 +1,6 @@
 """Each tf-kernel validation error, raised in its own subprocess so that a crash in one is reported, not fatal.
 
-    python3 tools/validation/tf_kernel_error_paths.py
+python3 tools/validation/tf_kernel_error_paths.py
 """
 
 import subprocess
@@ -20,8 +20,12 @@ if __name__ == "__main__":
     failures = 0
     for name, stmt in CASES.items():
         code = f"import torch, tf_kernel\ntry:\n    {stmt}\nexcept RuntimeError as e:\n    print('RuntimeError:', str(e).splitlines()[0][:150])\nelse:\n    print('no error')"
-        r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=60
+        )
         ok = r.returncode == 0 and "RuntimeError" in r.stdout
         failures += not ok
-        print(f"{name:<26} rc={r.returncode:<4} {'ok ' if ok else 'BAD'} {r.stdout.strip()[:160]} {'' if ok else r.stderr.strip()[-300:]}")
+        print(
+            f"{name:<26} rc={r.returncode:<4} {'ok ' if ok else 'BAD'} {r.stdout.strip()[:160]} {'' if ok else r.stderr.strip()[-300:]}"
+        )
     sys.exit(1 if failures else 0)

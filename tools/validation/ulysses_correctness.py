@@ -90,8 +90,10 @@ def main() -> int:
                 ok &= not bad
             rows.append((transport, str(dtype).removeprefix("torch."), used, status))
     if rank == 0:
-        print(f"\nUlysses transport correctness: world={world}, device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
-              f"{'one GPU per rank' if one_gpu_per_rank else 'ranks share a GPU'}, {args.iterations} grouped iterations")
+        print(
+            f"\nUlysses transport correctness: world={world}, device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+            f"{'one GPU per rank' if one_gpu_per_rank else 'ranks share a GPU'}, {args.iterations} grouped iterations"
+        )
         print(f"{'transport':<10} {'dtype':<9} {'ran on':<10} result")
         for row in rows:
             print(f"{row[0]:<10} {row[1]:<9} {row[2]:<10} {row[3]}")

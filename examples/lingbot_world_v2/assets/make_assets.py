@@ -28,8 +28,10 @@ def reference_picture() -> Image.Image:
     image = Image.fromarray(pixels, "RGB")
     draw = ImageDraw.Draw(image)
     draw.ellipse((300, 28, 348, 76), fill=(250, 220, 120))  # sun
-    draw.polygon([(WIDTH // 2 - 10, horizon), (WIDTH // 2 + 10, horizon), (WIDTH - 60, HEIGHT), (60, HEIGHT)],
-                 fill=(110, 110, 115))  # road to the horizon
+    draw.polygon(
+        [(WIDTH // 2 - 10, horizon), (WIDTH // 2 + 10, horizon), (WIDTH - 60, HEIGHT), (60, HEIGHT)],
+        fill=(110, 110, 115),
+    )  # road to the horizon
     draw.rectangle((40, horizon - 70, 110, horizon), fill=(180, 90, 60))  # a red block house
     draw.rectangle((290, horizon - 45, 340, horizon), fill=(230, 230, 220))
     draw.polygon([(285, horizon - 45), (345, horizon - 45), (315, horizon - 75)], fill=(150, 60, 50))

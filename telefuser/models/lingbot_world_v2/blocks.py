@@ -42,8 +42,9 @@ class LingBotBlock(nn.Module):
         self.norm3 = FP32LayerNorm(dim, eps=eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
         self.cross_attn = CachedCrossAttention(dim, config.num_heads, eps)
         self.norm2 = FP32LayerNorm(dim, eps=eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"),
-                                 nn.Linear(config.ffn_dim, dim))
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
+        )
         self.modulation = nn.Parameter(torch.randn(1, MODULATION_PARAMS, dim) / dim**0.5)
         self.cam_injector_layer1 = nn.Linear(dim, dim)
         self.cam_injector_layer2 = nn.Linear(dim, dim)
@@ -71,18 +72,24 @@ class LingBotBlock(nn.Module):
         mod = (self.modulation.float() + t_mod).unsqueeze(1)  # [B, 1, 6, dim]: the same for every row
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(2)
         dtype = linear_dtype(self.ffn[0])  # the linears' dtype; the residual stream stays fp32
-        y = self.self_attn(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx,
-                           kv_only=kv_only)
+        y = self.self_attn(
+            layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx, kv_only=kv_only
+        )
         if y is None:
             return None
         x = gated_residual(x, y, gate_msa)
         if camera is not None:
             x = camera_modulate(x, *camera)
-        normed = layer_norm_to(x, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype) \
-            if isinstance(self.norm3, FP32LayerNorm) else x
+        normed = (
+            layer_norm_to(x, self.norm3.weight, self.norm3.bias, self.norm3.eps, dtype)
+            if isinstance(self.norm3, FP32LayerNorm)
+            else x
+        )
         x = residual_add(x, self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl))
-        y = run_linear(self.ffn[2], self.ffn[1](run_linear(self.ffn[0], layer_norm_modulate(
-            x, self.norm2.eps, scale_mlp, shift_mlp, dtype))))
+        y = run_linear(
+            self.ffn[2],
+            self.ffn[1](run_linear(self.ffn[0], layer_norm_modulate(x, self.norm2.eps, scale_mlp, shift_mlp, dtype))),
+        )
         return gated_residual(x, y, gate_mlp)
 
 

@@ -18,6 +18,7 @@ from .controls import ACCEPTED_KEYS, canonical_key
 VAE_STRIDE = 8  # pixels per latent pixel, each spatial axis
 PIXEL_FRAMES_PER_LATENT = 4  # the Wan VAE's temporal stride
 
+
 @dataclass(frozen=True)
 class ControlSteps:
     """Step sizes per pixel frame (the v2 pipeline's values)."""
@@ -82,16 +83,18 @@ def step_camera(c2w: torch.Tensor, pitch: float, actions: frozenset[str], steps:
     yaw_delta = math.radians(steps.yaw_step_degrees) * (("l" in actions) - ("j" in actions))
     rotation = _rotation("y", yaw_delta) @ c2w[:3, :3] @ _rotation("x", pitch_delta)
     forward, right = _ground_unit(rotation[:, 2]), _ground_unit(rotation[:, 0])
-    move = (forward * steps.move_step * (("w" in actions) - ("s" in actions))
-            + right * steps.lateral_step * (("d" in actions) - ("a" in actions)))
+    move = forward * steps.move_step * (("w" in actions) - ("s" in actions)) + right * steps.lateral_step * (
+        ("d" in actions) - ("a" in actions)
+    )
     out = torch.eye(4, dtype=torch.float64)
     out[:3, :3] = rotation
     out[:3, 3] = c2w[:3, 3] + move
     return out, pitch + pitch_delta
 
 
-def control_poses(keys: Iterable[str], latent_frames: int, state: CameraState | None = None,
-                  steps: ControlSteps = ControlSteps()) -> tuple[torch.Tensor, torch.Tensor | None, CameraState]:
+def control_poses(
+    keys: Iterable[str], latent_frames: int, state: CameraState | None = None, steps: ControlSteps = ControlSteps()
+) -> tuple[torch.Tensor, torch.Tensor | None, CameraState]:
     """Absolute c2w poses ``[latent_frames, 4, 4]`` (float64) for holding `keys` over one chunk, the pose before the
     chunk (None for the first chunk, whose first frame *is* the initial pose), and the state after it."""
     if latent_frames < 1:
@@ -117,8 +120,13 @@ def _se3_inverse(poses: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def relative_poses(c2ws: torch.Tensor, *, previous: torch.Tensor | None = None, normalize_translation: bool = True,
-                   translation_scale: float = 1.0) -> torch.Tensor:
+def relative_poses(
+    c2ws: torch.Tensor,
+    *,
+    previous: torch.Tensor | None = None,
+    normalize_translation: bool = True,
+    translation_scale: float = 1.0,
+) -> torch.Tensor:
     """Framewise relative poses ``[N, 4, 4]`` (float32): pose i relative to pose i-1; the first relative to
     `previous`, or the identity without one. Translations are divided by their largest norm (if non-zero)."""
     poses = c2ws.to(torch.float64)
@@ -134,8 +142,9 @@ def relative_poses(c2ws: torch.Tensor, *, previous: torch.Tensor | None = None, 
     return rel.float()
 
 
-def controls_to_relative_poses(keys: Iterable[str], latent_frames: int, state: CameraState | None = None,
-                               steps: ControlSteps = ControlSteps()) -> tuple[torch.Tensor, CameraState]:
+def controls_to_relative_poses(
+    keys: Iterable[str], latent_frames: int, state: CameraState | None = None, steps: ControlSteps = ControlSteps()
+) -> tuple[torch.Tensor, CameraState]:
     """Keys held over one chunk -> the relative poses the model sees ``[latent_frames, 4, 4]``, and the new state."""
     poses, previous, state = control_poses(keys, latent_frames, state, steps)
     return relative_poses(poses, previous=previous, translation_scale=steps.translation_scale), state
@@ -164,8 +173,11 @@ def plucker_rays(poses: torch.Tensor, intrinsics: torch.Tensor, height: int, wid
     frames = poses.shape[0]
     k = intrinsics.to(device=poses.device, dtype=torch.float64).reshape(-1, 4).expand(frames, 4)
     fx, fy, cx, cy = (k[:, i, None, None] for i in range(4))
-    v, u = torch.meshgrid(torch.arange(height, dtype=torch.float64, device=poses.device) + 0.5,
-                          torch.arange(width, dtype=torch.float64, device=poses.device) + 0.5, indexing="ij")
+    v, u = torch.meshgrid(
+        torch.arange(height, dtype=torch.float64, device=poses.device) + 0.5,
+        torch.arange(width, dtype=torch.float64, device=poses.device) + 0.5,
+        indexing="ij",
+    )
     dirs = torch.stack([(u - cx) / fx, (v - cy) / fy, torch.ones_like(u - cx)], dim=-1)  # [F, H, W, 3]
     dirs = dirs / dirs.norm(dim=-1, keepdim=True)
     world_dirs = torch.einsum("fij,fhwj->fhwi", poses[:, :3, :3], dirs)
@@ -173,8 +185,9 @@ def plucker_rays(poses: torch.Tensor, intrinsics: torch.Tensor, height: int, wid
     return torch.cat([origins, world_dirs], dim=-1).permute(0, 3, 1, 2).float().contiguous()
 
 
-def camera_tokens(rays: torch.Tensor, patch_size: tuple[int, int, int] = (1, 2, 2),
-                  vae_stride: int = VAE_STRIDE) -> torch.Tensor:
+def camera_tokens(
+    rays: torch.Tensor, patch_size: tuple[int, int, int] = (1, 2, 2), vae_stride: int = VAE_STRIDE
+) -> torch.Tensor:
     """Rays ``[F, 6, H, W]`` -> token features ``[(F/pt)*(H/(8ph))*(W/(8pw)), 6*64*pt*ph*pw]``: tokens raster
     (f, h, w) like the latent tokens; features (channel, dy, dx, pt, ph, pw) as the official rearranges give."""
     f, c, h, w = rays.shape
@@ -188,7 +201,12 @@ def camera_tokens(rays: torch.Tensor, patch_size: tuple[int, int, int] = (1, 2, 
     return x.reshape((f // pt) * (h // (s * ph)) * (w // (s * pw)), c * s * s * pt * ph * pw)
 
 
-def chunk_camera_features(relative: torch.Tensor, intrinsics: torch.Tensor, height: int, width: int,
-                          patch_size: tuple[int, int, int] = (1, 2, 2)) -> torch.Tensor:
+def chunk_camera_features(
+    relative: torch.Tensor,
+    intrinsics: torch.Tensor,
+    height: int,
+    width: int,
+    patch_size: tuple[int, int, int] = (1, 2, 2),
+) -> torch.Tensor:
     """One chunk's relative poses ``[F, 4, 4]`` -> model camera input ``[1, F*(H/16)*(W/16), 1536]`` (float32)."""
     return camera_tokens(plucker_rays(relative, intrinsics, height, width), patch_size)[None]

@@ -41,8 +41,13 @@ _ORIGINAL_MARKERS = ("text_embedding.", "time_projection.", ".self_attn.", ".cro
 # Wan 2.1 I2V's image branch, in either layout: the CLIP image embedder and cross-attention's image K/V.
 _IMAGE_BRANCH_PREFIXES = ("img_emb.", "condition_embedder.image_embedder.")
 _IMAGE_BRANCH_PARTS = (".k_img.", ".v_img.", ".norm_k_img.", ".add_k_proj.", ".add_v_proj.", ".norm_added_k.")
-_CAMERA_MODULES = ("patch_embedding_wancamctrl.", "c2ws_hidden_states_layer", ".cam_injector_layer",
-                   ".cam_scale_layer.", ".cam_shift_layer.")
+_CAMERA_MODULES = (
+    "patch_embedding_wancamctrl.",
+    "c2ws_hidden_states_layer",
+    ".cam_injector_layer",
+    ".cam_scale_layer.",
+    ".cam_shift_layer.",
+)
 
 
 class CheckpointError(RuntimeError):
@@ -55,8 +60,9 @@ def target_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
 
 # -- locating the files ---------------------------------------------------------------------------------------------
 def _has_weights(directory: Path) -> bool:
-    return directory.is_dir() and (any((directory / n).is_file() for n in INDEX_NAMES)
-                                   or any(directory.glob("*.safetensors")))
+    return directory.is_dir() and (
+        any((directory / n).is_file() for n in INDEX_NAMES) or any(directory.glob("*.safetensors"))
+    )
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
@@ -136,8 +142,12 @@ def note_declared_window(config_path: Path, local_attn_size: int, sink_size: int
     if declared != (local_attn_size, sink_size):
         log.warning(
             "%s declares a streaming window of %d frames with %d sink frames (blocks of %s frames); running "
-            "local_attn_size=%d, sink_size=%d as the loader was asked", config_path, *declared,
-            payload.get("num_frames_per_block", "?"), local_attn_size, sink_size,
+            "local_attn_size=%d, sink_size=%d as the loader was asked",
+            config_path,
+            *declared,
+            payload.get("num_frames_per_block", "?"),
+            local_attn_size,
+            sink_size,
         )
 
 
@@ -189,8 +199,14 @@ def load_lingbot_dit(
     ours = file_names_to_ours(set(found), list(meta), weights_dir)  # file name -> ours
     expected = {theirs: meta[name] for theirs, name in ours.items()}
     check_keys(set(expected), set(found), weights_dir, model_label="LingBot DiT", error=CheckpointError)
-    load_shards(_AssignByOurNames(model, ours), shards, expected, device=device,
-                dtype_for=lambda key: target_dtype(ours[key], dtype), error=CheckpointError)
+    load_shards(
+        _AssignByOurNames(model, ours),
+        shards,
+        expected,
+        device=device,
+        dtype_for=lambda key: target_dtype(ours[key], dtype),
+        error=CheckpointError,
+    )
     finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
     return model
@@ -215,8 +231,14 @@ def build_random_lingbot_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
-    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype),
-                init_on_device=init_on_device, draw=_random_tensor)
+    fill_random(
+        model,
+        seed,
+        device=device,
+        dtype_for=partial(target_dtype, dtype=dtype),
+        init_on_device=init_on_device,
+        draw=_random_tensor,
+    )
     finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("LingBot-World v2 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)
     return model

@@ -23,8 +23,20 @@ DIFFUSERS_REQUIRED_KEYS = ("in_channels", "num_attention_heads", "attention_head
 # diffusers key -> ours, where only the name differs.
 DIFFUSERS_RENAMES = {"in_channels": "in_dim", "out_channels": "out_dim", "num_attention_heads": "num_heads"}
 # Keys both layouts spell alike.
-SHARED_KEYS = ("patch_size", "text_dim", "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "eps",
-               "local_attn_size", "sink_size", "model_type", "text_len", "control_type")
+SHARED_KEYS = (
+    "patch_size",
+    "text_dim",
+    "freq_dim",
+    "ffn_dim",
+    "num_layers",
+    "cross_attn_norm",
+    "eps",
+    "local_attn_size",
+    "sink_size",
+    "model_type",
+    "text_len",
+    "control_type",
+)
 # Wan-family parts a diffusers config can switch on and LingBot-World v2 does not have (their value must be null).
 DIFFUSERS_ABSENT_PARTS = {
     "image_dim": "a CLIP image branch (Wan 2.1 I2V)",
@@ -70,8 +82,17 @@ class LingBotWorldV2Config(ReleasedConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
-        positive = ("text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim", "num_heads",
-                    "num_layers")
+        positive = (
+            "text_len",
+            "in_dim",
+            "dim",
+            "ffn_dim",
+            "freq_dim",
+            "text_dim",
+            "out_dim",
+            "num_heads",
+            "num_layers",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise LingBotConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -125,8 +146,17 @@ class LingBotWorldV2Config(ReleasedConfig):
     def tiny(cls, **overrides) -> "LingBotWorldV2Config":
         """CPU-sized, same structure: 4 heads x 16 channels, 2 layers, a 4-frame window with 1 sink frame (so the
         window rolls within three chunks of 1-2 latent frames)."""
-        base = dict(text_len=8, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=4, num_layers=2,
-                    local_attn_size=4, sink_size=1)
+        base = dict(
+            text_len=8,
+            dim=64,
+            ffn_dim=128,
+            freq_dim=32,
+            text_dim=32,
+            num_heads=4,
+            num_layers=2,
+            local_attn_size=4,
+            sink_size=1,
+        )
         return cls(**{**base, **overrides})
 
 
@@ -146,8 +176,11 @@ def original_keys_from_diffusers(payload: dict, *, source: str = "config") -> di
         raise LingBotConfigError(
             f"{source} is a diffusers-format transformer config missing required keys: {', '.join(missing)}"
         )
-    present = [f"{key}={payload[key]!r}: {part}" for key, part in DIFFUSERS_ABSENT_PARTS.items()
-               if payload.get(key) is not None]
+    present = [
+        f"{key}={payload[key]!r}: {part}"
+        for key, part in DIFFUSERS_ABSENT_PARTS.items()
+        if payload.get(key) is not None
+    ]
     if present:
         raise LingBotConfigError(
             f"{source} describes a Wan model with " + "; ".join(present) + ". LingBot-World v2 has none of these"

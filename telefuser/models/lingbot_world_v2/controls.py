@@ -28,8 +28,14 @@ KEY_BINDINGS = MappingProxyType({
     "ArrowUp": "forward", "ArrowDown": "backward", "ArrowLeft": "yaw_left", "ArrowRight": "yaw_right",
     "J": "yaw_left", "L": "yaw_right", "I": "pitch_up", "K": "pitch_down",
 })  # fmt: skip
-ACCEPTED_KEYS: tuple[str, ...] = (*CONTROL_KEYS, *(f"Key{k}" for k in CONTROL_KEYS), "ArrowUp", "ArrowDown",
-                                  "ArrowLeft", "ArrowRight")
+ACCEPTED_KEYS: tuple[str, ...] = (
+    *CONTROL_KEYS,
+    *(f"Key{k}" for k in CONTROL_KEYS),
+    "ArrowUp",
+    "ArrowDown",
+    "ArrowLeft",
+    "ArrowRight",
+)
 _BY_FOLDED_NAME = {name.upper(): KEY_ALIASES.get(name, name) for name in ACCEPTED_KEYS}
 
 

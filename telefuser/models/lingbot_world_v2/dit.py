@@ -54,8 +54,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.patch_embedding_wancamctrl = nn.Linear(config.camera_feature_dim, dim)
         self.c2ws_hidden_states_layer1 = nn.Linear(dim, dim)
         self.c2ws_hidden_states_layer2 = nn.Linear(dim, dim)
-        self.text_embedding = nn.Sequential(nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"),
-                                            nn.Linear(dim, dim))
+        self.text_embedding = nn.Sequential(
+            nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+        )
         self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, MODULATION_PARAMS * dim))
         self.blocks = nn.ModuleList(LingBotBlock(config) for _ in range(config.num_layers))
@@ -69,8 +70,16 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (its text K/V are computed
     # once per session) and the FFN. The camera, modulation, embeddings and head stay in their dtype.
-    FP8_LINEARS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
-                   "ffn.0", "ffn.2")
+    FP8_LINEARS = (
+        "self_attn.q",
+        "self_attn.k",
+        "self_attn.v",
+        "self_attn.o",
+        "cross_attn.q",
+        "cross_attn.o",
+        "ffn.0",
+        "ffn.2",
+    )
 
     def quantize(self, quantization: str) -> list[str]:
         """Apply ``"fp8"`` (see ops.fp8) to every block's FP8_LINEARS, in place, or nothing for ``"none"``; returns
@@ -79,8 +88,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             return []
         if quantization != "fp8":
             raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
-        names = quantize_linears(self, lambda name, _: name.startswith("blocks.")
-                                 and name.split(".", 2)[2] in self.FP8_LINEARS)
+        names = quantize_linears(
+            self, lambda name, _: name.startswith("blocks.") and name.split(".", 2)[2] in self.FP8_LINEARS
+        )
         self.weights_source += ", fp8 GEMMs"
         return names
 
@@ -130,9 +140,17 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
         return KVWindow(
-            batch=batch, num_layers=cfg.num_layers, tokens_per_frame=tokens_per_frame,
-            local_attn_size=cfg.local_attn_size, sink_size=cfg.sink_size, local_heads=cfg.num_heads // world,
-            head_dim=cfg.head_dim, ulysses_degree=world, cross_kv=cross_kv, device=device, dtype=dtype,
+            batch=batch,
+            num_layers=cfg.num_layers,
+            tokens_per_frame=tokens_per_frame,
+            local_attn_size=cfg.local_attn_size,
+            sink_size=cfg.sink_size,
+            local_heads=cfg.num_heads // world,
+            head_dim=cfg.head_dim,
+            ulysses_degree=world,
+            cross_kv=cross_kv,
+            device=device,
+            dtype=dtype,
         )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
@@ -197,20 +215,29 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         rows, padded = rank_rows(n, rank, world)
 
         tokens = take_rows(patchify(latents, cfg.patch_size), rows, padded)
-        x = F.linear(tokens.to(self.patch_embedding.weight.dtype), self.patch_embedding.weight.flatten(1),
-                     self.patch_embedding.bias).float()
-        t_emb = run_linear(self.time_embedding[2], F.silu(run_linear(self.time_embedding[0],
-                                                                     sinusoidal_embedding(cfg.freq_dim, t)))).float()
+        x = F.linear(
+            tokens.to(self.patch_embedding.weight.dtype),
+            self.patch_embedding.weight.flatten(1),
+            self.patch_embedding.bias,
+        ).float()
+        t_emb = run_linear(
+            self.time_embedding[2], F.silu(run_linear(self.time_embedding[0], sinusoidal_embedding(cfg.freq_dim, t)))
+        ).float()
         t_mod = run_linear(self.time_projection[1], F.silu(t_emb)).float().unflatten(1, (MODULATION_PARAMS, cfg.dim))
         if camera is not None and not isinstance(camera, CameraModulation):
             camera = self.camera_modulation(camera)
         per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
 
         ctx = ChunkContext(
-            session=session, plan=plan, commit=update_cache, chunk_rows=n,
-            rope=chunk_rope(session.frame_offset, frames, grid_h, grid_w, cfg.head_dim, theta=cfg.rope_theta,
-                            device=latents.device),
-            communicator=self.communicator, attn_impl=self.attn_impl,
+            session=session,
+            plan=plan,
+            commit=update_cache,
+            chunk_rows=n,
+            rope=chunk_rope(
+                session.frame_offset, frames, grid_h, grid_w, cfg.head_dim, theta=cfg.rope_theta, device=latents.device
+            ),
+            communicator=self.communicator,
+            attn_impl=self.attn_impl,
         )
         last = len(self.blocks) - 1
         for layer, (block, block_camera) in enumerate(zip(self.blocks, per_block)):
@@ -245,25 +272,30 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             problems.append(f"latent grid {(f, h, w)} does not split into {cfg.patch_size} patches")
         frames, grid_h, grid_w = f // pt, h // ph, w // pw
         if grid_h * grid_w != session.tokens_per_frame:
-            problems.append(f"{grid_h}x{grid_w} = {grid_h * grid_w} tokens per frame, the session was made for "
-                            f"{session.tokens_per_frame}")
+            problems.append(
+                f"{grid_h}x{grid_w} = {grid_h * grid_w} tokens per frame, the session was made for "
+                f"{session.tokens_per_frame}"
+            )
         if t.shape != (b,):
             problems.append(f"t must be [B={b}], got {tuple(t.shape)}")
         elif t.device.type == "cpu" and not bool(((t >= 0) & (t <= MAX_TIMESTEP)).all()):  # no device sync
             problems.append(f"t must lie in [0, {MAX_TIMESTEP:g}], got {t.tolist()}")
         if isinstance(camera, CameraModulation):
             if camera.tokens != frames * grid_h * grid_w or len(camera.per_block) != len(self.blocks):
-                problems.append(f"the camera modulation was computed for {camera.tokens} tokens and "
-                                f"{len(camera.per_block)} blocks; this chunk has {frames * grid_h * grid_w} tokens and "
-                                f"the model {len(self.blocks)} blocks")
+                problems.append(
+                    f"the camera modulation was computed for {camera.tokens} tokens and "
+                    f"{len(camera.per_block)} blocks; this chunk has {frames * grid_h * grid_w} tokens and "
+                    f"the model {len(self.blocks)} blocks"
+                )
         elif camera is not None:
             tokens = frames * grid_h * grid_w
             token_form = (b, tokens, cfg.camera_feature_dim)
             grid_form = (b, cfg.camera_feature_dim // cfg.patch_volume, f, h, w)
             if tuple(camera.shape) not in (token_form, grid_form):
-                problems.append(f"camera must be {list(token_form)} (tokens) or {list(grid_form)} (latent grid), "
-                                f"got {list(camera.shape)}")
+                problems.append(
+                    f"camera must be {list(token_form)} (tokens) or {list(grid_form)} (latent grid), "
+                    f"got {list(camera.shape)}"
+                )
         if problems:
             raise ValueError("LingBotWorldV2DiT.forward_chunk: " + "; ".join(problems))
         return frames, grid_h, grid_w
-

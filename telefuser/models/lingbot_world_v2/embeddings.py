@@ -34,4 +34,3 @@ def unpatchify(tokens: torch.Tensor, grid: tuple[int, int, int], patch_size: tup
     b = tokens.shape[0]
     x = tokens.reshape(b, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
     return x.reshape(b, -1, f * pt, h * ph, w * pw)
-

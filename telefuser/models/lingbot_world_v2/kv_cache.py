@@ -148,12 +148,12 @@ class KVWindow:
         if k_new.shape[1] != n:
             raise SessionError(f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {n}")
         if commit and plan.evicted == 0:  # append in place and attend to the buffer itself: no scratch copy
-            cache.k[:, plan.committed:total].copy_(k_new)
-            cache.v[:, plan.committed:total].copy_(v_new)
+            cache.k[:, plan.committed : total].copy_(k_new)
+            cache.v[:, plan.committed : total].copy_(v_new)
             return cache.k[:, :total], cache.v[:, :total]
         for buf, src, new in ((scratch.k, cache.k, k_new), (scratch.v, cache.v, v_new)):
             buf[:, :head].copy_(src[:, :head])
-            buf[:, head:kept].copy_(src[:, head + plan.evicted:plan.committed])
+            buf[:, head:kept].copy_(src[:, head + plan.evicted : plan.committed])
             buf[:, kept:total].copy_(new)
         if commit:  # roll: kept window rows move down over the evicted ones, then the chunk; the sink stays put
             cache.k[:, head:total].copy_(scratch.k[:, head:total])

@@ -17,16 +17,18 @@ def wan_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 @cuda_fused
-def layer_norm_modulate(x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tensor,
-                        out_dtype: torch.dtype) -> torch.Tensor:
+def layer_norm_modulate(
+    x: torch.Tensor, eps: float, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """fp32 LayerNorm without affine, AdaLN ``* (1 + scale) + shift`` in fp32, then the next linear's dtype."""
     normed = F.layer_norm(x.float(), (x.shape[-1],), None, None, eps)
     return (normed * (1 + scale) + shift).to(out_dtype)
 
 
 @cuda_fused
-def layer_norm_to(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                  out_dtype: torch.dtype) -> torch.Tensor:
+def layer_norm_to(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+) -> torch.Tensor:
     """fp32 LayerNorm (affine in fp32), then the next linear's dtype."""
     weight = weight.float() if weight is not None else None
     bias = bias.float() if bias is not None else None

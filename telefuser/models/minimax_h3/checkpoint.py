@@ -114,9 +114,16 @@ def load_minimax_h3_dit(
         config = _read_config(directory, diffusers)
         where = str(directory or path)
         try:
-            layout_name, why = (None, "diffusers layout") if diffusers else decide_qkv_layout(
-                qkv_layout, {**_index_metadata(index), **checkpoint.metadata()}, index=index, shards=shards,
-                class_name=class_name,
+            layout_name, why = (
+                (None, "diffusers layout")
+                if diffusers
+                else decide_qkv_layout(
+                    qkv_layout,
+                    {**_index_metadata(index), **checkpoint.metadata()},
+                    index=index,
+                    shards=shards,
+                    class_name=class_name,
+                )
             )
         except LayoutError as exc:
             raise CheckpointError(str(exc)) from exc
@@ -132,8 +139,14 @@ def load_minimax_h3_dit(
         recipes = {key: layout.recipe(key, full_shapes[key]) for key in expected}
         needed = {name for recipe in recipes.values() for name, _ in recipe.parts}
         optional = {name for key in OPTIONAL_KEYS for name, _ in recipes[key].parts}
-        check_keys(needed, found, Path(where), model_label=f"MiniMax H3 DiT ({layout.kind} layout)",
-                   error=CheckpointError, optional=frozenset(optional))
+        check_keys(
+            needed,
+            found,
+            Path(where),
+            model_label=f"MiniMax H3 DiT ({layout.kind} layout)",
+            error=CheckpointError,
+            optional=frozenset(optional),
+        )
         # only the optional (recomputable) tensors can be absent once check_keys has passed
         absent = {key for key, recipe in recipes.items() if any(name not in found for name, _ in recipe.parts)}
 
@@ -151,15 +164,29 @@ def load_minimax_h3_dit(
             tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
             return recipe.finish(tensor) if recipe.finish is not None else tensor
 
-        load_tensors(model, {k: v for k, v in expected.items() if k not in absent}, produce, device=device,
-                     dtype_for=partial(target_dtype, dtype=dtype), error=CheckpointError, source=where)
+        load_tensors(
+            model,
+            {k: v for k, v in expected.items() if k not in absent},
+            produce,
+            device=device,
+            dtype_for=partial(target_dtype, dtype=dtype),
+            error=CheckpointError,
+            source=where,
+        )
         model.checkpoint_bytes_read = checkpoint.bytes_read  # this rank's share only, under TP
     if "rope.inv_freq" in absent:
         model.rope.inv_freq = _rope_inv_freq(config, device)
     finish_loading(model, f"checkpoint {where}", error=CheckpointError)
     model.checkpoint_layout = f"{layout.kind}" + (f", qkv {layout_name} ({why})" if layout_name else "")
-    log.info("MiniMax H3 DiT loaded from %s (%s; %d shards, %.2f GiB read on this rank, %s, tp=%d)", where,
-             model.checkpoint_layout, len(shards), model.checkpoint_bytes_read / 2**30, dtype, tp_size)
+    log.info(
+        "MiniMax H3 DiT loaded from %s (%s; %d shards, %.2f GiB read on this rank, %s, tp=%d)",
+        where,
+        model.checkpoint_layout,
+        len(shards),
+        model.checkpoint_bytes_read / 2**30,
+        dtype,
+        tp_size,
+    )
     return model
 
 
@@ -189,8 +216,7 @@ def build_random_minimax_h3_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = MiniMaxH3DiT(config, attn_impl=attn_impl)
-    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype),
-                init_on_device=init_on_device)
+    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype), init_on_device=init_on_device)
     model.rope.inv_freq = _rope_inv_freq(config, device)
     finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("MiniMax H3 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)

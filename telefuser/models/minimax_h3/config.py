@@ -92,9 +92,20 @@ class MiniMaxH3Config(ReleasedConfig):
         object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
         self._derive("adaln_out_features", ADALN_PARAMS_PER_MODALITY * ADALN_MODALITIES * self.hidden_size)
         self._derive("final_adaln_out_features", FINAL_ADALN_PARAMS * self.hidden_size)
-        positive = ("hidden_size", "num_layers", "num_attention_heads", "attention_head_dim", "ffn_hidden_size",
-                    "latents_dim", "audio_latents_dim", "text_dim", "timestep_input_dim", "time_embed_hidden_size",
-                    "time_embed_dim", "rope_inv_freq_len")
+        positive = (
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "attention_head_dim",
+            "ffn_hidden_size",
+            "latents_dim",
+            "audio_latents_dim",
+            "text_dim",
+            "timestep_input_dim",
+            "time_embed_hidden_size",
+            "time_embed_dim",
+            "rope_inv_freq_len",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise MiniMaxH3ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -29,8 +29,14 @@ from .tp import TensorParallelState, apply_tensor_parallel
 # Parameters the released checkpoint stores, and the model runs, in fp32 whatever the compute dtype.
 FP32_PARAMETER_NAMES = frozenset(
     f"{module}.{p}"
-    for module in ("video_patch_proj", "audio_patch_proj", "time_embedder.proj_in", "time_embedder.proj_out",
-                   "final_layer.video_out", "final_layer.audio_out")
+    for module in (
+        "video_patch_proj",
+        "audio_patch_proj",
+        "time_embedder.proj_in",
+        "time_embedder.proj_out",
+        "final_layer.video_out",
+        "final_layer.audio_out",
+    )
     for p in ("weight", "bias")
 )
 FP32_BUFFER_NAMES = frozenset({"rope.inv_freq"})
@@ -52,8 +58,9 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.video_patch_proj = nn.Linear(config.video_patch_dim, hidden)
         self.audio_patch_proj = nn.Linear(config.audio_latents_dim, hidden)
         self.condition_proj = nn.Linear(config.text_dim, hidden)
-        self.time_embedder = TimestepEmbedder(config.timestep_input_dim, config.time_embed_hidden_size,
-                                              config.time_embed_dim)
+        self.time_embedder = TimestepEmbedder(
+            config.timestep_input_dim, config.time_embed_hidden_size, config.time_embed_dim
+        )
         self.rope = Rope3D(config.rope_inv_freq_len, config.rope_theta)
         self.token_refiner = TokenRefiner(config)
         self.blocks = nn.ModuleList(MiniMaxH3Block(config) for _ in range(config.num_layers))
@@ -101,9 +108,13 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         batch, channels, lt, lh, lw = video.shape
         rank, world = self._ulysses_coordinates()
         layout = pack_layout(
-            text_rows=text.shape[1], video_latent_thw=(lt, lh, lw), audio_rows=audio.shape[2],
-            audio_channels=audio_channels, patch_size=self.config.patch_size,
-            alignment=self.sequence_alignment, multiple_of=world,
+            text_rows=text.shape[1],
+            video_latent_thw=(lt, lh, lw),
+            audio_rows=audio.shape[2],
+            audio_channels=audio_channels,
+            patch_size=self.config.patch_size,
+            alignment=self.sequence_alignment,
+            multiple_of=world,
         )
         rows = layout.local_rows(rank, world)
         tags = layout.tags[rows].to(video.device)
@@ -130,8 +141,9 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         if world > 1:
             out = gather_rows(out, self.ulysses_group)
         patch_dim = self.config.video_patch_dim
-        video_velocity = unpatchify_video(out[:, layout.video, :patch_dim], (channels, lt, lh, lw),
-                                          self.config.patch_size)
+        video_velocity = unpatchify_video(
+            out[:, layout.video, :patch_dim], (channels, lt, lh, lw), self.config.patch_size
+        )
         audio_velocity = out[:, layout.audio, patch_dim:].transpose(1, 2)
         return video_velocity.float().contiguous(), audio_velocity.float().contiguous()
 
@@ -185,4 +197,3 @@ def _overlap(segment: slice, rows: slice) -> slice | None:
     """The part of `segment` inside `rows`, relative to the segment's start; None when they do not meet."""
     start, stop = max(segment.start, rows.start), min(segment.stop, rows.stop)
     return slice(start - segment.start, stop - segment.start) if start < stop else None
-

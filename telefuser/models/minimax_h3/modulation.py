@@ -44,8 +44,9 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, rows: to
 
 
 @cuda_fused
-def norm_modulate(x: torch.Tensor, weight: torch.Tensor, eps: float, shift: torch.Tensor, scale: torch.Tensor,
-                  rows: torch.Tensor) -> torch.Tensor:
+def norm_modulate(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, shift: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
     """`modulate(nn.RMSNorm(x), ...)` in one pass."""
     return modulate.reference(F.rms_norm(x, (x.shape[-1],), weight, eps), shift, scale, rows)
 

@@ -80,13 +80,15 @@ class Rowwise:
         return all_reduce_output
 
 
-MINIMAX_H3_TP_PLAN = MappingProxyType({
-    "*.attn.qkv_proj": ColwiseSections(3),
-    "*.attn.out_proj": Rowwise(),
-    "*.mlp.fc1": ColwiseSections(2),
-    "*.mlp.fc2": Rowwise(),
-    "*.adaln_proj.linear": ColwiseGathered(),
-})
+MINIMAX_H3_TP_PLAN = MappingProxyType(
+    {
+        "*.attn.qkv_proj": ColwiseSections(3),
+        "*.attn.out_proj": Rowwise(),
+        "*.mlp.fc1": ColwiseSections(2),
+        "*.mlp.fc2": Rowwise(),
+        "*.adaln_proj.linear": ColwiseGathered(),
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,9 @@ def default_intrinsics(width: int, height: int, horizontal_fov_degrees: float = 
 class LingBotCameraTrack:
     """Held keys -> the LingBot model package's camera features, integrating the pose across chunks."""
 
-    def __init__(self, geometry: CameraGeometry, device: torch.device, dtype: torch.dtype, *,
-                 intrinsics=None, steps=None) -> None:
+    def __init__(
+        self, geometry: CameraGeometry, device: torch.device, dtype: torch.dtype, *, intrinsics=None, steps=None
+    ) -> None:
         from telefuser.models.lingbot_world_v2 import camera  # the model package owns the geometry
 
         self._camera = camera
@@ -82,8 +83,9 @@ class LingBotCameraTrack:
     def features(self, keys: tuple[str, ...], chunk_index: int) -> torch.Tensor:
         """``[1, F * (h/2) * (w/2), 1536]`` per-token camera features for this chunk."""
         g = self.geometry
-        relative, self._state = self._camera.controls_to_relative_poses(keys, g.chunk_latent_frames, self._state,
-                                                                        self.steps)
+        relative, self._state = self._camera.controls_to_relative_poses(
+            keys, g.chunk_latent_frames, self._state, self.steps
+        )
         features = self._camera.chunk_camera_features(relative, self.intrinsics, g.height, g.width)
         return features.to(device=self.device, dtype=self.dtype)
 

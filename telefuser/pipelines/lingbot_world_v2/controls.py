@@ -83,7 +83,7 @@ def load_control_trace(path: str | Path) -> ControlTrace:
 
 def _event(item: object, where: str) -> ControlEvent:
     if not isinstance(item, dict):
-        raise ValueError(f"{where}: expected an object like {{\"chunk\": 1, \"keys\": [\"W\"]}}, got {item!r}")
+        raise ValueError(f'{where}: expected an object like {{"chunk": 1, "keys": ["W"]}}, got {item!r}')
     unknown = sorted(set(item) - set(ENTRY_FIELDS))
     missing = [f for f in ENTRY_FIELDS if f not in item]
     if unknown or missing:

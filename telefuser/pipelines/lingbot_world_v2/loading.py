@@ -44,8 +44,12 @@ def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
         paths = {part: root / sub for part, sub in DIFFUSERS_SUBDIRS.items()}
         missing = [str(p) for p in paths.values() if not p.is_dir()]
     else:
-        paths = {"vae": root / VAE_FILE, "text_encoder": root / T5_FILE, "tokenizer": root / TOKENIZER_SUBDIR,
-                 "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root}
+        paths = {
+            "vae": root / VAE_FILE,
+            "text_encoder": root / T5_FILE,
+            "tokenizer": root / TOKENIZER_SUBDIR,
+            "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root,
+        }
         missing = [str(p) for key, p in paths.items() if key != "dit" and not p.exists()]
     if missing:
         raise FileNotFoundError(f"{root} is not a LingBot-World v2 checkpoint folder; missing: {', '.join(missing)}")
@@ -84,8 +88,9 @@ def build_lingbot_pipeline(
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     paths = resolve_checkpoint(checkpoint) if checkpoint is not None else None  # fail before reading weights
     size = "official" if paths is not None else config
-    model, text_dim, text_len = _build_dit(size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed,
-                                           attn_impl=attn_impl)
+    model, text_dim, text_len = _build_dit(
+        size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed, attn_impl=attn_impl
+    )
     if quantization != "none":
         model.quantize(quantization)
     if paths is not None and is_diffusers_layout(Path(checkpoint)):
@@ -97,25 +102,40 @@ def build_lingbot_pipeline(
         tokenizer = load_tokenizer(paths["tokenizer"])
         encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
     if paths is not None:
-        weights = {"summary": str(checkpoint), "dit": getattr(model, "weights_source", str(paths["dit"])),
-                   "text_encoder": str(paths["text_encoder"]), "tokenizer": tokenizer.description,
-                   "vae": vae.description}
+        weights = {
+            "summary": str(checkpoint),
+            "dit": getattr(model, "weights_source", str(paths["dit"])),
+            "text_encoder": str(paths["text_encoder"]),
+            "tokenizer": tokenizer.description,
+            "vae": vae.description,
+        }
     else:
         vae = WanVideoVAE.random(size, seed=seed, device=device, dtype=vae_dtype)
         tokenizer = load_tokenizer(None)
         text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(text_dim)
         encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype)
-        weights = {"summary": f"{RANDOM}, {size} sizes", "dit": getattr(model, "weights_source", RANDOM),
-                   "text_encoder": RANDOM, "tokenizer": tokenizer.description, "vae": vae.description}
+        weights = {
+            "summary": f"{RANDOM}, {size} sizes",
+            "dit": getattr(model, "weights_source", RANDOM),
+            "text_encoder": RANDOM,
+            "tokenizer": tokenizer.description,
+            "vae": vae.description,
+        }
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
     if camera_factory is None:
         camera_factory = lingbot_camera()
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return WorldSessionPipeline(
-        model, PromptEncoder(tokenizer, encoder, text_len=text_len), vae, device=device, dit_dtype=dtype,
-        camera_factory=camera_factory, vae_group=vae_group,
-        condition_encoding=condition_encoding, weights=weights,
+        model,
+        PromptEncoder(tokenizer, encoder, text_len=text_len),
+        vae,
+        device=device,
+        dit_dtype=dtype,
+        camera_factory=camera_factory,
+        vae_group=vae_group,
+        condition_encoding=condition_encoding,
+        weights=weights,
     )
 
 
@@ -130,8 +150,9 @@ def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
         # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
         dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
         # on a GPU, draw there: the 14B official DiT takes minutes to draw on the host
-        model = build_random_lingbot_dit(dit_config, seed, device, dtype, attn_impl=attn_impl,
-                                         init_on_device=device.type == "cuda")
+        model = build_random_lingbot_dit(
+            dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
+        )
     parallelize(model, mesh)
     config = model.config
     return model, int(config.text_dim), int(getattr(config, "text_len", TEXT_LEN))

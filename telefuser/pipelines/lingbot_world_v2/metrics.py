@@ -62,8 +62,7 @@ def _phase_means(steady: Sequence[Mapping]) -> dict[str, float | None]:
 
 def format_summary(summary: Mapping) -> str:
     """One human line per figure, for the CLI."""
-    lines = [f"chunks: {summary['chunks']} ({summary['frames']} frames, "
-             f"{summary['compute_seconds']:.3f} s compute)"]
+    lines = [f"chunks: {summary['chunks']} ({summary['frames']} frames, {summary['compute_seconds']:.3f} s compute)"]
     if summary.get("first_chunk_seconds") is not None:
         lines.append(f"chunk 0: {summary['first_chunk_seconds']:.3f} s")
     fps = summary.get("steady_compute_fps")
@@ -71,10 +70,13 @@ def format_summary(summary: Mapping) -> str:
     if fps is None or chunk is None:
         lines.append("steady: no chunk after chunk 0")
     else:
-        lines.append(f"steady compute FPS: {fps:.2f} over {summary['steady_chunks']} chunks / "
-                     f"{summary['steady_frames']} frames")
-        lines.append(f"steady chunk s: mean {chunk['mean']:.4f} / p50 {chunk['p50']:.4f} / "
-                     f"p90 {chunk['p90']:.4f} / max {chunk['max']:.4f}")
+        lines.append(
+            f"steady compute FPS: {fps:.2f} over {summary['steady_chunks']} chunks / {summary['steady_frames']} frames"
+        )
+        lines.append(
+            f"steady chunk s: mean {chunk['mean']:.4f} / p50 {chunk['p50']:.4f} / "
+            f"p90 {chunk['p90']:.4f} / max {chunk['max']:.4f}"
+        )
         phases = summary.get("phase_mean_seconds") or {}
         lines.append("steady phase means: " + ", ".join(f"{k} {v:.4f}" for k, v in phases.items() if v is not None))
     return "\n".join(lines)

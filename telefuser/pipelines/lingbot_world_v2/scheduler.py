@@ -68,8 +68,11 @@ class DenoisingSchedule:
         return len(self.timesteps)
 
     def as_dict(self) -> dict:
-        return {"timesteps": list(self.timesteps), "x0_sigmas": list(self.x0_sigmas),
-                "renoise_sigmas": list(self.renoise_sigmas)}
+        return {
+            "timesteps": list(self.timesteps),
+            "x0_sigmas": list(self.x0_sigmas),
+            "renoise_sigmas": list(self.renoise_sigmas),
+        }
 
 
 def _first_index(timesteps: torch.Tensor, t: int) -> int:

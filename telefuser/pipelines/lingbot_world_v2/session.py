@@ -114,8 +114,9 @@ class WorldSessionPipeline:
         start = time.perf_counter()
         gray = np.full((64, 64, 3), 128, np.uint8)
         frames = 1 + 4 * (self.chunk_latent_frames * self.warm_up_chunks() - 1)
-        session = self.start(gray, "warm-up", seed=0, resolution=resolution, num_frames=frames, fps=fps,
-                             frame_policy="strict")
+        session = self.start(
+            gray, "warm-up", seed=0, resolution=resolution, num_frames=frames, fps=fps, frame_policy="strict"
+        )
         try:
             while not session.done:
                 session.next_chunk()
@@ -154,8 +155,16 @@ class WorldSessionPipeline:
 class WorldSession:
     """One world session. `next_chunk(keys)` produces the chunks in order; `close()` frees the KV cache."""
 
-    def __init__(self, pipe: WorldSessionPipeline, plan: SessionPlan, rgb: np.ndarray, prompt: str, seed: int,
-                 *, keep_latents: bool = False) -> None:
+    def __init__(
+        self,
+        pipe: WorldSessionPipeline,
+        plan: SessionPlan,
+        rgb: np.ndarray,
+        prompt: str,
+        seed: int,
+        *,
+        keep_latents: bool = False,
+    ) -> None:
         self.pipe = pipe
         self.plan = plan
         self.seed = seed
@@ -168,8 +177,12 @@ class WorldSession:
         self._dit_session = self._decoder = self._camera = self._encoder = None
         self._condition = None
         self.request = {
-            "prompt": prompt, "seed": seed, "resolution": f"{plan.width}x{plan.height}",
-            "num_frames": plan.requested_frames, "effective_frames": plan.num_frames, "fps": plan.fps,
+            "prompt": prompt,
+            "seed": seed,
+            "resolution": f"{plan.width}x{plan.height}",
+            "num_frames": plan.requested_frames,
+            "effective_frames": plan.num_frames,
+            "fps": plan.fps,
             "frame_policy": plan.frame_policy,
         }
         try:
@@ -184,8 +197,15 @@ class WorldSession:
         clock = PhaseClock(device)
         # The reference draws the whole initial noise first, then the re-noise draws, all from one generator.
         self._generator = torch.Generator(device=device).manual_seed(self.seed)
-        self._noise = torch.randn(LATENT_CHANNELS, plan.latent_frames, plan.latent_height, plan.latent_width,
-                                  dtype=torch.float32, generator=self._generator, device=device).unsqueeze(0)
+        self._noise = torch.randn(
+            LATENT_CHANNELS,
+            plan.latent_frames,
+            plan.latent_height,
+            plan.latent_width,
+            dtype=torch.float32,
+            generator=self._generator,
+            device=device,
+        ).unsqueeze(0)
         context = pipe.prompt_encoder(prompt, device).to(pipe.dit_dtype)
         clock.lap("text_encode_s")
         canvas = image_to_canvas(rgb, plan.width, plan.height)
@@ -194,12 +214,14 @@ class WorldSession:
         else:
             self._encoder = pipe.vae.stream_encoder(canvas)
         clock.lap("image_encode_s")
-        self._dit_session = pipe.dit.new_session(1, context, tokens_per_frame=plan.tokens_per_frame, device=device,
-                                                 dtype=pipe.dit_dtype)
+        self._dit_session = pipe.dit.new_session(
+            1, context, tokens_per_frame=plan.tokens_per_frame, device=device, dtype=pipe.dit_dtype
+        )
         self._sharding = pipe.sharded_decoder(plan.latent_height)
         self._decoder = pipe.vae.stream_decoder(self._sharding)
-        geometry = CameraGeometry(plan.width, plan.height, plan.latent_width, plan.latent_height,
-                                  plan.chunk_latent_frames, plan.fps)
+        geometry = CameraGeometry(
+            plan.width, plan.height, plan.latent_width, plan.latent_height, plan.chunk_latent_frames, plan.fps
+        )
         self._camera = pipe.camera_factory(geometry, device, pipe.dit_dtype)
         clock.lap("session_init_s")
         return dict(clock.phases)
@@ -257,8 +279,9 @@ class WorldSession:
         if camera is not None:  # the camera's share of every block, once for the chunk's five forwards
             camera = pipe.dit.camera_modulation(camera)
         for step, t in enumerate(schedule.timesteps):
-            flow = pipe.dit.forward_chunk(self._dit_session, torch.cat([x, cond], dim=1), _t(t, device), camera,
-                                          update_cache=False)
+            flow = pipe.dit.forward_chunk(
+                self._dit_session, torch.cat([x, cond], dim=1), _t(t, device), camera, update_cache=False
+            )
             x0 = flow_to_x0(flow, x, schedule.x0_sigmas[step])
             if step < schedule.num_steps - 1:
                 noise = torch.randn(x0.shape, generator=self._generator, device=device, dtype=x0.dtype)

@@ -17,17 +17,29 @@ TEXT_LEN = 512
 TOKENIZER_SUBDIR = "google/umt5-xxl"
 # umT5-XXL encoder (Wan's `umt5_xxl`: dim 4096, ffn 10240, 64 heads, 24 layers, vocab 256384, 32 buckets).
 OFFICIAL_UMT5 = dict(
-    vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-    relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
-    layer_norm_epsilon=1e-6, dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    vocab_size=256384,
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=24,
+    num_heads=64,
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    feed_forward_proj="gated-gelu",
+    layer_norm_epsilon=1e-6,
+    dropout_rate=0.0,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
 )
 
 
 def tiny_umt5_config(d_model: int = 32) -> dict:
     if d_model % 4:
         raise ValueError(f"tiny text width must be a multiple of 4, got {d_model}")
-    return dict(OFFICIAL_UMT5, vocab_size=384, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2,
-                num_heads=4)
+    return dict(
+        OFFICIAL_UMT5, vocab_size=384, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2, num_heads=4
+    )
 
 
 def clean_prompt(text: str) -> str:
@@ -154,8 +166,11 @@ def load_official_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, 
     with init_empty_weights():
         model = UMT5EncoderModel(UMT5Config(**config))
     expected = model.state_dict()
-    mis_shaped = [(k, tuple(v.shape), tuple(expected[k].shape)) for k, v in mapped.items()
-                  if tuple(v.shape) != tuple(expected[k].shape)]
+    mis_shaped = [
+        (k, tuple(v.shape), tuple(expected[k].shape))
+        for k, v in mapped.items()
+        if tuple(v.shape) != tuple(expected[k].shape)
+    ]
     if mis_shaped:
         raise ValueError(f"{path}: tensors of the wrong shape for umT5-XXL: {mis_shaped[:3]}")
     mapped = {k: v.to(device=device, dtype=dtype) for k, v in mapped.items()}

@@ -59,16 +59,23 @@ def check_stream_internals(model=None) -> list[str]:
             f"'diffusers{TESTED_DIFFUSERS}'"
         )
     if not SpecifierSet(TESTED_DIFFUSERS).contains(version, prereleases=True):
-        message = (f"diffusers {version} is outside the range the LingBot VAE streams were tested with "
-                   f"({TESTED_DIFFUSERS}); the private AutoencoderKLWan internals they drive are present, but may "
-                   "behave otherwise")
+        message = (
+            f"diffusers {version} is outside the range the LingBot VAE streams were tested with "
+            f"({TESTED_DIFFUSERS}); the private AutoencoderKLWan internals they drive are present, but may "
+            "behave otherwise"
+        )
         log.warning(message)
         return [message]
     return []
 
+
 # Wan 2.1 VAE architecture (diffusers' AutoencoderKLWan defaults, written out so a change there cannot move us).
 OFFICIAL_VAE_CONFIG = dict(
-    base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+    base_dim=96,
+    z_dim=16,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    attn_scales=[],
     temperal_downsample=[False, True, True],
 )
 # Same structure (and so the same frame arithmetic and receptive field), narrow channels: for CPU tests and demos.
@@ -90,7 +97,8 @@ class WanVideoVAE:
             raise ValueError(f"expected a {LATENT_CHANNELS}-channel Wan VAE, got z_dim={config.z_dim}")
         self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=torch.float32, device=self.device).view(
-            1, -1, 1, 1, 1)
+            1, -1, 1, 1, 1
+        )
 
     @classmethod
     def random(cls, size: str = "tiny", *, seed: int = 0, device="cpu", dtype=torch.float32) -> WanVideoVAE:
@@ -150,8 +158,9 @@ class WanVideoVAE:
         if latent_frames < 1:
             raise ValueError(f"latent_frames must be >= 1, got {latent_frames}")
         channels, height, width = image.shape
-        video = torch.zeros(1, channels, 1 + 4 * (latent_frames - 1), height, width, dtype=self.dtype,
-                            device=self.device)
+        video = torch.zeros(
+            1, channels, 1 + 4 * (latent_frames - 1), height, width, dtype=self.dtype, device=self.device
+        )
         video[:, :, 0] = image.to(device=self.device, dtype=self.dtype)
         mu = self.model.encode(video).latent_dist.mode().float()
         return (mu - self.mean) * self.inv_std
@@ -255,7 +264,7 @@ class StreamDecoder:
             decoder = self.sharding.decoder
         frames = []
         for i in range(x.shape[2]):
-            frames.append(decoder(x[:, :, i:i + 1], feat_cache=self._cache, feat_idx=[0], first_chunk=self._first))
+            frames.append(decoder(x[:, :, i : i + 1], feat_cache=self._cache, feat_idx=[0], first_chunk=self._first))
             self._first = False
         return torch.cat(frames, dim=2).clamp_(-1.0, 1.0)
 

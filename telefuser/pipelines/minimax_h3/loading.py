@@ -66,10 +66,16 @@ def build_minimax_h3_pipeline(
     device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(
-            Path(checkpoint), device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
-            timestep_scale=timestep_scale, show_progress=show_progress, offload_text_encoder=offload_text_encoder,
+            Path(checkpoint),
+            device=device,
+            dtype=dtype,
+            mesh=mesh,
+            attn_impl=attn_impl,
+            timestep_scale=timestep_scale,
+            show_progress=show_progress,
+            offload_text_encoder=offload_text_encoder,
             qkv_layout=qkv_layout,
-        )  # fmt: skip
+        )
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
     from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
@@ -129,8 +135,9 @@ def _from_checkpoint(
     tokenizer = load_tokenizer(tokenizer_dir)
     encoder_device = "cpu" if offload_text_encoder else device  # offloaded: read straight into host memory
     encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
-    dit = load_minimax_h3_dit(part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl,
-                              qkv_layout=qkv_layout)  # fmt: skip
+    dit = load_minimax_h3_dit(
+        part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl, qkv_layout=qkv_layout
+    )
     parallelize(dit, mesh)  # Ulysses; TP came with the slices the loader read
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
@@ -146,10 +153,10 @@ def _from_checkpoint(
             "summary": str(part),
             "dit": f"{part / 'transformer'} ({getattr(dit, 'checkpoint_layout', 'layout not recorded')})",
             "text_encoder": f"{part / 'text_encoder'} (first {SELECTED_LAYER} language layers)"
-                            + (OFFLOADED if offload_text_encoder else ""),
+            + (OFFLOADED if offload_text_encoder else ""),
             "tokenizer": tokenizer.description,
             "video_vae": video_vae.weights_source,
             "audio_vae": audio_vae.weights_source,
         },
         show_progress=show_progress,
-    )  # fmt: skip
+    )

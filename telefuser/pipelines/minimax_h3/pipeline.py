@@ -131,13 +131,17 @@ class MiniMaxH3Pipeline:
         self.patch_size = tuple(int(p) for p in patch_size)
         self.timestep_scale = float(timestep_scale)
         self.show_progress = show_progress
-        self.weights = dict(weights) if weights else {
-            "dit": "injected (caller did not say)",
-            "text_encoder": "injected (caller did not say)",
-            "tokenizer": getattr(getattr(prompt_encoder, "tokenizer", None), "description", "unknown"),
-            "video_vae": getattr(video_decoder, "description", "unknown"),
-            "audio_vae": getattr(audio_decoder, "description", "unknown"),
-        }
+        self.weights = (
+            dict(weights)
+            if weights
+            else {
+                "dit": "injected (caller did not say)",
+                "text_encoder": "injected (caller did not say)",
+                "tokenizer": getattr(getattr(prompt_encoder, "tokenizer", None), "description", "unknown"),
+                "video_vae": getattr(video_decoder, "description", "unknown"),
+                "audio_vae": getattr(audio_decoder, "description", "unknown"),
+            }
+        )
 
     def close(self) -> None:
         close = getattr(self.dit, "close", None)
@@ -304,4 +308,3 @@ def to_uint8_frames(pixels: torch.Tensor) -> torch.Tensor:
     """[B, 3, F, H, W] in [0, 1] -> uint8 [B, F, H, W, 3] on the CPU (diffusers' ``numpy_to_pil`` rounding)."""
     scaled = (pixels.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
     return scaled.permute(0, 2, 3, 4, 1).contiguous().cpu()
-

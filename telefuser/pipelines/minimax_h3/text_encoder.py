@@ -95,7 +95,12 @@ class MiniMaxH3TextEncoder(nn.Module):
 
     @classmethod
     def random(
-        cls, config, *, num_layers: int, seed: int = 0, device: str | torch.device = "cpu",
+        cls,
+        config,
+        *,
+        num_layers: int,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> MiniMaxH3TextEncoder:
         """Deterministic random weights, allocated directly on `device` (no host copy of a large model)."""
@@ -118,7 +123,11 @@ class MiniMaxH3TextEncoder(nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, *, num_layers: int = SELECTED_LAYER, device: str | torch.device = "cpu",
+        cls,
+        path: str | Path,
+        *,
+        num_layers: int = SELECTED_LAYER,
+        device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.bfloat16,
     ) -> MiniMaxH3TextEncoder:
         """Load the first `num_layers` language layers of a full Qwen3-VL checkpoint folder."""
@@ -160,7 +169,7 @@ def _read_language_tensors(
             for key in handle.keys():
                 if not key.startswith(prefix):
                     continue
-                name = key[len(prefix):]
+                name = key[len(prefix) :]
                 if name in wanted:
                     state[name] = handle.get_tensor(key).to(device=device, dtype=dtype)
     missing = sorted(wanted - state.keys())

@@ -117,8 +117,14 @@ def _random_vae(cls, config: dict, *, seed: int, device, dtype, init_on_device: 
     vae = build_empty(cls, config)
     pinned = getattr(vae, "_keep_in_fp32_modules", None)
     device = torch.device(device)
-    fill_random(vae, seed, device=device, init_on_device=init_on_device, draw=_random_tensor,
-                dtype_for=lambda name: torch.float32 if keeps_fp32(name, pinned) else dtype)  # fmt: skip
+    fill_random(
+        vae,
+        seed,
+        device=device,
+        init_on_device=init_on_device,
+        draw=_random_tensor,
+        dtype_for=lambda name: torch.float32 if keeps_fp32(name, pinned) else dtype,
+    )
     return place(vae, device=device, dtype=dtype)
 
 
@@ -127,8 +133,9 @@ def random_video_vae(size: str, *, seed: int, device="cpu", dtype=torch.float32,
     from diffusers import AutoencoderKLMiniMaxH3
 
     config = _sizes(size, TINY_VIDEO_VAE, OFFICIAL_VIDEO_VAE)
-    vae = _random_vae(AutoencoderKLMiniMaxH3, config, seed=seed, device=device, dtype=dtype,
-                      init_on_device=init_on_device)  # fmt: skip
+    vae = _random_vae(
+        AutoencoderKLMiniMaxH3, config, seed=seed, device=device, dtype=dtype, init_on_device=init_on_device
+    )
     finish_loading(vae, f"{RANDOM_WEIGHTS}, {size} sizes", error=VAECheckpointError)
     return vae
 
@@ -138,8 +145,14 @@ def random_audio_vae(size: str, *, seed: int, device="cpu", init_on_device=False
     from diffusers import AutoencoderKLMiniMaxH3Audio
 
     config = {**_sizes(size, TINY_AUDIO_VAE, {}), **_IDENTITY_AUDIO_STATS}
-    vae = _random_vae(AutoencoderKLMiniMaxH3Audio, config, seed=seed, device=device, dtype=torch.float32,
-                      init_on_device=init_on_device)  # fmt: skip
+    vae = _random_vae(
+        AutoencoderKLMiniMaxH3Audio,
+        config,
+        seed=seed,
+        device=device,
+        dtype=torch.float32,
+        init_on_device=init_on_device,
+    )
     finish_loading(vae, f"{RANDOM_WEIGHTS}, {size} sizes", error=VAECheckpointError)
     return vae
 

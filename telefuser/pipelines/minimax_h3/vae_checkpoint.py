@@ -183,8 +183,10 @@ def video_vae_state(key: str, tensor: torch.Tensor, heads: int, head_dim: int) -
         # per head [q_h; k_h; v_h], like the DiT's release layout
         per_head = tensor.reshape(heads, 3, head_dim, *tensor.shape[1:])
         prefix, suffix = key.split(".attn.to_qkv.")
-        return [(f"{prefix}.attn.to_{p}.{suffix}", per_head[:, i].reshape(heads * head_dim, *tensor.shape[1:]))
-                for i, p in enumerate("qkv")]  # fmt: skip
+        return [
+            (f"{prefix}.attn.to_{p}.{suffix}", per_head[:, i].reshape(heads * head_dim, *tensor.shape[1:]))
+            for i, p in enumerate("qkv")
+        ]
     name = _rename_video_key(key)
     if ".ff.w1." in key:
         gate, up = tensor.chunk(2, dim=0)
@@ -261,7 +263,9 @@ def _load_release_tensors(model: nn.Module, weights: Path, convert, *, what: str
                     raise VAECheckpointError(f"{what}: {weights.name} holds {key}, which has no place in {name!r}")
                 want = tuple(expected[name].shape)
                 if tuple(tensor.shape) != want:
-                    raise VAECheckpointError(f"{what}: {key} has shape {tuple(tensor.shape)}, the config expects {want}")
+                    raise VAECheckpointError(
+                        f"{what}: {key} has shape {tuple(tensor.shape)}, the config expects {want}"
+                    )
                 target = torch.float32 if keeps_fp32(name, pinned) or not tensor.is_floating_point() else dtype
                 tensor = tensor.to(device=device, dtype=target).contiguous()
                 model.load_state_dict({name: tensor}, strict=False, assign=True)
@@ -282,8 +286,14 @@ def load_video_vae(folder: str | Path, *, device: str | torch.device = "cpu", dt
         config, tiling, weights = video_vae_config_from_release(folder)
         vae = build_empty(AutoencoderKLMiniMaxH3, config)
         heads, head_dim = config["decoder_num_attention_heads"], config["decoder_attention_head_dim"]
-        _load_release_tensors(vae, weights, lambda k, t: video_vae_state(k, t, heads, head_dim),
-                              what="MiniMax H3 video VAE", device=device, dtype=dtype)  # fmt: skip
+        _load_release_tensors(
+            vae,
+            weights,
+            lambda k, t: video_vae_state(k, t, heads, head_dim),
+            what="MiniMax H3 video VAE",
+            device=device,
+            dtype=dtype,
+        )
         vae = place(vae, device=device, dtype=dtype)  # the buffers (rotary tables) follow
         if tiling:
             vae.enable_tiling(**tiling)
@@ -309,8 +319,9 @@ def load_audio_vae(folder: str | Path, *, device: str | torch.device = "cpu"):
         if math.prod(config.get("decoder_rates", (5, 5, 2, 2, 2, 2, 2))) != 800:
             raise VAECheckpointError(f"{folder}: the audio VAE must hop 800 samples (40 latents/s at 32 kHz)")
         vae = build_empty(AutoencoderKLMiniMaxH3Audio, config)
-        _load_release_tensors(vae, weights, lambda k, t: [(k, t)], what="MiniMax H3 audio VAE", device=device,
-                              dtype=torch.float32)  # fmt: skip
+        _load_release_tensors(
+            vae, weights, lambda k, t: [(k, t)], what="MiniMax H3 audio VAE", device=device, dtype=torch.float32
+        )
         source = f"diffusers {AUDIO_CLASS} from the release {weights}"
     vae = place(vae, device=device, dtype=torch.float32)
     finish_loading(vae, source, error=VAECheckpointError)

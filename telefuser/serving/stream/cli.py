@@ -1,8 +1,8 @@
 """`telefuser serve-stream`: run the streaming service (rank 0) and, under torchrun, the follower ranks.
 
-    telefuser serve-stream --config tiny --device cpu               # LingBot-World v2, tiny random weights, CPU
-    telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
-    torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
+telefuser serve-stream --config tiny --device cpu               # LingBot-World v2, tiny random weights, CPU
+telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
+torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
 """
 
 from __future__ import annotations

@@ -229,7 +229,9 @@ def bench_parser(description: str, default_config: Path, service: str, checkpoin
     """(parser, service group) with what both benchmark runners take first: the bench config, where artifacts go,
     and the model options every service has. The caller adds its own service options, then `add_launch_options`."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench-config", type=Path, default=default_config, help="AIPerf YAML config (tools/aiperf/configs)")
+    p.add_argument(
+        "--bench-config", type=Path, default=default_config, help="AIPerf YAML config (tools/aiperf/configs)"
+    )
     p.add_argument("--artifact-dir", type=Path, default=None, help="default: outputs/aiperf/<config name>")
     p.add_argument("--summary", type=Path, default=None, help="default: <artifact dir>/telefuser_summary.json")
     m = p.add_argument_group(f"service ({service})")
@@ -246,8 +248,12 @@ def add_launch_options(p: argparse.ArgumentParser, m) -> None:
     m.add_argument("--service-url", default=None, help="benchmark an already running service instead of starting one")
     m.add_argument("--port", type=int, default=None, help="default: a free port")
     m.add_argument("--python", default=sys.executable, help="interpreter that runs the service (the engine's)")
-    m.add_argument("--threads", type=int, default=None,
-                   help="OMP_NUM_THREADS of the service (default: inherited; the Makefile exports 1)")
+    m.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of the service (default: inherited; the Makefile exports 1)",
+    )
     m.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /v1/service/health")
     a = p.add_argument_group("AIPerf")
     a.add_argument("--aiperf", type=Path, default=DEFAULT_AIPERF)
