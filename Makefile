@@ -49,13 +49,16 @@ demo-attention: $(STAMP)
 	    --output $(DEMO_OUT) || exit 1; \
 	done
 
-# CI compiles tf-kernel with the machine's nvcc against the CPU torch, so a build break fails CI; its CPU tests
+# ruff format decides the layout (a file it would change fails the run). CI compiles tf-kernel with the machine's nvcc
+# against the CPU torch, so a build break fails CI; its CPU tests
 # check registration and argument validation. pytest exits 5 when nothing was collected: a broken suite, not a pass.
 # The tests marked `numerics` (float results of different computation orders) then run again under torch's
 # portable kernels and AVX2 BLAS/oneDNN, so a test that passes with one CPU's kernels only fails on every host.
 PORTABLE_KERNELS = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 
 test: $(STAMP) browser aiperf-env
+	$(PY) -m ruff format --check --quiet telefuser tools tests examples || \
+	  { echo "error: run '$(PY) -m ruff format telefuser tools tests examples'"; exit 1; }
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
 	@$(PY) -m pytest; rc=$$?; \
