@@ -20,6 +20,7 @@ from pathlib import Path
 from telefuser.media import write_mp4
 from telefuser.models.minimax_h3 import QKV_LAYOUTS
 from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
+from telefuser.ops.fp8 import QUANTIZATIONS
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, build_minimax_h3_pipeline, plan_shape
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
 from telefuser.runtime import Runtime, add_runtime_args
@@ -38,6 +39,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--flow-shift", type=float, default=DEFAULT_VIDEO_FLOW_SHIFT)
     p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
     p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="fp8: the joint blocks' QKV, output and SwiGLU GEMMs in FP8 (opt-in; see telefuser/ops/fp8.py)",
+    )
     p.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     p.add_argument(
         "--calibrate-feature-cache",
@@ -92,6 +99,7 @@ def main() -> None:
         show_progress=not args.no_progress,
         offload_text_encoder=args.offload_text_encoder,
         qkv_layout=args.qkv_layout,
+        quantization=args.quantization,
     )
     feature_cache = None
     if args.enable_feature_cache:
@@ -135,6 +143,7 @@ def report(args: argparse.Namespace, result, runtime: Runtime) -> None:
         "ulysses_degree": args.ulysses_degree,
         "tp_degree": args.tp_degree,
         "attn_impl": args.attn_impl,
+        "quantization": args.quantization,
         "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",
     }

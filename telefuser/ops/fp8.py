@@ -68,8 +68,9 @@ def linear_dtype(layer: nn.Module) -> torch.dtype:
 
 
 def quantize_linears(model: nn.Module, select: Callable[[str, nn.Linear], bool]) -> list[str]:
-    """Replace every `nn.Linear` of `model` for which ``select(name, linear)`` holds by a `Float8Linear`, in place.
-    Returns the replaced names. Linears whose shape an FP8 GEMM cannot take are refused by name."""
+    """Replace every `nn.Linear` of `model` for which ``select(name, linear)`` holds by a `Float8Linear`, in place,
+    keeping its forward hooks (a TP split's collective). Returns the replaced names. Linears whose shape an FP8
+    GEMM cannot take are refused by name."""
     chosen = [
         (name, module)
         for name, module in model.named_modules()
@@ -79,7 +80,10 @@ def quantize_linears(model: nn.Module, select: Callable[[str, nn.Linear], bool])
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         try:
-            setattr(parent, child, Float8Linear(linear))
+            quantized = Float8Linear(linear)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
+        for hook in linear._forward_hooks.values():  # e.g. a tensor-parallel collective on the output
+            quantized.register_forward_hook(hook)
+        setattr(parent, child, quantized)
     return [name for name, _ in chosen]

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ...distributed.mesh import parallelize
+from ...ops.fp8 import QUANTIZATIONS
 from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
 from .text_encoder import (
     SELECTED_LAYER,
@@ -59,10 +60,45 @@ def build_minimax_h3_pipeline(
     show_progress: bool = True,
     offload_text_encoder: bool = False,
     qkv_layout: str | None = None,
+    quantization: str = "none",
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
     `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`).
-    `qkv_layout` is passed to the DiT loader (for re-exported single files)."""
+    `qkv_layout` is passed to the DiT loader (for re-exported single files). `quantization` "fp8" runs the joint
+    blocks' GEMMs in FP8 (`MiniMaxH3DiT.quantize`, applied after TP: each rank quantizes its slices)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    pipe = _build(
+        config=config,
+        checkpoint=checkpoint,
+        device=device,
+        dtype=dtype,
+        mesh=mesh,
+        seed=seed,
+        attn_impl=attn_impl,
+        timestep_scale=timestep_scale,
+        show_progress=show_progress,
+        offload_text_encoder=offload_text_encoder,
+        qkv_layout=qkv_layout,
+    )
+    pipe.dit.quantize(quantization)
+    return pipe
+
+
+def _build(
+    *,
+    config,
+    checkpoint,
+    device,
+    dtype,
+    mesh,
+    seed,
+    attn_impl,
+    timestep_scale,
+    show_progress,
+    offload_text_encoder,
+    qkv_layout,
+) -> MiniMaxH3Pipeline:
     device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(

@@ -94,6 +94,12 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     m.add_argument("--config", choices=("tiny", "official"), default="official")
     m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
     m.add_argument("--attn-impl", default=None)
+    m.add_argument(
+        "--quantization",
+        choices=("none", "fp8"),
+        default="none",
+        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)",
+    )
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")

@@ -163,6 +163,7 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         dtype=dtype,
         mesh=runtime.mesh,
         attn_impl=args.attn_impl or "sdpa",
+        quantization=getattr(args, "quantization", "none"),
     )
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {

@@ -111,6 +111,12 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         "shards and diffusers folders need no flag)",
     )
     m.add_argument("--attn-impl", default="sdpa")
+    m.add_argument(
+        "--quantization",
+        choices=("none", "fp8"),
+        default="none",
+        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)",
+    )
     m.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
     m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")

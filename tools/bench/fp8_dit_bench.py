@@ -1,0 +1,163 @@
+"""FP8 GEMMs against bf16 on one DiT call, side by side in one run, with the quality gate beside the speed.
+
+    python tools/bench/fp8_dit_bench.py --model minimax               # official MiniMax H3 call, 768p 5 s
+    python tools/bench/fp8_dit_bench.py --model lingbot               # official LingBot chunk reading a full window
+    python tools/bench/fp8_dit_bench.py --model lingbot --config tiny --device cpu --iters 1   # CPU smoke run
+
+One random-weight model (said so) and a copy of it with its block GEMMs in FP8 (`quantize("fp8")`) take the same
+fixed input, alternately, --iters times after a warm-up each. The table gives each one's median seconds per call,
+the speed-up, and the FP8 output against bf16: relative L2 and cosine (the gate: cosine >= --min-cosine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from telefuser.runtime import Runtime
+
+
+def minimax_call(config_name: str, layers: int | None, device, dtype):
+    from dataclasses import replace
+
+    from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+    from telefuser.pipelines.minimax_h3.shapes import plan_shape
+
+    config = MiniMaxH3Config() if config_name == "official" else MiniMaxH3Config.tiny()
+    config = replace(config, num_layers=layers) if layers else config
+    model = build_random_minimax_h3_dit(config, 0, device, dtype, init_on_device=device.type == "cuda").eval()
+    if config_name == "official":
+        shape = plan_shape(duration_s=5.0, resolution=768, aspect_ratio="16:9")
+        video_shape, audio_shape, text_rows = shape.video_latent_shape, shape.audio_latent_shape, 256
+    else:
+        video_shape, audio_shape, text_rows = (1, config.latents_dim, 3, 4, 6), (1, config.audio_latents_dim, 8), 3
+    g = torch.Generator().manual_seed(0)
+    inputs = (
+        torch.randn(video_shape, generator=g).to(device),
+        torch.randn(audio_shape, generator=g).to(device),
+        torch.randn(1, text_rows, config.text_dim, generator=g).to(device, dtype),
+        torch.full((1,), 500.0, device=device),
+        torch.full((1,), 500.0, device=device),
+    )
+
+    def prepare(m):
+        def call():
+            video, audio = m(*inputs)
+            return torch.cat([video.flatten(), audio.flatten()])
+
+        return call
+
+    return model, prepare
+
+
+def lingbot_call(config_name: str, layers: int | None, device, dtype):
+    from dataclasses import replace
+
+    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+
+    config = LingBotWorldV2Config() if config_name == "official" else LingBotWorldV2Config.tiny()
+    config = replace(config, num_layers=layers) if layers else config
+    model = build_random_lingbot_dit(config, 0, device, dtype, init_on_device=device.type == "cuda").eval()
+    grid = (60, 104) if config_name == "official" else (4, 6)  # 832x480 latents: 1,560 tokens per frame
+    tokens_per_frame = grid[0] * grid[1] // 4
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(1, min(64, config.text_len), config.text_dim, generator=g).to(device, dtype)
+    frames = min(4, config.local_attn_size - config.sink_size)  # the pipeline's chunk, or what a tiny window takes
+    chunk = torch.randn(1, config.in_dim, frames, *grid, generator=g).to(device)
+    camera = torch.randn(1, frames * tokens_per_frame, config.camera_feature_dim, generator=g).to(device, dtype)
+    frames_to_fill = config.local_attn_size - frames
+
+    def prepare(m):  # untimed: fill the window, so every timed call reads a full one (and leaves it unchanged)
+        session = m.new_session(1, text, tokens_per_frame=tokens_per_frame)
+        fill = torch.randn(1, config.in_dim, 1, *grid, generator=torch.Generator().manual_seed(1)).to(device)
+        for _ in range(frames_to_fill):
+            m.commit_chunk(session, fill, torch.zeros(1, device=device), camera[:, :tokens_per_frame])
+        t = torch.full((1,), 500.0, device=device)
+        return lambda: m.forward_chunk(session, chunk, t, camera, update_cache=False).flatten()
+
+    return model, prepare
+
+
+def timed(call, on_gpu: bool) -> tuple[float, torch.Tensor]:
+    if on_gpu:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = call()
+    if on_gpu:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["minimax", "lingbot"], required=True)
+    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--min-cosine", type=float, default=0.99)
+    p.add_argument("--device", default=None)
+    p.add_argument("--output", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    runtime = Runtime.launch(device=args.device)
+    device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
+    build = minimax_call if args.model == "minimax" else lingbot_call
+    bf16, prepare = build(args.config, args.layers, device, dtype)
+    fp8 = copy.deepcopy(bf16)
+    fp8.quantize("fp8")
+    print(f"{args.model} ({args.config}, {dtype}, random weights: timings and error figures only)", flush=True)
+    models = {"bf16": bf16, "fp8": fp8}
+    seconds = {name: [] for name in models}
+    outputs = {}
+    with torch.inference_mode():
+        calls = {name: prepare(model) for name, model in models.items()}
+        for name, call in calls.items():  # warm-up: allocator, kernels, compilation
+            outputs[name] = call()
+        for _ in range(args.iters):
+            for name, call in calls.items():
+                s, outputs[name] = timed(call, on_gpu)
+                seconds[name].append(s)
+    a, b = outputs["fp8"].double(), outputs["bf16"].double()
+    rel_l2 = ((a - b).norm() / b.norm()).item()
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    median = {name: statistics.median(v) for name, v in seconds.items()}
+    print("\n| variant | s/call (median) | vs bf16 |\n|---|---|---|")
+    for name in models:
+        print(f"| {name} | {median[name]:.4f} | {median['bf16'] / median[name]:.3f}x |")
+    gate = cosine >= args.min_cosine
+    print(
+        f"\nfp8 against bf16: relative L2 {rel_l2:.3e}, cosine {cosine:.5f} "
+        f"({'passes' if gate else 'FAILS'} the gate cosine >= {args.min_cosine})"
+    )
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "seconds": seconds,
+                    "median_s": median,
+                    "relative_l2": rel_l2,
+                    "cosine": cosine,
+                    "gate_passed": gate,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    runtime.close()
+    return 0 if gate else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
