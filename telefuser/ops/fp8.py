@@ -62,6 +62,18 @@ class Float8Linear(nn.Module):
         )
 
 
+def quantize_blocks(model: nn.Module, quantization: str, linears: tuple[str, ...]) -> list[str]:
+    """A DiT's quantization: ``"fp8"`` applies `Float8Linear` to the linears named `linears` inside every
+    ``blocks.<i>`` (in place, noted in ``model.weights_source``); ``"none"`` does nothing. Returns the names."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
+    if quantization == "none":
+        return []
+    names = quantize_linears(model, lambda name, _: name.startswith("blocks.") and name.split(".", 2)[2] in linears)
+    model.weights_source = f"{getattr(model, 'weights_source', '')}, fp8 GEMMs"
+    return names
+
+
 def linear_dtype(layer: nn.Module) -> torch.dtype:
     """The dtype a linear takes and gives: its weight's, or a quantized linear's activation dtype."""
     return layer.compute_dtype if isinstance(layer, Float8Linear) else layer.weight.dtype

@@ -22,6 +22,7 @@ from telefuser.models.lingbot_world_v2 import (
     keeps_fp32,
     load_lingbot_dit,
 )
+from tests.lingbot_checkpoints import diffusers_transformer_config
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -164,36 +165,13 @@ def _write_diffusers_dir(root: Path, tensors: dict, config: dict) -> Path:
     return weights
 
 
-def _diffusers_config(config: LingBotWorldV2Config, **overrides) -> dict:
-    payload = {
-        "_class_name": "WanTransformer3DModel",
-        "patch_size": list(config.patch_size),
-        "num_attention_heads": config.num_heads,
-        "attention_head_dim": config.head_dim,
-        "in_channels": config.in_dim,
-        "out_channels": config.out_dim,
-        "text_dim": config.text_dim,
-        "freq_dim": config.freq_dim,
-        "ffn_dim": config.ffn_dim,
-        "num_layers": config.num_layers,
-        "cross_attn_norm": True,
-        "qk_norm": "rms_norm_across_heads",
-        "eps": config.eps,
-        "image_dim": None,
-        "added_kv_proj_dim": None,
-        "rope_max_seq_len": 1024,
-        "pos_embed_seq_len": None,
-    }
-    return {**payload, **overrides}
-
-
 def test_the_diffusers_config_maps_onto_the_original_keys():
     cfg = LingBotWorldV2Config.tiny()
-    mapped = LingBotWorldV2Config.from_dict(_diffusers_config(cfg, out_channels=None))
+    mapped = LingBotWorldV2Config.from_dict(diffusers_transformer_config(cfg, out_channels=None))
     assert mapped == LingBotWorldV2Config(
         **{**cfg.to_dict(), "text_len": 512, "local_attn_size": 18, "sink_size": 6, "out_dim": cfg.in_dim}
     )  # out_channels or in_channels
-    official = LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config()))
+    official = LingBotWorldV2Config.from_dict(diffusers_transformer_config(LingBotWorldV2Config()))
     assert official == LingBotWorldV2Config()
 
 
@@ -209,7 +187,7 @@ def test_the_diffusers_config_maps_onto_the_original_keys():
 )
 def test_a_diffusers_config_that_cannot_map_is_refused(overrides, match):
     with pytest.raises(LingBotConfigError, match=match):
-        LingBotWorldV2Config.from_dict(_diffusers_config(LingBotWorldV2Config.tiny(), **overrides))
+        LingBotWorldV2Config.from_dict(diffusers_transformer_config(LingBotWorldV2Config.tiny(), **overrides))
     with pytest.raises(LingBotConfigError, match="diffusers-format transformer config missing required keys: ffn_dim"):
         LingBotWorldV2Config.from_dict(
             {"in_channels": 36, "num_attention_heads": 4, "attention_head_dim": 16, "num_layers": 2}
@@ -223,7 +201,7 @@ def test_a_wan_image_branch_a_camera_less_wan_and_mixed_names_are_refused(source
         "condition_embedder.image_embedder.norm1.weight": torch.ones(4),
         "blocks.0.attn2.add_k_proj.weight": torch.ones(cfg.dim, 4),
     }
-    _write_diffusers_dir(tmp_path / "i2v", {**tensors, **image}, _diffusers_config(cfg))
+    _write_diffusers_dir(tmp_path / "i2v", {**tensors, **image}, diffusers_transformer_config(cfg))
     with pytest.raises(
         CheckpointError,
         match=r"has a CLIP image branch \(blocks.0.attn2.add_k_proj.weight, "
@@ -231,11 +209,11 @@ def test_a_wan_image_branch_a_camera_less_wan_and_mixed_names_are_refused(source
     ):
         load_lingbot_dit(tmp_path / "i2v", device="cpu")
     plain = {k: v for k, v in tensors.items() if "cam" not in k and "c2ws" not in k}
-    _write_diffusers_dir(tmp_path / "plain", plain, _diffusers_config(cfg))
+    _write_diffusers_dir(tmp_path / "plain", plain, diffusers_transformer_config(cfg))
     with pytest.raises(CheckpointError, match=r"has no camera layers .*a plain Wan transformer"):
         load_lingbot_dit(tmp_path / "plain", device="cpu")
     mixed = {**tensors, "blocks.0.self_attn.q.weight": torch.ones(cfg.dim, cfg.dim)}
-    _write_diffusers_dir(tmp_path / "mixed", mixed, _diffusers_config(cfg))
+    _write_diffusers_dir(tmp_path / "mixed", mixed, diffusers_transformer_config(cfg))
     with pytest.raises(
         CheckpointError,
         match=r"mixes diffusers' Wan tensor names .* with the original ones "
@@ -251,7 +229,7 @@ def test_a_diffusers_directory_names_its_missing_and_unknown_tensors(source, tmp
     tensors = _diffusers_names(source)
     del tensors["blocks.1.attn2.norm_k.weight"]
     tensors["blocks.0.cam_plucker_proj.weight"] = torch.ones(2)  # another project's name for a camera layer
-    _write_diffusers_dir(tmp_path, tensors, _diffusers_config(source.config))
+    _write_diffusers_dir(tmp_path, tensors, diffusers_transformer_config(source.config))
     with pytest.raises(
         CheckpointError,
         match=r"1 missing: blocks.1.attn2.norm_k.weight; "
@@ -261,7 +239,7 @@ def test_a_diffusers_directory_names_its_missing_and_unknown_tensors(source, tmp
 
 
 def test_a_bf16_load_of_a_diffusers_directory_keeps_the_fp32_regions(source, tmp_path):
-    _write_diffusers_dir(tmp_path, _diffusers_names(source), _diffusers_config(source.config))
+    _write_diffusers_dir(tmp_path, _diffusers_names(source), diffusers_transformer_config(source.config))
     model = load_lingbot_dit(tmp_path, device="cpu", dtype=torch.bfloat16)
     expected = source.state_dict()
     for key, value in model.state_dict().items():

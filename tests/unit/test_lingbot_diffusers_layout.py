@@ -17,33 +17,10 @@ from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random
 from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline, resolve_checkpoint
 from telefuser.pipelines.lingbot_world_v2.text_encoder import build_umt5_encoder, tiny_umt5_config
 from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+from tests.lingbot_checkpoints import diffusers_transformer_config
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "tools" / "aiperf" / "fixtures" / "tokenizer"
 CONFIG = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
-
-
-def _diffusers_transformer_config(config: LingBotWorldV2Config) -> dict:
-    return {
-        "_class_name": "WanTransformer3DModel",
-        "patch_size": list(config.patch_size),
-        "num_attention_heads": config.num_heads,
-        "attention_head_dim": config.head_dim,
-        "in_channels": config.in_dim,
-        "out_channels": config.out_dim,
-        "text_dim": config.text_dim,
-        "freq_dim": config.freq_dim,
-        "ffn_dim": config.ffn_dim,
-        "num_layers": config.num_layers,
-        "cross_attn_norm": True,
-        "qk_norm": "rms_norm_across_heads",
-        "eps": config.eps,
-        "image_dim": None,
-        "added_kv_proj_dim": None,
-        "rope_max_seq_len": 1024,
-        "pos_embed_seq_len": None,
-        "local_attn_size": config.local_attn_size,
-        "sink_size": config.sink_size,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +38,11 @@ def checkpoint(tmp_path_factory):
         {k: v.contiguous() for k, v in dit.state_dict().items()},
         str(root / "transformer" / "diffusion_pytorch_model.safetensors"),
     )
-    (root / "transformer" / "config.json").write_text(json.dumps(_diffusers_transformer_config(CONFIG)))
+    (root / "transformer" / "config.json").write_text(
+        json.dumps(
+            diffusers_transformer_config(CONFIG, local_attn_size=CONFIG.local_attn_size, sink_size=CONFIG.sink_size)
+        )
+    )
     return root, {"vae": vae.state_dict(), "text_encoder": encoder.state_dict(), "dit": dit.state_dict()}
 
 

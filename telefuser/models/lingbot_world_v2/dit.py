@@ -18,7 +18,7 @@ from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...ops.attention import check_attention_impl
-from ...ops.fp8 import linear_dtype, quantize_linears
+from ...ops.fp8 import linear_dtype, quantize_blocks
 from ..ulysses_owner import UlyssesOwner
 from .attention import ChunkContext, run_linear
 from .blocks import LingBotBlock, LingBotHead
@@ -82,17 +82,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     )
 
     def quantize(self, quantization: str) -> list[str]:
-        """Apply ``"fp8"`` (see ops.fp8) to every block's FP8_LINEARS, in place, or nothing for ``"none"``; returns
-        the names quantized. Call it on a loaded model, before sessions are made."""
-        if quantization == "none":
-            return []
-        if quantization != "fp8":
-            raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
-        names = quantize_linears(
-            self, lambda name, _: name.startswith("blocks.") and name.split(".", 2)[2] in self.FP8_LINEARS
-        )
-        self.weights_source += ", fp8 GEMMs"
-        return names
+        """Apply ``"fp8"`` (ops.fp8) to every block's FP8_LINEARS in place (after TP: each rank's slices), or
+        nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
+        return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "LingBotWorldV2DiT":

@@ -17,7 +17,7 @@ from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.sequence import gather_rows
 from ...ops.attention import check_attention_impl
-from ...ops.fp8 import quantize_linears
+from ...ops.fp8 import quantize_blocks
 from ..ulysses_owner import UlyssesOwner
 from .attention import AttentionContext
 from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner
@@ -80,17 +80,9 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
     FP8_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")
 
     def quantize(self, quantization: str) -> list[str]:
-        """Apply ``"fp8"`` (see ops.fp8) to every joint block's FP8_LINEARS, in place (after TP: each rank's slices),
-        or nothing for ``"none"``; returns the names quantized."""
-        if quantization == "none":
-            return []
-        if quantization != "fp8":
-            raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
-        names = quantize_linears(
-            self, lambda name, _: name.startswith("blocks.") and name.split(".", 2)[2] in self.FP8_LINEARS
-        )
-        self.weights_source += ", fp8 GEMMs"
-        return names
+        """Apply ``"fp8"`` (ops.fp8) to every block's FP8_LINEARS in place (after TP: each rank's slices), or
+        nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
+        return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
     def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "MiniMaxH3DiT":
         """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over
