@@ -125,8 +125,8 @@ def test_minimax_fp8_quantizes_the_joint_blocks_gemms_and_stays_close():
         assert relative_error(other[modality], expected[modality]) > 0.5  # the negative control: other weights
 
 
-@pytest.mark.parametrize("model", ["minimax", "lingbot"])
-def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, tmp_path, capsys):
+@pytest.mark.parametrize("model,mode", [("minimax", "sequential"), ("lingbot", "alternating")])
+def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_path, capsys):
     import importlib.util
     import json
     from pathlib import Path
@@ -137,8 +137,13 @@ def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, tmp_path, 
     spec.loader.exec_module(bench)
     out = tmp_path / "fp8.json"
     assert (
-        bench.main(["--model", model, "--config", "tiny", "--device", "cpu", "--iters", "1", "--output", str(out)]) == 0
+        bench.main(
+            ["--model", model, "--config", "tiny", "--device", "cpu", "--iters", "1", "--output", str(out)]
+            + (["--sequential"] if mode == "sequential" else [])
+        )
+        == 0
     )
     report = json.loads(out.read_text())
+    assert report["mode"] == mode
     assert set(report["median_s"]) == {"bf16", "fp8"} and report["gate_passed"] and report["cosine"] > 0.99
     assert "| fp8 |" in capsys.readouterr().out

@@ -7,6 +7,10 @@
 One random-weight model (said so) and a copy of it with its block GEMMs in FP8 (`quantize("fp8")`) take the same
 fixed input, alternately, --iters times after a warm-up each. The table gives each one's median seconds per call,
 the speed-up, and the FP8 output against bf16: relative L2 and cosine (the gate: cosine >= --min-cosine).
+
+--sequential keeps one copy: bf16 runs its warm-up and --iters calls, then the same model is quantized in place and
+FP8 runs the same. The official MiniMax H3 DiT and its activations at 768p 5 s do not fit twice on one 141 GB GPU
+(a bf16 model beside its FP8 copy ran out of memory on the H200).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--min-cosine", type=float, default=0.99)
     p.add_argument("--device", default=None)
+    p.add_argument("--sequential", action="store_true", help="one copy of the model: bf16 first, then FP8 in place")
     p.add_argument("--output", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -112,27 +117,37 @@ def main(argv=None) -> int:
     runtime = Runtime.launch(device=args.device)
     device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
     build = minimax_call if args.model == "minimax" else lingbot_call
-    bf16, prepare = build(args.config, args.layers, device, dtype)
-    fp8 = copy.deepcopy(bf16)
-    fp8.quantize("fp8")
+    model, prepare = build(args.config, args.layers, device, dtype)
     print(f"{args.model} ({args.config}, {dtype}, random weights: timings and error figures only)", flush=True)
-    models = {"bf16": bf16, "fp8": fp8}
-    seconds = {name: [] for name in models}
+    seconds = {"bf16": [], "fp8": []}
     outputs = {}
     with torch.inference_mode():
-        calls = {name: prepare(model) for name, model in models.items()}
-        for name, call in calls.items():  # warm-up: allocator, kernels, compilation
-            outputs[name] = call()
-        for _ in range(args.iters):
-            for name, call in calls.items():
-                s, outputs[name] = timed(call, on_gpu)
-                seconds[name].append(s)
+        if args.sequential:
+            for name, times in seconds.items():
+                if name == "fp8":
+                    model.quantize("fp8")
+                call = prepare(model)
+                outputs[name] = call()  # warm-up: allocator, kernels, compilation
+                for _ in range(args.iters):
+                    s, outputs[name] = timed(call, on_gpu)
+                    times.append(s)
+                del call
+        else:
+            fp8 = copy.deepcopy(model)
+            fp8.quantize("fp8")
+            calls = {"bf16": prepare(model), "fp8": prepare(fp8)}
+            for name, call in calls.items():  # warm-up: allocator, kernels, compilation
+                outputs[name] = call()
+            for _ in range(args.iters):
+                for name, call in calls.items():
+                    s, outputs[name] = timed(call, on_gpu)
+                    seconds[name].append(s)
     a, b = outputs["fp8"].double(), outputs["bf16"].double()
     rel_l2 = ((a - b).norm() / b.norm()).item()
     cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
     median = {name: statistics.median(v) for name, v in seconds.items()}
     print("\n| variant | s/call (median) | vs bf16 |\n|---|---|---|")
-    for name in models:
+    for name in seconds:
         print(f"| {name} | {median[name]:.4f} | {median['bf16'] / median[name]:.3f}x |")
     gate = cosine >= args.min_cosine
     print(
@@ -145,6 +160,7 @@ def main(argv=None) -> int:
             json.dumps(
                 {
                     "args": {k: str(v) for k, v in vars(args).items()},
+                    "mode": "sequential" if args.sequential else "alternating",
                     "seconds": seconds,
                     "median_s": median,
                     "relative_l2": rel_l2,

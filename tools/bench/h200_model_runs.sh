@@ -56,7 +56,7 @@ for s in "$@"; do
     diffusers_profile) step diffusers_profile 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 1 --profile --output "$OUT/lingbot_vs_diffusers_profile.json" ;;
     e2e) step e2e 480 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress --output "$OUT/lingbot_e2e/session.mp4" ;;
     session_ab) step session_ab 600 $PY tools/bench/lingbot_session_ab.py --rounds 2 --output "$OUT/lingbot_session_ab.json" ;;
-    fp8) step fp8_minimax 600 $PY tools/bench/fp8_dit_bench.py --model minimax --output "$OUT/fp8_minimax.json"
+    fp8) step fp8_minimax 600 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --output "$OUT/fp8_minimax.json"
          step fp8_lingbot 420 $PY tools/bench/fp8_dit_bench.py --model lingbot --output "$OUT/fp8_lingbot.json" ;;
     minimax_vae) step minimax_vae 600 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 5 --resolution 768 --steps 2 --no-progress --output "$OUT/minimax_vae/h3.mp4" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
