@@ -10,7 +10,9 @@ models, so the variants differ only in what they name:
   every block, and the KV commit is a full forward whose prediction is dropped;
 * ``reuse``: the camera modulation once per chunk and the lean commit (`camera_modulation`, `commit_chunk`);
 * ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16;
-* ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`).
+* ``reuse+fused-vae``: the bf16 VAE with its norm + SiLU pairs compiled into one kernel each (`vae_fusion`);
+* ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`);
+* ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today.
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
@@ -40,7 +42,15 @@ from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
 CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
-VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "fp8")
+VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fused-vae", "fp8", "fp8+bf16-vae")
+VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
+    "recompute": "fp32",
+    "reuse": "fp32",
+    "reuse+bf16-vae": "bf16",
+    "reuse+fused-vae": "fused",
+    "fp8": "fp32",
+    "fp8+bf16-vae": "bf16",
+}
 
 
 class RecomputingDiT:
@@ -78,12 +88,19 @@ def parse_args(argv=None):
     return args
 
 
-def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], WanVideoVAE, WanVideoVAE]:
+def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, WanVideoVAE]]:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     base = build_lingbot_pipeline(config=args.config, device=device, dtype=dtype, seed=0)
     vae32 = base.vae
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
+    vaes = {"fp32": vae32, "bf16": vae16}
+    if "reuse+fused-vae" in args.variants:
+        from telefuser.pipelines.lingbot_world_v2.vae_fusion import fuse_norm_activations
+
+        fused = copy.deepcopy(vae16.model)
+        fuse_norm_activations(fused)
+        vaes["fused"] = WanVideoVAE(fused, description=vae16.description + ", fused norm+SiLU")
 
     def pipeline(dit, vae):
         return WorldSessionPipeline(
@@ -96,13 +113,16 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], WanVideoVAE, 
             weights=base.weights,
         )
 
+    fp8_dit = fp8_copy(base.dit) if any(v.startswith("fp8") for v in args.variants) else None
     made = {
         "recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32),
         "reuse": lambda: pipeline(base.dit, vae32),
         "reuse+bf16-vae": lambda: pipeline(base.dit, vae16),
-        "fp8": lambda: pipeline(fp8_copy(base.dit), vae32),
+        "reuse+fused-vae": lambda: pipeline(base.dit, vaes["fused"]),
+        "fp8": lambda: pipeline(fp8_dit, vae32),
+        "fp8+bf16-vae": lambda: pipeline(fp8_dit, vae16),
     }
-    return {name: made[name]() for name in args.variants}, vae32, vae16
+    return {name: made[name]() for name in args.variants}, vaes
 
 
 def fp8_copy(dit):
@@ -152,7 +172,8 @@ def fp8_gate(fp8: dict, bf16: dict) -> dict:
 
 
 def vae_quality(vae32: WanVideoVAE, vae16: WanVideoVAE, latents: torch.Tensor, image) -> dict:
-    """Decode the same latents and encode the same condition with both VAEs; fp32 is the reference."""
+    """Decode the same latents and encode the same condition with both VAEs; fp32 is the reference (`vae16`: any
+    other one)."""
     from telefuser.pipelines.lingbot_world_v2.image import image_to_canvas, load_reference_image
     from telefuser.pipelines.lingbot_world_v2.vae import to_uint8_frames
 
@@ -175,7 +196,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     trace = load_control_trace(CONTROLS)
     start = time.perf_counter()
-    variants, vae32, vae16 = build_variants(args)
+    variants, vaes = build_variants(args)
     weights = next(iter(variants.values())).weights["summary"]
     print(f"built the pipeline in {time.perf_counter() - start:.1f} s; weights: {weights} (timings only)", flush=True)
     for name, pipe in variants.items() if not args.no_warmup else ():
@@ -197,7 +218,7 @@ def main(argv=None) -> int:
     reference = runs[names[0]][0]
     first_with_vae = {}  # the variants with the same VAE must agree bit for bit with the first of them
     for name in names:
-        first_with_vae.setdefault(name.endswith("bf16-vae"), name)
+        first_with_vae.setdefault(VARIANT_VAE[name], name)
     for name, results in runs.items():
         fps = [x["summary"]["steady_compute_fps"] for x in results]
         chunk = [x["summary"]["chunk_seconds"]["mean"] for x in results]
@@ -206,11 +227,11 @@ def main(argv=None) -> int:
             p: statistics.fmean(x["summary"]["phase_mean_seconds"][p] or 0.0 for x in results)
             for p in results[0]["summary"]["phase_mean_seconds"]
         }
-        baseline = first_with_vae[name.endswith("bf16-vae")]
+        baseline = first_with_vae[VARIANT_VAE[name]]
         other = runs[baseline][0]
         exact = (
             None
-            if baseline == name or name == "fp8"
+            if baseline == name or name.startswith("fp8") or baseline.startswith("fp8")
             else bool(
                 torch.equal(results[0]["latents"], other["latents"])
                 and np.array_equal(results[0]["frames"], other["frames"])
@@ -238,12 +259,14 @@ def main(argv=None) -> int:
             "-" if exact is None else ("bit-identical" if exact else "DIFFERENT"),
         ]
         print("| " + " | ".join(cells) + " |")
-    if "reuse+bf16-vae" in variants:
-        quality = vae_quality(vae32, vae16, reference["latents"], IMAGE)
-        report["vae_bf16_quality"] = quality
+    for kind in ("bf16", "fused"):
+        if not any(VARIANT_VAE[name] == kind for name in variants):
+            continue
+        quality = vae_quality(vaes["fp32"], vaes[kind], reference["latents"], IMAGE)
+        report[f"vae_{kind}_quality"] = quality
         print(
-            f"\nbf16 VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; condition "
-            f"latents relative error {quality['condition_relative_error']:.2e}"
+            f"\n{kind} VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; "
+            f"condition latents relative error {quality['condition_relative_error']:.2e}"
         )
     if "fp8" in runs and "reuse" in runs:
         gate = fp8_gate(runs["fp8"][0], runs["reuse"][0])
