@@ -107,14 +107,14 @@ def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
 
 
 def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
-    """The kv_window term is the bytes the session's cache really holds (layers' K/V, scratch pair, text K/V)."""
+    """The kv_window term is the bytes the session's cache really holds (layers' K/V, text K/V; no scratch)."""
     factory = build_lingbot_factory(_args())
     config = {**factory.defaults, "resolution": "96x64"}
     estimate = factory.memory_estimate(config)
     session = factory.create(np.full((64, 96, 3), 9, np.uint8), "a barn", config)
     try:
         cache = session._session._dit_session  # the DiT's per-session state (kv_cache.KVWindow)
-        tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)] + [cache._scratch.k, cache._scratch.v]
+        tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)]
         tensors += [t for pair in cache.cross_kv for t in pair]
         assert estimate["kv_window"] == sum(t.numel() * t.element_size() for t in tensors)  # bytes: exact
     finally:

@@ -175,8 +175,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         camera: per-token features ``[B, F*(h/2)*(w/2), 6*64*4]`` (see camera.chunk_camera_features), or the latent
         grid form ``[B, 6*64, F, h, w]``, or the chunk's `camera_modulation` (the same result, computed once), or
         None (no camera injection).
-        update_cache: False reads the window and leaves the session bit-identical; True also commits this chunk's
-        K/V and advances the frame cursor by F."""
+        update_cache: False reads the window: the rows the chunk keeps and the cursor stay bit-identical, its own
+        K/V go into the slots of the rows it evicts (kv_cache.py); True also commits this chunk's K/V and advances the
+        frame cursor by F."""
         return self._forward(session, latents, t, camera, update_cache=update_cache, kv_only=False)
 
     @torch.no_grad()

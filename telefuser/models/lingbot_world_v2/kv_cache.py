@@ -1,7 +1,8 @@
 """`KVWindow`: one stream's rolling self-attention KV per layer (sink + newest frames), its text K/V and frame cursor.
 
-The buffers are allocated once and never move: a read-only step assembles its keys in one shared scratch pair and
-leaves the window bit-identical; a commit rolls in place. The layout and the rules are in this folder's README.
+The buffers are allocated once and never move. Each holds the sink rows, then a ring of the other rows, so a chunk
+(read-only step or commit) copies only its own rows, into the slots of the rows it evicts or after the committed ones,
+and attends to a prefix of the buffer: no scratch, no roll. The layout and the rules are in this folder's README.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ class SessionError(RuntimeError):
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """Where one chunk's keys come from; the same for every layer of one forward."""
+    """Which rows one chunk attends to and where its own rows go; the same for every layer of one forward."""
 
     capacity: int
     sink_rows: int
     committed: int  # rows committed before this chunk
     new_rows: int
+    ring_head: int = 0  # ring slot (counted from sink_rows) of the oldest non-sink row; 0 until the window is full
 
     @property
     def evicted(self) -> int:
@@ -39,8 +41,30 @@ class WindowPlan:
 
     @property
     def total(self) -> int:
-        """Keys the chunk attends to, and the committed rows after a commit."""
+        """Keys the chunk attends to (buffer rows ``[:total]``), and the committed rows after a commit."""
         return self.kept + self.new_rows
+
+    @property
+    def ring_rows(self) -> int:
+        return self.capacity - self.sink_rows
+
+    @property
+    def slots(self) -> tuple[tuple[int, int, int], ...]:
+        """Where the chunk's rows go: ``(first buffer row, first chunk row, rows)`` per contiguous run, at most two.
+
+        The first ``new_rows - evicted`` rows are appended after the committed ones; the other `evicted` rows take,
+        in order, the ring slots of the oldest non-sink rows from `ring_head` on, wrapping at the ring's end. Appending
+        happens only while the window is not full, when `ring_head` is 0 and the evicted slots cannot wrap."""
+        appended, evicted = self.new_rows - self.evicted, self.evicted
+        runs = []
+        if appended:
+            runs.append((self.committed, 0, appended))
+        if evicted:
+            first = min(evicted, self.ring_rows - self.ring_head)
+            runs.append((self.sink_rows + self.ring_head, appended, first))
+            if evicted > first:  # the chunk's slots wrap past the ring's end
+                runs.append((self.sink_rows, appended + first, evicted - first))
+        return tuple(runs)
 
 
 @dataclass
@@ -52,9 +76,11 @@ class LayerKV:
 class KVWindow:
     """One generation stream's cache: rolling self-attention KV per layer, text K/V per layer, and the frame cursor.
 
-    Layer buffers ``[B, local_attn_size * tokens_per_frame, H_local, D]`` hold every row of this rank's heads, in time
-    order: the sink frames, then the newest. The chunk's K/V are copied in, never referenced (Ulysses scatter outputs
-    are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer."""
+    Layer buffers ``[B, local_attn_size * tokens_per_frame, H_local, D]`` hold every row of this rank's heads: the sink
+    frames in time order, then a ring of the newest rows whose oldest row is at ring slot `ring_head`, the same for
+    every layer. Self-attention has no mask and K is stored after RoPE, so the order of the (K, V) row pairs does not
+    change the result (only the summation order). The chunk's K/V are copied in, never referenced (Ulysses scatter
+    outputs are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer."""
 
     def __init__(
         self,
@@ -92,11 +118,12 @@ class KVWindow:
             LayerKV(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
             for _ in range(num_layers)
         ]
-        self._scratch: LayerKV | None = LayerKV(
-            torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
-        )
         self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = cross_kv
         self.committed = 0  # rows in the window
+        self.ring_head = 0  # ring slot of the oldest non-sink row (buffer row sink_rows + ring_head)
+        # Oldest non-sink rows that read-only steps of the chunk in progress have overwritten with its own K/V (its
+        # evicted rows); until its commit, only a chunk that evicts at least as many rows can be served.
+        self.overwritten = 0
         self.frame_offset = 0  # latent frames committed so far = the next chunk's first frame position
 
     # -- state --------------------------------------------------------------------------------------------------
@@ -115,7 +142,7 @@ class KVWindow:
 
     def close(self) -> None:
         """Drop every buffer (local; safe to call twice)."""
-        self.self_kv, self._scratch, self.cross_kv = None, None, None
+        self.self_kv, self.cross_kv = None, None
 
     def __enter__(self) -> "KVWindow":
         return self
@@ -135,35 +162,56 @@ class KVWindow:
                 f"a chunk of {frames} latent frames does not fit the window: 1..{self.max_chunk_frames} frames "
                 f"(local_attn_size {self.local_attn_size} - sink_size {self.sink_size})"
             )
-        return WindowPlan(self.capacity, self.sink_rows, self.committed, frames * self.tokens_per_frame)
+        plan = WindowPlan(self.capacity, self.sink_rows, self.committed, frames * self.tokens_per_frame, self.ring_head)
+        if plan.evicted < self.overwritten:
+            # The rows this chunk would keep were overwritten by a bigger uncommitted chunk's read-only steps (as in
+            # official inference, a step writes into the chunk's slots); only a stash of them could serve it.
+            raise SessionError(
+                f"a chunk of {frames} latent frames keeps window rows that an uncommitted chunk's read-only steps "
+                f"already replaced ({self.overwritten // self.tokens_per_frame} frames); commit a chunk of at least "
+                "that chunk's frames first, or start a new session"
+            )
+        return plan
 
     def window(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, plan: WindowPlan, *, commit: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``[B, plan.total, H_local, D]`` for this chunk at `layer` (views into session buffers,
-        valid until the next layer's call); with `commit`, the chunk's rows enter the layer's window."""
+        """Keys and values ``[B, plan.total, H_local, D]`` for this chunk at `layer`: the chunk's rows are copied
+        into the slots of `plan.slots`, the only copy, and the result is the buffer's prefix (views into the layer's
+        buffers, in ring order, not time order). A read-only step overwrites the rows the chunk evicts and leaves
+        every row it keeps bit-identical; `commit` overwrites the same slots with the clean K/V, which then belong to
+        the window (`advance` moves the ring)."""
         self.check_open()
-        cache, scratch = self.self_kv[layer], self._scratch
-        head, kept, total, n = plan.head_rows, plan.kept, plan.total, plan.new_rows
-        if k_new.shape[1] != n:
-            raise SessionError(f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {n}")
-        if commit and plan.evicted == 0:  # append in place and attend to the buffer itself: no scratch copy
-            cache.k[:, plan.committed : total].copy_(k_new)
-            cache.v[:, plan.committed : total].copy_(v_new)
-            return cache.k[:, :total], cache.v[:, :total]
-        for buf, src, new in ((scratch.k, cache.k, k_new), (scratch.v, cache.v, v_new)):
-            buf[:, :head].copy_(src[:, :head])
-            buf[:, head:kept].copy_(src[:, head + plan.evicted : plan.committed])
-            buf[:, kept:total].copy_(new)
-        if commit:  # roll: kept window rows move down over the evicted ones, then the chunk; the sink stays put
-            cache.k[:, head:total].copy_(scratch.k[:, head:total])
-            cache.v[:, head:total].copy_(scratch.v[:, head:total])
-        return scratch.k[:, :total], scratch.v[:, :total]
+        cache = self.self_kv[layer]
+        if k_new.shape[1] != plan.new_rows:
+            raise SessionError(
+                f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {plan.new_rows}"
+            )
+        for row, first, rows in plan.slots:
+            cache.k[:, row : row + rows].copy_(k_new[:, first : first + rows])
+            cache.v[:, row : row + rows].copy_(v_new[:, first : first + rows])
+        if not commit:
+            self.overwritten = max(self.overwritten, plan.evicted)
+        return cache.k[:, : plan.total], cache.v[:, : plan.total]
 
     def advance(self, plan: WindowPlan, frames: int) -> None:
-        """After a committed forward: the window holds plan.total rows and the frame cursor moves on."""
+        """After a committed forward: the window holds plan.total rows, the ring's oldest row moves past the evicted
+        ones, and the frame cursor moves on."""
         self.committed = plan.total
+        if plan.evicted:
+            self.ring_head = (plan.ring_head + plan.evicted) % plan.ring_rows
+        self.overwritten = 0
         self.frame_offset += frames
+
+    def time_order(self) -> torch.Tensor:
+        """Buffer rows of the committed window in time order (sink, then oldest to newest): for tests and tools
+        that want the time-ordered window, ``k[:, session.time_order()]`` (a gather copy; the forward never needs
+        it)."""
+        sink = min(self.sink_rows, self.committed)
+        ring = torch.arange(self.committed - sink)
+        if self.committed == self.capacity and ring.numel():
+            ring = (ring + self.ring_head) % ring.numel()
+        return torch.cat([torch.arange(sink), sink + ring])
 
     def cross(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_open()

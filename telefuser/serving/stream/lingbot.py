@@ -117,7 +117,7 @@ class LingBotSessionFactory:
         local_channels = dit.dim // u  # heads/U x head_dim
         window = dit.local_attn_size if dit.local_attn_size > 0 else plan.latent_frames  # -1: the whole session
         window_rows = max(window, plan.chunk_latent_frames) * plan.tokens_per_frame
-        kv = (2 * dit.num_layers + 2) * window_rows * local_channels * b  # every layer's K, V + the scratch pair
+        kv = 2 * dit.num_layers * window_rows * local_channels * b  # every layer's K and V (no scratch: a ring)
         text = 2 * dit.num_layers * getattr(dit, "text_len", 512) * local_channels * b
         grid = plan.latent_frames * plan.latent_height * plan.latent_width
         rows = plan.chunk_latent_frames * plan.tokens_per_frame
