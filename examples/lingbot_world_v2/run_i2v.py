@@ -82,6 +82,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="VAE dtype for the condition encode and the decode (default float32, as the reference)",
     )
     p.add_argument(
+        "--vae-fuse-norms",
+        action="store_true",
+        help="compile each of the VAE's norm + SiLU pairs into one kernel (same result up to rounding order)",
+    )
+    p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
         default="none",
@@ -124,6 +129,7 @@ def main(argv=None) -> None:
         seed=args.seed,
         attn_impl=args.attn_impl,
         vae_dtype=torch_dtype(args.vae_dtype),
+        vae_fuse_norms=args.vae_fuse_norms,
         quantization=args.quantization,
     )
     try:
@@ -174,6 +180,7 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
             "vae_dtype": args.vae_dtype,
+            "vae_fuse_norms": args.vae_fuse_norms,
             "quantization": args.quantization,
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",

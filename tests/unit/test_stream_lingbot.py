@@ -137,3 +137,17 @@ def test_the_tiny_model_service_refuses_a_session_past_its_memory_share():
         assert "kv_window" in r.json()["detail"] and "decode" in r.json()["detail"]
         ok = http.post("/v1/stream/sessions", json={"prompt": "x", "image": _png()})
         assert ok.status_code == 201, ok.text
+
+
+def test_the_vae_options_reach_the_pipeline():
+    import torch
+
+    from telefuser.cli import build_parser
+
+    parsed = build_parser().parse_args(["serve-stream", "--vae-dtype", "bfloat16", "--vae-fuse-norms"])
+    assert parsed.vae_dtype == "bfloat16" and parsed.vae_fuse_norms
+    factory = build_lingbot_factory(_args(vae_dtype="bfloat16", vae_fuse_norms=True))
+    vae = factory._pipeline.vae
+    assert vae.dtype == torch.bfloat16 and "fused norm+SiLU" in vae.description
+    assert not any(isinstance(getattr(m, "nonlinearity", None), torch.nn.SiLU) for m in vae.model.modules())
+    factory.close()

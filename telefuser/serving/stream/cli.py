@@ -100,6 +100,18 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
         default="none",
         help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)",
     )
+    m.add_argument(
+        "--vae-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the VAE's dtype for the condition encode and the decode (float32, as the reference; bfloat16 is ~1.5x "
+        "faster on an H200 at 48 dB PSNR against it, see docs/perf)",
+    )
+    m.add_argument(
+        "--vae-fuse-norms",
+        action="store_true",
+        help="compile each of the VAE's norm + SiLU pairs into one kernel (same result up to rounding order)",
+    )
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")

@@ -152,7 +152,7 @@ class LingBotSessionFactory:
 def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
     """`telefuser serve-stream` without --fake: the LingBot pipeline on this rank (Ulysses over the torchrun world)."""
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
-    from telefuser.runtime import Runtime
+    from telefuser.runtime import Runtime, torch_dtype
 
     runtime = Runtime.from_args(args)
     device, dtype, world = str(runtime.device), runtime.dtype, runtime.world_size
@@ -164,6 +164,8 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         mesh=runtime.mesh,
         attn_impl=args.attn_impl or "sdpa",
         quantization=getattr(args, "quantization", "none"),
+        vae_dtype=torch_dtype(getattr(args, "vae_dtype", "float32")),
+        vae_fuse_norms=getattr(args, "vae_fuse_norms", False),
     )
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
