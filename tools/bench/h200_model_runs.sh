@@ -13,7 +13,11 @@
 # official sizes, 77 frames, MP4 + metrics), session_ab (whole LingBot sessions: the camera-reuse and lean-commit path
 # against the old one, a bf16 VAE, FP8 GEMMs, side by side with quality figures), minimax_vae (run_t2va at 768p 5 s
 # with 2 steps: diffusers' MiniMax H3 VAEs at official size, decode times and peak memory), fp8 (one official DiT
-# call of each model, bf16 against FP8 GEMMs side by side, with the output's relative L2 and cosine).
+# call of each model, bf16 against FP8 GEMMs side by side, with the output's relative L2 and cosine), vae (the Wan
+# VAE's encode and decode per chunk: fp32, bf16, fused norm+SiLU, channels-last), attn_fp8 (cuDNN frontend FP8
+# attention: its GPU tests and the bench against cuDNN bf16; needs .whl/fp8/), submission_profile (the copy-engine
+# submission cost with a cProfile of the public calls; needs the tf-kernel build from setup), stream_replay
+# (serve-stream at the official size driven over its WebSocket for the one-minute replay, lossless checks).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -59,6 +63,15 @@ for s in "$@"; do
     fp8) step fp8_minimax 600 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --output "$OUT/fp8_minimax.json"
          step fp8_lingbot 420 $PY tools/bench/fp8_dit_bench.py --model lingbot --output "$OUT/fp8_lingbot.json" ;;
     minimax_vae) step minimax_vae 600 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 5 --resolution 768 --steps 2 --no-progress --output "$OUT/minimax_vae/h3.mp4" ;;
+    stream_replay) step stream_replay 590 $PY tools/bench/stream_replay.py --config official --device cuda \
+        --vae-dtype bfloat16 --startup-timeout 420 --output "$OUT/stream_replay_1min.json" \
+        --service-log "$OUT/stream_replay_service.log" ;;
+    vae) step vae 300 $PY tools/bench/wan_vae_bench.py --output "$OUT/wan_vae.json" ;;
+    attn_fp8)
+      step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
+      step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_attention_fp8_cuda.py
+      step attn_fp8_bench 240 $PY tools/bench/attention_fp8_bench.py --output "$OUT/attention_fp8.json" ;;
+    submission_profile) step submission_profile 90 $TORCHRUN2 tools/bench/submission_cost.py --transport ce-ipc --profile 30 --label "(profiled)" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac
 done
