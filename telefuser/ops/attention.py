@@ -1,8 +1,9 @@
 """Attention dispatch over the backends that may be installed.
 
 All entry points take and return ``[B, S, H, D]`` (sequence-major, the Ulysses layout). torch SDPA is always there;
-on Hopper its cuDNN backend is the fastest one measured on the lent H200 (see docs). flash-attn-4 and SageAttention
-are used when importable and asked for; asking for a missing one is an error, never a silent fallback.
+on Hopper its cuDNN backend is the fastest one measured on the lent H200 (see docs). flash-attn-4, SageAttention and
+cuDNN's FP8 attention (``cudnn_fp8``: nvidia-cudnn-frontend on SM90+, see attention_fp8.py) are used when importable
+and asked for; asking for a missing one is an error, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "identity")
+from .attention_fp8 import fp8_attention, fp8_attention_available
+
+ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "identity")
 
 
 # torch's default SDPA order tries flash first; on Hopper cuDNN is much faster (574 vs 364 TFLOP/s at a Wan 14B shape,
@@ -40,6 +43,8 @@ def available_attention_impls() -> list[str]:
         found.append("flash_attn_4")
     if importlib.util.find_spec("sageattention") is not None:
         found.append("sage")
+    if fp8_attention_available()[0]:
+        found.append("cudnn_fp8")
     return found
 
 
@@ -47,6 +52,8 @@ def check_attention_impl(impl: str) -> str:
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
     if impl not in available_attention_impls():
+        if impl == "cudnn_fp8":
+            raise RuntimeError(f"attention implementation {impl!r} was asked for but {fp8_attention_available()[1]}")
         package = {"flash_attn_4": "flash-attn-4", "sage": "sageattention"}[impl]
         raise RuntimeError(f"attention implementation {impl!r} was asked for but {package} is not installed")
     return impl
@@ -70,4 +77,6 @@ def attention(
         from sageattention import sageattn
 
         return sageattn(q, k, v, tensor_layout="NHD", is_causal=causal).contiguous()
+    if impl == "cudnn_fp8":
+        return fp8_attention(q, k, v, causal=causal)
     raise ValueError(f"unknown attention implementation {impl!r}")
