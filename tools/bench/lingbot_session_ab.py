@@ -12,7 +12,9 @@ models, so the variants differ only in what they name:
 * ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16;
 * ``reuse+fused-vae``: the bf16 VAE with its norm + SiLU pairs compiled into one kernel each (`vae_fusion`);
 * ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`);
-* ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today.
+* ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today;
+* ``fp8+fp8-attn+bf16-vae``: that with attention in FP8 too (cuDNN frontend, `ops.attention_fp8`); in the
+  default list only where the frontend is installed.
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
@@ -42,7 +44,7 @@ from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
 CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
-VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fused-vae", "fp8", "fp8+bf16-vae")
+VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fused-vae", "fp8", "fp8+bf16-vae", "fp8+fp8-attn+bf16-vae")
 VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
     "recompute": "fp32",
     "reuse": "fp32",
@@ -50,6 +52,7 @@ VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-ident
     "reuse+fused-vae": "fused",
     "fp8": "fp32",
     "fp8+bf16-vae": "bf16",
+    "fp8+fp8-attn+bf16-vae": "bf16",
 }
 
 
@@ -70,6 +73,36 @@ class RecomputingDiT:
         self.dit.forward_chunk(session, latents, t, camera, update_cache=True)
 
 
+class AttentionImplDiT:
+    """The same DiT with another attention implementation for the calls made through it (no second copy)."""
+
+    def __init__(self, dit, attn_impl: str):
+        self.dit, self.impl = dit, attn_impl
+
+    def __getattr__(self, name):
+        return getattr(self.dit, name)
+
+    def _with_impl(self, method, *args, **kwargs):
+        saved, self.dit.attn_impl = self.dit.attn_impl, self.impl
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.dit.attn_impl = saved
+
+    def forward_chunk(self, *args, **kwargs):
+        return self._with_impl(self.dit.forward_chunk, *args, **kwargs)
+
+    def commit_chunk(self, *args, **kwargs):
+        return self._with_impl(self.dit.commit_chunk, *args, **kwargs)
+
+
+def default_variants() -> list[str]:
+    from telefuser.ops.attention import available_attention_impls
+
+    fp8_attention = "cudnn_fp8" in available_attention_impls()
+    return [v for v in VARIANTS if fp8_attention or "fp8-attn" not in v]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=["tiny", "official"], default="official")
@@ -77,11 +110,14 @@ def parse_args(argv=None):
     p.add_argument("--resolution", default="832x480")
     p.add_argument("--num-frames", type=int, default=77)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=None, help=f"comma-separated, from {', '.join(VARIANTS)}")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up sessions (a CPU smoke run)")
     p.add_argument("--output", type=Path, default=None, help="JSON with every session's measurements")
     args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.variants is None:
+        args.variants = default_variants()
+    else:
+        args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown or not args.variants:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
@@ -121,6 +157,7 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "reuse+fused-vae": lambda: pipeline(base.dit, vaes["fused"]),
         "fp8": lambda: pipeline(fp8_dit, vae32),
         "fp8+bf16-vae": lambda: pipeline(fp8_dit, vae16),
+        "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
     }
     return {name: made[name]() for name in args.variants}, vaes
 
