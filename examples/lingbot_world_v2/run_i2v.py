@@ -82,9 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="VAE dtype for the condition encode and the decode (default float32, as the reference)",
     )
     p.add_argument(
-        "--vae-fuse-norms",
+        "--vae-fast",
         action="store_true",
-        help="compile each of the VAE's norm + SiLU pairs into one kernel (same result up to rounding order)",
+        help="channels-last VAE weights and one compiled kernel per norm + SiLU pair: the same result up to rounding "
+        "order, 1.39x on a chunk's encode + decode on an H200 (docs/perf)",
     )
     p.add_argument(
         "--quantization",
@@ -129,7 +130,7 @@ def main(argv=None) -> None:
         seed=args.seed,
         attn_impl=args.attn_impl,
         vae_dtype=torch_dtype(args.vae_dtype),
-        vae_fuse_norms=args.vae_fuse_norms,
+        vae_fast=args.vae_fast,
         quantization=args.quantization,
     )
     try:
@@ -180,7 +181,7 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
             "vae_dtype": args.vae_dtype,
-            "vae_fuse_norms": args.vae_fuse_norms,
+            "vae_fast": args.vae_fast,
             "quantization": args.quantization,
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",

@@ -144,10 +144,10 @@ def test_the_vae_options_reach_the_pipeline():
 
     from telefuser.cli import build_parser
 
-    parsed = build_parser().parse_args(["serve-stream", "--vae-dtype", "bfloat16", "--vae-fuse-norms"])
-    assert parsed.vae_dtype == "bfloat16" and parsed.vae_fuse_norms
-    factory = build_lingbot_factory(_args(vae_dtype="bfloat16", vae_fuse_norms=True))
+    parsed = build_parser().parse_args(["serve-stream", "--vae-dtype", "bfloat16", "--vae-fast"])
+    assert parsed.vae_dtype == "bfloat16" and parsed.vae_fast
+    factory = build_lingbot_factory(_args(vae_dtype="bfloat16", vae_fast=True))
     vae = factory._pipeline.vae
-    assert vae.dtype == torch.bfloat16 and "fused norm+SiLU" in vae.description
+    assert vae.dtype == torch.bfloat16 and "channels-last, fused norm+SiLU" in vae.description
     assert not any(isinstance(getattr(m, "nonlinearity", None), torch.nn.SiLU) for m in vae.model.modules())
     factory.close()

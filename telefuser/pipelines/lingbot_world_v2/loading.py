@@ -72,14 +72,15 @@ def build_lingbot_pipeline(
     camera_factory: CameraFactory | None = None,
     condition_encoding: str = "per_chunk",
     vae_dtype: torch.dtype = torch.float32,
-    vae_fuse_norms: bool = False,
+    vae_fast: bool = False,
     quantization: str = "none",
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
     `dtype` is the DiT's and text encoder's; `vae_dtype` the VAE's, for the condition encode and the decode (float32
-    by default, as the reference runs it; bfloat16 is about 1.5x faster on an H200, see docs/perf). `vae_fuse_norms`
-    compiles each of the VAE's norm + SiLU pairs into one kernel (`vae_fusion`; the same result up to rounding order).
+    by default, as the reference runs it; bfloat16 is about 1.5x faster on an H200, see docs/perf). `vae_fast`
+    puts the VAE's weights in channels-last and compiles each norm + SiLU pair into one kernel (`vae_fusion`; the
+    same result up to rounding order).
     `camera_factory` defaults to the model package's camera features.
     `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
     """
@@ -125,11 +126,11 @@ def build_lingbot_pipeline(
         }
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
-    if vae_fuse_norms:
-        from .vae_fusion import fuse_norm_activations
+    if vae_fast:
+        from .vae_fusion import optimize_vae
 
-        fuse_norm_activations(vae.model)
-        vae.description += ", fused norm+SiLU"
+        optimize_vae(vae.model)
+        vae.description += ", channels-last, fused norm+SiLU"
         weights["vae"] = vae.description
     if camera_factory is None:
         camera_factory = lingbot_camera()

@@ -165,7 +165,7 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         attn_impl=args.attn_impl or "sdpa",
         quantization=getattr(args, "quantization", "none"),
         vae_dtype=torch_dtype(getattr(args, "vae_dtype", "float32")),
-        vae_fuse_norms=getattr(args, "vae_fuse_norms", False),
+        vae_fast=getattr(args, "vae_fast", False),
     )
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
