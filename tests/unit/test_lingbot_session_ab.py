@@ -46,9 +46,9 @@ def test_variants_side_by_side_on_the_tiny_model(bench, tmp_path, capsys):
     assert report["variants"]["reuse"]["same_latents_and_frames_as_first_variant"] is True
     assert report["variants"]["recompute"]["same_latents_and_frames_as_first_variant"] is None
     assert report["vae_bf16_quality"]["decode_psnr_db"] > 30
-    assert report["vae_fused_quality"]["decode_psnr_db"] > 30
-    # the fused VAE is the baseline of its own group; FP8 with the bf16 VAE is compared by the gate, not bitwise
-    assert report["variants"]["reuse+fused-vae"]["same_latents_and_frames_as_first_variant"] is None
+    assert report["vae_fast_quality"]["decode_psnr_db"] > 30
+    # the fast VAE is the baseline of its own group; FP8 with the bf16 VAE is compared by the gate, not bitwise
+    assert report["variants"]["reuse+fast-vae"]["same_latents_and_frames_as_first_variant"] is None
     assert report["variants"]["fp8+bf16-vae"]["same_latents_and_frames_as_first_variant"] is None
     assert 0 < report["fp8_quality"]["latents_relative_l2"] < 0.5 and report["fp8_quality"]["latents_cosine"] > 0.9
     assert "| reuse | " in printed and "fp8 against bf16 over a session" in printed

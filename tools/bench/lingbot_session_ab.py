@@ -10,7 +10,8 @@ models, so the variants differ only in what they name:
   every block, and the KV commit is a full forward whose prediction is dropped;
 * ``reuse``: the camera modulation once per chunk and the lean commit (`camera_modulation`, `commit_chunk`);
 * ``reuse+bf16-vae``: the same with the VAE (condition encode and decode) in bfloat16;
-* ``reuse+fused-vae``: the bf16 VAE with its norm + SiLU pairs compiled into one kernel each (`vae_fusion`);
+* ``reuse+fast-vae``: the bf16 VAE as ``--vae-fast`` runs it: channels-last weights and each norm + SiLU pair
+  compiled into one kernel (`vae_fusion.optimize_vae`; the 2026-12-01 log's ``reuse+fused-vae`` had the fusion only);
 * ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`);
 * ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today;
 * ``fp8+fp8-attn+bf16-vae``: that with attention in FP8 too (cuDNN frontend, `ops.attention_fp8`); in the
@@ -44,12 +45,12 @@ from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
 CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
-VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fused-vae", "fp8", "fp8+bf16-vae", "fp8+fp8-attn+bf16-vae")
+VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fast-vae", "fp8", "fp8+bf16-vae", "fp8+fp8-attn+bf16-vae")
 VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
     "recompute": "fp32",
     "reuse": "fp32",
     "reuse+bf16-vae": "bf16",
-    "reuse+fused-vae": "fused",
+    "reuse+fast-vae": "fast",
     "fp8": "fp32",
     "fp8+bf16-vae": "bf16",
     "fp8+fp8-attn+bf16-vae": "bf16",
@@ -131,12 +132,12 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
     vae32 = base.vae
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
     vaes = {"fp32": vae32, "bf16": vae16}
-    if "reuse+fused-vae" in args.variants:
-        from telefuser.pipelines.lingbot_world_v2.vae_fusion import fuse_norm_activations
+    if "reuse+fast-vae" in args.variants:
+        from telefuser.pipelines.lingbot_world_v2.vae_fusion import optimize_vae
 
-        fused = copy.deepcopy(vae16.model)
-        fuse_norm_activations(fused)
-        vaes["fused"] = WanVideoVAE(fused, description=vae16.description + ", fused norm+SiLU")
+        fast = copy.deepcopy(vae16.model)
+        optimize_vae(fast)
+        vaes["fast"] = WanVideoVAE(fast, description=vae16.description + ", channels-last, fused norm+SiLU")
 
     def pipeline(dit, vae):
         return WorldSessionPipeline(
@@ -154,7 +155,7 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32),
         "reuse": lambda: pipeline(base.dit, vae32),
         "reuse+bf16-vae": lambda: pipeline(base.dit, vae16),
-        "reuse+fused-vae": lambda: pipeline(base.dit, vaes["fused"]),
+        "reuse+fast-vae": lambda: pipeline(base.dit, vaes["fast"]),
         "fp8": lambda: pipeline(fp8_dit, vae32),
         "fp8+bf16-vae": lambda: pipeline(fp8_dit, vae16),
         "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
             "-" if exact is None else ("bit-identical" if exact else "DIFFERENT"),
         ]
         print("| " + " | ".join(cells) + " |")
-    for kind in ("bf16", "fused"):
+    for kind in ("bf16", "fast"):
         if not any(VARIANT_VAE[name] == kind for name in variants):
             continue
         quality = vae_quality(vaes["fp32"], vaes[kind], reference["latents"], IMAGE)
