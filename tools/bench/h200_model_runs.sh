@@ -65,7 +65,7 @@ for s in "$@"; do
     minimax_vae) step minimax_vae 600 $PY examples/minimax_h3/run_t2va.py --config official --device cuda --duration 5 --resolution 768 --steps 2 --no-progress --output "$OUT/minimax_vae/h3.mp4" ;;
     stream_replay) step stream_replay 590 $PY tools/bench/stream_replay.py --config official --device cuda \
         --vae-dtype bfloat16 --startup-timeout 420 --output "$OUT/stream_replay_1min.json" \
-        --service-log "$OUT/stream_replay_service.log" ;;
+        --service-log "$OUT/stream_replay_service.log" -- --vae-fast ;;
     vae) step vae 300 $PY tools/bench/wan_vae_bench.py --output "$OUT/wan_vae.json" ;;
     attn_fp8)
       step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
