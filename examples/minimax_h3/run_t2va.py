@@ -60,6 +60,12 @@ def parse_args() -> argparse.Namespace:
         help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
     )
     p.add_argument(
+        "--offload-adaln",
+        action="store_true",
+        help="keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each request's "
+        "tables are computed from them one block at a time (exact)",
+    )
+    p.add_argument(
         "--qkv-layout",
         choices=list(QKV_LAYOUTS),
         default=None,
@@ -98,6 +104,7 @@ def main() -> None:
         attn_impl=args.attn_impl,
         show_progress=not args.no_progress,
         offload_text_encoder=args.offload_text_encoder,
+        offload_adaln=args.offload_adaln,
         qkv_layout=args.qkv_layout,
         quantization=args.quantization,
     )

@@ -3,7 +3,14 @@
 from .checkpoint import RANDOM_WEIGHTS, CheckpointError, build_random_minimax_h3_dit, load_minimax_h3_dit
 from .checkpoint_formats import QKV_LAYOUTS, grouped_qkv_to_fused
 from .config import MiniMaxH3Config, MiniMaxH3ConfigError
-from .dit import FP32_BUFFER_NAMES, FP32_PARAMETER_NAMES, TIMESTEP_SCALE, MiniMaxH3DiT
+from .dit import (
+    FP32_BUFFER_NAMES,
+    FP32_PARAMETER_NAMES,
+    TIMESTEP_SCALE,
+    AdaLNTables,
+    MiniMaxH3DiT,
+    adaln_table_bytes,
+)
 
 __all__ = [
     "FP32_BUFFER_NAMES",
@@ -11,10 +18,12 @@ __all__ = [
     "QKV_LAYOUTS",
     "RANDOM_WEIGHTS",
     "TIMESTEP_SCALE",
+    "AdaLNTables",
     "CheckpointError",
     "MiniMaxH3Config",
     "MiniMaxH3ConfigError",
     "MiniMaxH3DiT",
+    "adaln_table_bytes",
     "build_random_minimax_h3_dit",
     "grouped_qkv_to_fused",
     "load_minimax_h3_dit",

@@ -77,9 +77,18 @@ class MiniMaxH3Block(nn.Module):
             config.time_embed_dim, config.hidden_size, params=ADALN_PARAMS_PER_MODALITY, modalities=ADALN_MODALITIES
         )
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, rows: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality)."""
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaln_proj(cond)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cond: torch.Tensor | None,
+        rows: torch.Tensor,
+        ctx: AttentionContext,
+        adaln: tuple[torch.Tensor, ...] | None = None,
+    ) -> torch.Tensor:
+        """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality).
+        `adaln`: this block's six tables, precomputed as ``self.adaln_proj(cond)`` (dit.AdaLNTables); cond unused."""
+        tables = self.adaln_proj(cond) if adaln is None else adaln
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = tables
         h = self.attn(norm_modulate(x, self.norm1.weight, self.norm1.eps, shift_msa, scale_msa, rows), ctx)
         x = gated_residual(x, gate_msa, h, rows)
         h = self.mlp(norm_modulate(x, self.norm2.weight, self.norm2.eps, shift_mlp, scale_mlp, rows))
@@ -98,9 +107,16 @@ class FinalLayer(nn.Module):
         self.video_out = nn.Linear(config.hidden_size, config.video_patch_dim)
         self.audio_out = nn.Linear(config.hidden_size, config.audio_latents_dim)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, timesteps: torch.Tensor):
-        """timesteps: [B, S] conditioning row per token. Returns (video [B, S, patch_dim], audio [B, S, channels])."""
-        shift, scale = self.adaln_proj(cond)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cond: torch.Tensor | None,
+        timesteps: torch.Tensor,
+        adaln: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
+        """timesteps: [B, S] conditioning row per token; `adaln`: the precomputed ``self.adaln_proj(cond)``.
+        Returns (video [B, S, patch_dim], audio [B, S, channels])."""
+        shift, scale = self.adaln_proj(cond) if adaln is None else adaln
         h = modulate(self.norm(x), shift, scale, timesteps)
         h = h.to(self.video_out.weight.dtype)  # the heads are fp32 in the release: keep their precision
         return self.video_out(h), self.audio_out(h)

@@ -6,12 +6,15 @@ Attention spans every modality; AdaLN modulation is picked per token by its moda
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
@@ -23,7 +26,7 @@ from .attention import AttentionContext
 from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner
 from .config import MiniMaxH3Config
 from .embeddings import Rope3D, TimestepEmbedder
-from .modulation import table_rows, timestep_rows
+from .modulation import AdaLNProjection, table_rows, timestep_rows
 from .packing import PACKED_SEQUENCE_ALIGNMENT, PackedLayout, pack_layout, patchify_video, unpatchify_video
 from .tp import TensorParallelState, apply_tensor_parallel
 
@@ -47,6 +50,69 @@ TIMESTEP_SCALE = 1000.0
 STEREO = 2
 
 BlockHook = Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]
+
+TimestepKey = tuple[float, ...]
+CallTables = tuple[tuple[tuple[torch.Tensor, ...], ...], tuple[torch.Tensor, torch.Tensor]]
+
+
+def timestep_key(t_video: torch.Tensor, t_audio: torch.Tensor) -> TimestepKey:
+    """The exact float32 values `forward` feeds the time embedder (``cat([t_video, t_audio]).float()``)."""
+    return tuple(torch.cat([t_video, t_audio]).float().tolist())
+
+
+@dataclass
+class AdaLNTables:
+    """The AdaLN tables of a request's DiT calls, made by `MiniMaxH3DiT.precompute_adaln`.
+
+    For each call (keyed by its timesteps' float32 values): every block's six ``adaln_proj(cond)`` outputs and the
+    final layer's two, the very tensors `forward` would compute for it. Under TP they are the all-gathered (full)
+    tables, like the per-call ones. `clear()` frees them; a table is looked up, never recomputed."""
+
+    batch: int
+    device: torch.device
+    calls: dict[TimestepKey, CallTables] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def lookup(self, t_video: torch.Tensor, t_audio: torch.Tensor, device: torch.device) -> CallTables:
+        batch = t_video.shape[0]
+        if batch != self.batch or torch.device(device) != self.device:
+            raise ValueError(
+                f"AdaLN tables were computed for batch {self.batch} on {self.device}; this call has batch {batch} "
+                f"on {device} (t_video={t_video.tolist()}, t_audio={t_audio.tolist()})"
+            )
+        key = timestep_key(t_video, t_audio)
+        tables = self.calls.get(key)
+        if tables is None:
+            known = ", ".join(f"{list(k[:batch])}/{list(k[batch:])}" for k in list(self.calls)[:8])
+            more = " ..." if len(self.calls) > 8 else ""
+            raise ValueError(
+                f"no AdaLN table for timesteps t_video={list(key[:batch])}, t_audio={list(key[batch:])}: the tables "
+                f"hold {len(self.calls)} calls (t_video/t_audio: {known}{more}); precompute_adaln these timesteps"
+            )
+        return tables
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tables hold (each projection's output once; the tables are views of it)."""
+        storages = {}
+        for blocks, final in self.calls.values():
+            for t in (*(t for block in blocks for t in block), *final):
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+
+def adaln_table_bytes(config: MiniMaxH3Config, calls: int, *, batch: int = 1, dtype_bytes: int = 2) -> int:
+    """What `AdaLNTables` holds for `calls` DiT calls: per call and conditioning row (2 x batch: video and audio
+    timesteps), every block's adaln_out_features plus the final layer's, in the projections' dtype; the same on
+    every TP rank (the tables are gathered)."""
+    per_row = config.num_layers * config.adaln_out_features + config.final_adaln_out_features
+    return calls * 2 * batch * per_row * dtype_bytes
 
 
 class MiniMaxH3DiT(UlyssesOwner, nn.Module):
@@ -73,6 +139,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
         self.tensor_parallel: TensorParallelState | None = None
+        self.adaln_offloaded = False  # offload_adaln(): the projections live in host memory, tables are required
 
     # -- parallelism ----------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a call: the joint blocks' fused QKV, output projection and SwiGLU. The token
@@ -84,7 +151,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
-    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "MiniMaxH3DiT":
+    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> MiniMaxH3DiT:
         """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over
         `mesh.ulysses_group` with one communicator for all blocks. `close()` releases the communicator only: TP
         slicing is one-way for a model instance."""
@@ -110,11 +177,27 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         *,
         block_hook: BlockHook | None = None,
         audio_channels: int = STEREO,
+        adaln: AdaLNTables | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """video [B, C, T, H, W] latents; audio [B, C_a, A] latents, A = audio_channels x T_a, channel-major;
         text [B, L, text_dim] (all L rows are live text); t_video, t_audio [B] in [0, 1000] (1000 = clean).
-        Returns fp32 velocities shaped like video and audio."""
+        `adaln`: tables from `precompute_adaln` holding this call's timesteps, used instead of the projections
+        (a call they do not hold is a ValueError). Returns fp32 velocities shaped like video and audio."""
         self._check_inputs(video, audio, text, t_video, t_audio)
+        if adaln is None:
+            if self.adaln_offloaded:
+                raise RuntimeError(
+                    "MiniMaxH3DiT.forward: the AdaLN projections are offloaded (offload_adaln); pass "
+                    "adaln=model.precompute_adaln(t_video_list, t_audio_list) holding this call's timesteps "
+                    f"(t_video={t_video.tolist()}, t_audio={t_audio.tolist()})"
+                )
+            cond = self._adaln_cond(torch.cat([t_video, t_audio]))
+            block_tables, final_table = (None,) * len(self.blocks), None
+        else:
+            cond = None
+            block_tables, final_table = adaln.lookup(t_video, t_audio, video.device)
+            if len(block_tables) != len(self.blocks):
+                raise ValueError(f"AdaLN tables for {len(block_tables)} blocks, the model has {len(self.blocks)}")
         batch, channels, lt, lh, lw = video.shape
         rank, world = self._ulysses_coordinates()
         layout = pack_layout(
@@ -132,7 +215,6 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         adaln_rows = table_rows(tags, timesteps)
 
         hidden = self._embed_rows(layout, rows, video, audio, text)
-        cond = F.silu(self.time_embedder(torch.cat([t_video, t_audio]).float() / TIMESTEP_SCALE))
         ctx = AttentionContext(
             rope=self.rope(layout.positions[rows].to(video.device)),
             documents=layout.documents,
@@ -141,12 +223,12 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         )
 
         def run_blocks(h: torch.Tensor) -> torch.Tensor:
-            for block in self.blocks:
-                h = block(h, cond, adaln_rows, ctx)
+            for block, table in zip(self.blocks, block_tables):
+                h = block(h, cond, adaln_rows, ctx, table)
             return h
 
         hidden = run_blocks(hidden) if block_hook is None else block_hook(hidden, run_blocks, tags)
-        video_out, audio_out = self.final_layer(hidden, cond, timesteps)
+        video_out, audio_out = self.final_layer(hidden, cond, timesteps, final_table)
         out = torch.cat([video_out, audio_out], dim=-1)
         if world > 1:
             out = gather_rows(out, self.ulysses_group)
@@ -156,6 +238,78 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         )
         audio_velocity = out[:, layout.audio, patch_dim:].transpose(1, 2)
         return video_velocity.float().contiguous(), audio_velocity.float().contiguous()
+
+    def _adaln_cond(self, timesteps: torch.Tensor) -> torch.Tensor:
+        """The AdaLN input of one call: silu(temb) of its [2B] timesteps (video then audio)."""
+        return F.silu(self.time_embedder(timesteps.float() / TIMESTEP_SCALE))
+
+    # -- AdaLN tables ---------------------------------------------------------------------------------------------
+    def adaln_projections(self) -> list[AdaLNProjection]:
+        return [*(block.adaln_proj for block in self.blocks), self.final_layer.adaln_proj]
+
+    @torch.no_grad()
+    def precompute_adaln(self, t_video: Sequence[torch.Tensor], t_audio: Sequence[torch.Tensor]) -> AdaLNTables:
+        """The AdaLN tables of the DiT calls ``forward(..., t_video[i], t_audio[i])`` ([B] each, same B): for each
+        call the same time embedding and the same ``adaln_proj(cond)`` calls as `forward` (same modules, input
+        shapes and dtype; under TP the same all-gather), so the tables are bit-identical to the per-call ones.
+        A collective under TP: every TP rank calls it with the same timesteps. Projections offloaded by
+        `offload_adaln` are copied to the compute device one at a time, for that projection's tables only."""
+        if len(t_video) != len(t_audio):
+            raise ValueError(f"precompute_adaln: {len(t_video)} t_video tensors but {len(t_audio)} t_audio tensors")
+        device = self.time_embedder.proj_in.weight.device
+        batch, conds = None, {}
+        for tv, ta in zip(t_video, t_audio):
+            if tv.dim() != 1 or tv.shape != ta.shape or (batch is not None and tv.shape[0] != batch):
+                raise ValueError(
+                    f"precompute_adaln: every t_video/t_audio must be [B] with one B, got {tuple(tv.shape)} / "
+                    f"{tuple(ta.shape)}" + (f" (B={batch})" if batch is not None else "")
+                )
+            batch = tv.shape[0]
+            timesteps = torch.cat([tv.to(device), ta.to(device)])
+            _check_timesteps(timesteps)
+            key = timestep_key(tv, ta)
+            if key not in conds:  # a repeated call shares its tables
+                conds[key] = self._adaln_cond(timesteps)
+        outputs: dict[TimestepKey, list] = {key: [] for key in conds}
+        for projection in self.adaln_projections():
+            with self._adaln_on(projection, device) as project:
+                for key, cond in conds.items():
+                    outputs[key].append(project(cond))
+        calls = {key: (tuple(out[:-1]), out[-1]) for key, out in outputs.items()}
+        return AdaLNTables(batch=batch or 0, device=device, calls=calls)
+
+    @contextlib.contextmanager
+    def _adaln_on(self, projection: AdaLNProjection, device: torch.device) -> Iterator[Callable]:
+        """`projection` runnable on `device`: itself when its weights are there, else the same module (its TP hook
+        included) called with device copies of its weights, freed on exit."""
+        linear = projection.linear
+        if linear.weight.device == device:
+            yield projection
+            return
+        lent = {f"linear.{name}": p.to(device, non_blocking=True) for name, p in linear.named_parameters()}
+        try:
+            yield lambda cond: functional_call(projection, lent, (cond,))
+        finally:
+            lent.clear()
+
+    def offload_adaln(self, device: str | torch.device = "cpu") -> int:
+        """Move every AdaLN projection (blocks and final layer; under TP this rank's slices) to `device`, in pinned
+        memory when CUDA is available; forward then needs `precompute_adaln` tables. Returns the bytes moved."""
+        device = torch.device(device)
+        pin = device.type == "cpu" and torch.cuda.is_available()
+        moved = 0
+        for projection in self.adaln_projections():
+            linear = projection.linear
+            for name, param in list(linear.named_parameters(recurse=False)):
+                host = param.detach().to(device)
+                if pin and not host.is_pinned():
+                    host = host.pin_memory()
+                setattr(linear, name, nn.Parameter(host, requires_grad=param.requires_grad))
+                moved += host.numel() * host.element_size()
+        self.adaln_offloaded = True
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the freed device memory back, so free-memory checks see it
+        return moved
 
     def _embed_rows(self, layout: PackedLayout, rows: slice, video, audio, text) -> torch.Tensor:
         """This rank's packed rows [B, S_local, hidden]: its part of each modality, in packed order, then padding.
@@ -198,9 +352,13 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
                 problems.append(f"{name} must be [B={batch}], got {tuple(t.shape)}")
         if problems:
             raise ValueError("MiniMaxH3DiT.forward: " + "; ".join(problems))
-        ts = torch.cat([t_video.float(), t_audio.float()])
-        if not bool(((ts >= 0) & (ts <= TIMESTEP_SCALE)).all()):
-            raise ValueError(f"timesteps must lie in [0, {TIMESTEP_SCALE:g}], got {ts.tolist()}")
+        _check_timesteps(torch.cat([t_video.float(), t_audio.float()]))
+
+
+def _check_timesteps(ts: torch.Tensor) -> None:
+    ts = ts.float()
+    if not bool(((ts >= 0) & (ts <= TIMESTEP_SCALE)).all()):
+        raise ValueError(f"timesteps must lie in [0, {TIMESTEP_SCALE:g}], got {ts.tolist()}")
 
 
 def _overlap(segment: slice, rows: slice) -> slice | None:

@@ -28,6 +28,7 @@ from .vae_checkpoint import load_audio_vae, load_video_vae
 
 RANDOM = "random (no checkpoint)"
 OFFLOADED = ", kept in host memory between prompts"
+ADALN_OFFLOADED = ", AdaLN projections kept in host memory, streamed once per request for its tables"
 TINY_TEXT_LAYERS = 2
 
 
@@ -59,11 +60,14 @@ def build_minimax_h3_pipeline(
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
     show_progress: bool = True,
     offload_text_encoder: bool = False,
+    offload_adaln: bool = False,
     qkv_layout: str | None = None,
     quantization: str = "none",
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
     `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`).
+    `offload_adaln` keeps the DiT's AdaLN projections in (pinned) host memory: each request's tables are computed
+    from them, one projection on the device at a time (`MiniMaxH3DiT.offload_adaln`; after TP, this rank's slices).
     `qkv_layout` is passed to the DiT loader (for re-exported single files). `quantization` "fp8" runs the joint
     blocks' GEMMs in FP8 (`MiniMaxH3DiT.quantize`, applied after TP: each rank quantizes its slices)."""
     if quantization not in QUANTIZATIONS:
@@ -82,6 +86,9 @@ def build_minimax_h3_pipeline(
         qkv_layout=qkv_layout,
     )
     pipe.dit.quantize(quantization)
+    if offload_adaln:
+        moved = pipe.dit.offload_adaln()
+        pipe.weights["dit"] = f"{pipe.weights['dit']}{ADALN_OFFLOADED} ({moved / 2**30:.2f} GiB on this rank)"
     return pipe
 
 

@@ -40,6 +40,7 @@ CHECKPOINT_PREFIX = "checkpoint"  # how a loaded DiT's weights_source starts (ch
 class MiniMaxH3Timings:
     pipeline_s: float = 0.0
     text_encode_s: float = 0.0
+    adaln_tables_s: float = 0.0
     dit_total_s: float = 0.0
     dit_step_s: list[float] = field(default_factory=list)
     video_decode_s: float = 0.0
@@ -53,6 +54,7 @@ class MiniMaxH3Timings:
         return {
             "pipeline_s": self.pipeline_s,
             "text_encode_s": self.text_encode_s,
+            "adaln_tables_s": self.adaln_tables_s,
             "dit_total_s": self.dit_total_s,
             "dit_step_s": list(self.dit_step_s),
             "vae_decode_s": self.vae_decode_s,
@@ -122,8 +124,12 @@ class MiniMaxH3Pipeline:
         timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
         weights: dict[str, str] | None = None,
         show_progress: bool = True,
+        adaln_tables: bool = True,
     ) -> None:
+        """`adaln_tables`: precompute each request's AdaLN tables (`MiniMaxH3DiT.precompute_adaln`, exact) when the
+        DiT has the method; required when its projections are offloaded (`offload_adaln`)."""
         self.dit = dit
+        self.adaln_tables = bool(adaln_tables)
         self.prompt_encoder = prompt_encoder
         self.video_decoder = video_decoder
         self.audio_decoder = audio_decoder
@@ -194,14 +200,23 @@ class MiniMaxH3Pipeline:
 
         video, audio = initial_noise(shape, seed, device)
         total = schedule.num_dit_calls
-        for step in tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank()):
-            if cancelled is not None and cancelled():
-                raise GenerationCancelled(step)
-            with Stopwatch(device) as sw:
-                video, audio = self._denoise_step(schedule, step, video, audio, text, cache)
-            timings.dit_step_s.append(sw.seconds)
-            if on_step is not None:
-                on_step(step + 1, total)
+        with Stopwatch(device) as sw:
+            adaln = self._precompute_adaln(schedule, video.shape[0])
+        timings.adaln_tables_s = sw.seconds
+        try:
+            progress = tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank())
+            for step in progress:
+                if cancelled is not None and cancelled():
+                    raise GenerationCancelled(step)
+                with Stopwatch(device) as sw:
+                    video, audio = self._denoise_step(schedule, step, video, audio, text, cache, adaln)
+                timings.dit_step_s.append(sw.seconds)
+                if on_step is not None:
+                    on_step(step + 1, total)
+        finally:
+            if adaln is not None:
+                adaln.clear()  # the request's tables go with it, also on an error or a cancel
+            adaln = None
         timings.dit_total_s = sum(timings.dit_step_s)
 
         with Stopwatch(device) as sw:
@@ -245,14 +260,28 @@ class MiniMaxH3Pipeline:
             feature_cache=cache,
         )
 
-    def _denoise_step(self, schedule: FlowSchedule, step: int, video, audio, text, cache):
-        if cache is not None:
-            cache.set_step(step)
+    def _dit_times(self, schedule: FlowSchedule, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """DiT call `step`'s (t_video, t_audio), [batch] each in [0, timestep_scale], on the device."""
         t_video, t_audio = schedule.model_times(step)
-        batch = video.shape[0]
         tv = (t_video * self.timestep_scale).to(self.device, torch.float32).expand(batch)
         ta = (t_audio * self.timestep_scale).to(self.device, torch.float32).expand(batch)
-        v_video, v_audio = self.dit(video, audio, text, tv, ta, block_hook=cache)
+        return tv, ta
+
+    def _precompute_adaln(self, schedule: FlowSchedule, batch: int):
+        """The AdaLN tables of every DiT call of the schedule (a feature cache may skip some: a few unused), or
+        None when disabled or the DiT cannot make them. Under TP a collective, on every rank alike."""
+        precompute = getattr(self.dit, "precompute_adaln", None)
+        if not self.adaln_tables or not callable(precompute):
+            return None
+        times = [self._dit_times(schedule, step, batch) for step in range(schedule.num_dit_calls)]
+        return precompute([tv for tv, _ in times], [ta for _, ta in times])
+
+    def _denoise_step(self, schedule: FlowSchedule, step: int, video, audio, text, cache, adaln=None):
+        if cache is not None:
+            cache.set_step(step)
+        tv, ta = self._dit_times(schedule, step, video.shape[0])
+        tables = {} if adaln is None else {"adaln": adaln}  # a DiT without tables keeps its own call signature
+        v_video, v_audio = self.dit(video, audio, text, tv, ta, block_hook=cache, **tables)
         if v_video.shape != video.shape or v_audio.shape != audio.shape:
             raise RuntimeError(
                 f"DiT returned velocities {tuple(v_video.shape)} / {tuple(v_audio.shape)} for latents "

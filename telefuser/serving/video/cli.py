@@ -104,6 +104,12 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
     )
     m.add_argument(
+        "--offload-adaln",
+        action="store_true",
+        help="keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each request's "
+        "tables are computed from them one block at a time (exact)",
+    )
+    m.add_argument(
         "--qkv-layout",
         choices=("interleaved", "stacked"),
         default=None,  # models.minimax_h3.QKV_LAYOUTS

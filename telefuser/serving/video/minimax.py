@@ -88,7 +88,22 @@ class MiniMaxRunner:
             "latents": LATENT_COPIES * latents * 4,
             "decode": pixels * 3 * (2 * 4 + 1) + DECODE_FEATURE_MAPS * plan.width * plan.height * DECODE_CHANNELS * 4,
             "text_encoder": self._lent_bytes,
+            "adaln_tables": self._adaln_bytes(plan.dit_calls),
         }
+
+    def _adaln_bytes(self, dit_calls: int) -> int:
+        """The request's AdaLN tables (gathered: full on every TP rank), plus one projection's slice lent to the
+        device while they are computed when the projections are offloaded; 0 for a DiT without tables."""
+        dit = self._pipe.dit
+        if not getattr(self._pipe, "adaln_tables", False) or not callable(getattr(dit, "precompute_adaln", None)):
+            return 0
+        from telefuser.models.minimax_h3 import adaln_table_bytes
+
+        tables = adaln_table_bytes(dit.config, dit_calls, dtype_bytes=self._dtype_bytes)
+        lent = 0
+        if getattr(dit, "adaln_offloaded", False):
+            lent = max(_module_bytes(p) for p in dit.adaln_projections())
+        return tables + lent
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
         self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
@@ -157,6 +172,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         quantization=getattr(args, "quantization", "none"),
         show_progress=False,
         offload_text_encoder=args.offload_text_encoder,
+        offload_adaln=getattr(args, "offload_adaln", False),
         qkv_layout=getattr(args, "qkv_layout", None),
     )
     tiny = args.checkpoint is None and args.config == "tiny"
@@ -176,6 +192,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "world_size": world,
         "ulysses_degree": parallel.ulysses_degree,
         "tp_degree": parallel.tp_degree,
+        "offload_adaln": bool(getattr(args, "offload_adaln", False)),
     }
     lent = _module_bytes(getattr(pipe.prompt_encoder, "encoder", None)) if args.offload_text_encoder else 0
     return MiniMaxRunner(
