@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.func import functional_call
 
 from telefuser.models.minimax_h3 import (
     AdaLNTables,
@@ -15,6 +16,7 @@ from telefuser.models.minimax_h3 import (
     adaln_table_bytes,
     build_random_minimax_h3_dit,
 )
+from telefuser.models.minimax_h3 import dit as dit_module
 
 TEXT_ROWS, AUDIO_ROWS, VIDEO_THW = 5, 6, (2, 4, 6)
 # (t_video, t_audio) per call, video and audio different, as a request's schedule would give them
@@ -79,7 +81,7 @@ def test_batched_calls_and_repeated_timesteps():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_offloaded_projections_stream_exact_tables(dtype):
+def test_offloaded_projections_stream_exact_tables(dtype, monkeypatch):
     model = _model(dtype)
     latents = _latents(model.config)
     reference = _outputs(model, latents, CALLS)
@@ -90,7 +92,10 @@ def test_offloaded_projections_stream_exact_tables(dtype):
         if ".adaln_proj." in name:
             assert p.device.type == "cpu" and torch.equal(p, weights[name])
             assert p.is_pinned() == torch.cuda.is_available()
+    streamed = []
+    monkeypatch.setattr(dit_module, "functional_call", lambda *a: streamed.append(1) or functional_call(*a))
     tables = model.precompute_adaln(*_times(CALLS))
+    assert len(streamed) == len(CALLS) * (model.config.num_layers + 1)  # every projection went through the copy
     _assert_equal(_outputs(model, latents, CALLS, tables), reference)
     with pytest.raises(RuntimeError, match="offloaded"):
         _outputs(model, latents, CALLS[:1])
@@ -146,7 +151,7 @@ def _pipeline(**kwargs):
     return pipe, made
 
 
-REQUEST = dict(duration=0.9, resolution=32, aspect_ratio="16:9", steps=5, seed=3)
+REQUEST = {"duration": 0.9, "resolution": 32, "aspect_ratio": "16:9", "steps": 5, "seed": 3}
 
 
 def test_pipeline_latents_with_tables_equal_those_without_also_offloaded():

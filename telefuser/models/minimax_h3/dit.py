@@ -280,12 +280,13 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
 
     @contextlib.contextmanager
     def _adaln_on(self, projection: AdaLNProjection, device: torch.device) -> Iterator[Callable]:
-        """`projection` runnable on `device`: itself when its weights are there, else the same module (its TP hook
-        included) called with device copies of its weights, freed on exit."""
+        """`projection` runnable on `device`: itself when resident there, else (offloaded) the same module, its TP
+        hook included, called with device copies of its weights, freed on exit."""
         linear = projection.linear
-        if linear.weight.device == device:
+        if not self.adaln_offloaded and linear.weight.device == device:
             yield projection
             return
+        # offloaded: always this path (on a CPU-only host `.to` is then a no-op, and the tests still run it)
         lent = {f"linear.{name}": p.to(device, non_blocking=True) for name, p in linear.named_parameters()}
         try:
             yield lambda cond: functional_call(projection, lent, (cond,))
