@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -37,6 +39,11 @@ def _outputs(vae: WanVideoVAE) -> torch.Tensor:
 @pytest.mark.numerics
 @pytest.mark.parametrize("compile", [False, True], ids=["eager-kernel", "compiled-kernel"])
 def test_fused_norm_silu_matches_eager(compile):
+    if compile and os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        pytest.skip(
+            "Inductor's CPU code generator still emits at::vec code, which does not compile under "
+            "ATEN_CPU_CAPABILITY=default (torch 2.13); the main pass runs this case with the host's kernels"
+        )
     expected = _outputs(_vae())
     vae = _vae()
     assert fuse_norm_activations(vae.model, compile=compile) > 0
