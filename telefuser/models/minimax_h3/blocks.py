@@ -86,7 +86,7 @@ class MiniMaxH3Block(nn.Module):
         adaln: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality).
-        `adaln`: this block's six tables, precomputed as ``self.adaln_proj(cond)`` (dit.AdaLNTables); cond unused."""
+        `adaln`: this block's six tables, precomputed as ``self.adaln_proj(cond)`` (adaln_tables.AdaLNTables); cond unused."""
         tables = self.adaln_proj(cond) if adaln is None else adaln
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = tables
         h = self.attn(norm_modulate(x, self.norm1.weight, self.norm1.eps, shift_msa, scale_msa, rows), ctx)
