@@ -352,3 +352,28 @@ def test_batch_jobs_from_raw_and_video_checks():
         "no audio stream",
         "21 frames decoded; the job reports 22",
     ]
+
+
+def test_a_service_that_never_gets_healthy_is_stopped_not_left_running(tmp_path):
+    import argparse
+    import os
+    import sys
+    import time
+
+    from telefuser_aiperf.runner import start_service
+
+    pid_file = tmp_path / "pid"
+    # a "service" in its own session that never answers health: it must not outlive the failed start
+    cmd = [
+        sys.executable,
+        "-c",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)",
+    ]
+    args = argparse.Namespace(threads=None, startup_timeout=2.0)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="not healthy .* within 2 s"):
+        start_service(args, cmd, tmp_path, "http://127.0.0.1:9", {})
+    assert time.monotonic() - started < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone

@@ -174,7 +174,12 @@ def start_service(args, cmd: list[str], artifact_dir: Path, url: str, run: dict[
     run["service_threads"] = env.get("OMP_NUM_THREADS")
     service = Service(cmd, artifact_dir / "service.log", env=env)
     run["service_command"] = cmd
-    run["service_ready_s"] = round(service.wait_healthy(f"{url}/v1/service/health", args.startup_timeout), 3)
+    try:
+        ready_s = service.wait_healthy(f"{url}/v1/service/health", args.startup_timeout)
+    except BaseException:  # never leave a service in its own session running behind a failed start (or Ctrl-C)
+        service.stop(timeout_s=10.0)
+        raise
+    run["service_ready_s"] = round(ready_s, 3)
     print(f"== service healthy after {run['service_ready_s']} s", flush=True)
     return service
 
