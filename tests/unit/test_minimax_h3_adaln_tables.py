@@ -144,6 +144,9 @@ def _pipeline(**kwargs):
     from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
 
     pipe = build_minimax_h3_pipeline(config="tiny", device="cpu", dtype=torch.float32, show_progress=False, **kwargs)
+    if not kwargs.get("offload_adaln"):
+        assert not pipe.adaln_tables  # opt-in: off by default
+        pipe.adaln_tables = True
     pipe.video_decoder = pipe.audio_decoder = _NoDecode()
     made = []
     precompute = pipe.dit.precompute_adaln
@@ -162,6 +165,7 @@ def test_pipeline_latents_with_tables_equal_those_without_also_offloaded():
     without = pipe("a fox in snow", **REQUEST)
     assert len(made) == 1
     offloaded, made_offloaded = _pipeline(offload_adaln=True)
+    assert offloaded.adaln_tables  # turned on by the offload, which needs them
     assert offloaded.dit.adaln_offloaded and "AdaLN projections kept in host memory" in offloaded.weights["dit"]
     streamed = offloaded("a fox in snow", **REQUEST)
     assert len(made_offloaded) == 1

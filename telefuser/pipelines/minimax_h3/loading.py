@@ -88,6 +88,7 @@ def build_minimax_h3_pipeline(
     pipe.dit.quantize(quantization)
     if offload_adaln:
         moved = pipe.dit.offload_adaln()
+        pipe.adaln_tables = True  # an offloaded DiT needs them for every call
         pipe.weights["dit"] = f"{pipe.weights['dit']}{ADALN_OFFLOADED} ({moved / 2**30:.2f} GiB on this rank)"
     return pipe
 

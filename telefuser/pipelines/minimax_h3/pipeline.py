@@ -124,10 +124,11 @@ class MiniMaxH3Pipeline:
         timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
         weights: dict[str, str] | None = None,
         show_progress: bool = True,
-        adaln_tables: bool = True,
+        adaln_tables: bool = False,
     ) -> None:
         """`adaln_tables`: precompute each request's AdaLN tables (`MiniMaxH3DiT.precompute_adaln`, exact) when the
-        DiT has the method; required when its projections are offloaded (`offload_adaln`)."""
+        DiT has the method; required when its projections are offloaded (`offload_adaln` turns it on). Off by
+        default until the path has run on a GPU: the per-call projections are what was measured there."""
         self.dit = dit
         self.adaln_tables = bool(adaln_tables)
         self.prompt_encoder = prompt_encoder
