@@ -3,9 +3,10 @@
 `fp8_attention(q, k, v)` takes the repository's ``[B, S, H, D]`` tensors (bf16 or fp16, any strides) and returns
 ``[B, S_q, H, D]`` in their dtype, contiguous. Per call and per tensor, dynamically:
 
-- Q, K, V: ``amax`` (one reduction each, kept on the GPU), ``scale = 448 / amax``, e4m3 values written straight into
-  a fresh ``[B, S, H, D]``-contiguous buffer (one kernel each: the same pass reads any input strides, so a slice of a
-  fused QKV tensor or a transposed view costs nothing extra), ``descale = 1 / scale``;
+- Q, K, V: ``amax`` (one reduction each, kept on the GPU), ``scale = 448 / amax``, e4m3 values in a fresh
+  ``[B, S, H, D]``-contiguous buffer, ``descale = 1 / scale``. On CUDA the reduction and the cast are compiled
+  (`ops.fusion.cuda_fused`): one pass each that reads any input strides, so a slice of a fused QKV tensor or a
+  transposed view costs nothing extra;
 - softmax probabilities P (in [0, 1]): ``scale_s = 448``, ``descale_s = 1 / 448``, the bound the frontend documents
   for E4M3 without dropout (``sdpa_fp8``'s docstring, "Amax S");
 - O: Hopper's FP8 kernel writes e4m3 O. ``|O| <= amax(V)`` (a convex combination of V rows), so
@@ -36,6 +37,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
+from .fusion import cuda_fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -85,14 +88,25 @@ def fp8_attention_available(device: torch.device | int | None = None) -> tuple[b
     return True, f"cuDNN frontend {getattr(cudnn, '__version__', '?')} on cuDNN {version_string}, SM{major}{minor}"
 
 
+@cuda_fused
+def _scale_and_cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # One reduction and one pointwise pass when compiled (the eager ops took 3.4x the bytes' time on the H200).
+    amax = x.abs().amax().float().clamp_min(_TINY).reshape(1)  # max |x|, exact
+    scale = FP8_MAX / amax
+    # x * scale in fp32, rounded once to e4m3; the clamp only catches a product that fp32 rounding put past 448
+    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+@cuda_fused
+def _dequantize(o8: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (o8.float() * descale).to(dtype)  # e4m3 -> fp32 is exact; one rounding into dtype
+
+
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (any strides) -> (e4m3 values, contiguous in x's shape; fp32 scale [1]; fp32 descale [1]) with
     ``x ~= values * descale``, ``descale = 1 / scale``. Per-tensor and dynamic; nothing leaves the device."""
-    amax = torch.linalg.vector_norm(x, ord=float("inf")).float().clamp_min(_TINY).reshape(1)  # max |x|, exact
-    scale = FP8_MAX / amax
-    values = torch.empty(x.shape, dtype=FP8, device=x.device)
-    torch.mul(x, scale, out=values)  # computes in fp32 ([1] fp32 operand), rounds once to e4m3
-    return values, scale, scale.reciprocal()
+    values, scale = _scale_and_cast(x)
+    return values.contiguous(), scale, scale.reciprocal()  # the compiled kernel may keep a strided input's layout
 
 
 @dataclass
@@ -280,5 +294,4 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     v8, scale_v, descale_v = quantize_fp8(v)
     scale_o = scale_v * O_HEADROOM
     o8 = fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal=causal)
-    out = o8.to(q.dtype)  # exact: every e4m3 value is a bf16/fp16 value
-    return out.mul_(descale_v / O_HEADROOM)  # fp32 multiply, one rounding
+    return _dequantize(o8, descale_v / O_HEADROOM, q.dtype)

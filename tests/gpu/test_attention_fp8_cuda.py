@@ -192,3 +192,31 @@ def test_runs_on_the_current_stream():
         out = fp8_attention(q, k, v)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_compiled_quantization_follows_the_eager_recipe(strided):
+    """The compiled (one reduction + one cast) quantization against the same recipe run eagerly on the same GPU.
+
+    amax is exact either way. The scale 448 / amax may differ by an ulp where the compiled division is not
+    IEEE-rounded, and an ulp in the scale moves a product across an e4m3 rounding boundary at most rarely: so the
+    bound is "at most one e4m3 step anywhere, and at most 1 in 1,000 values differ". A real bug (a wrong scale, a lost
+    stride) changes most values; the negative control below (the scale off by 1%) is far above that bound."""
+    from telefuser.ops.attention_fp8 import _scale_and_cast
+
+    x = _rand(B, 2048, 3, H, D, seed=100)
+    x = x[:, :, 1] if strided else x[:, :, 1].contiguous()
+    values, scale, descale = quantize_fp8(x)
+    assert values.dtype == FP8 and values.shape == x.shape and values.is_contiguous()
+    ref_values, ref_scale = _scale_and_cast.reference(x)
+    assert torch.allclose(scale, ref_scale, rtol=2.4e-7, atol=0)  # within two fp32 ulps
+    assert torch.equal(descale, scale.reciprocal())
+
+    def steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # e4m3 codes are ordered within a sign
+        ia, ib = a.view(torch.uint8).int(), b.view(torch.uint8).int()
+        return torch.where((ia ^ ib) & 0x80 == 0, (ia - ib).abs(), 255)
+
+    apart = steps_apart(values, ref_values)
+    assert int(apart.max()) <= 1 and float((apart > 0).float().mean()) <= 1e-3
+    off = (x.float() * ref_scale * 1.01).clamp(-448, 448).to(FP8)  # negative control: the scale 1% off
+    assert float((steps_apart(off, ref_values) > 0).float().mean()) > 0.05
