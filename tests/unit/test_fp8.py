@@ -147,3 +147,16 @@ def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_
     assert report["mode"] == mode
     assert set(report["median_s"]) == {"bf16", "fp8"} and report["gate_passed"] and report["cosine"] > 0.99
     assert "| fp8 |" in capsys.readouterr().out
+
+
+def test_the_fp8_bench_refuses_fp8_attention_without_a_hopper_gpu_before_building(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "fp8_dit_bench.py"
+    spec = importlib.util.spec_from_file_location("fp8_dit_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "minimax_call", lambda *a: pytest.fail("the model was built before the check"))
+    with pytest.raises(RuntimeError, match="cudnn_fp8"):
+        bench.main(["--model", "minimax", "--config", "tiny", "--device", "cpu", "--fp8-attention"])

@@ -17,7 +17,10 @@
 # VAE's encode and decode per chunk: fp32, bf16, fused norm+SiLU, channels-last), attn_fp8 (cuDNN frontend FP8
 # attention: its GPU tests and the bench against cuDNN bf16; needs .whl/fp8/), submission_profile (the copy-engine
 # submission cost with a cProfile of the public calls; needs the tf-kernel build from setup), stream_replay
-# (serve-stream at the official size driven over its WebSocket for the one-minute replay, lossless checks).
+# (serve-stream at the official size driven over its WebSocket for the one-minute replay, lossless checks),
+# setup_models (the wheels without the tf-kernel build), adaln (MiniMax H3 AdaLN tables GPU tests), session_fp8_attn
+# (LingBot sessions with --vae-fast: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention), fp8_minimax_attn (MiniMax H3 official
+# call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -45,6 +48,15 @@ for s in "$@"; do
       step pip_serve 120 $PY -m pip install --no-index --find-links .whl/serve fastapi uvicorn websockets httpx
       step build 300 make build-sm90 PYTHON="$PY"
       { nvidia-smi; $PY -c "import torch, diffusers, av; print(torch.__version__, diffusers.__version__, av.__version__)"; git log -1 --format='%H %cd'; } >"$OUT/env.txt" 2>&1 ;;
+    setup_models)  # the model benches' wheels only (no tf-kernel build: one process per GPU needs no copy engine)
+      step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
+      step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
+      { nvidia-smi; $PY -c "import torch, diffusers, av, cudnn; print(torch.__version__, diffusers.__version__, av.__version__, cudnn.backend_version_string())"; } >"$OUT/env.txt" 2>&1 ;;
+    adaln) step adaln 180 $PY -m pytest -q -rs --tb=short -p no:logging --noconftest tests/gpu/test_minimax_adaln_tables_cuda.py ;;
+    session_fp8_attn) step session_fp8_attn 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
+        --variants reuse+fast-vae,fp8+fast-vae,fp8+fp8-attn+fast-vae --output "$OUT/lingbot_session_fp8_attn.json" ;;
+    fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
+        --fp8-attention --output "$OUT/fp8_minimax_attn.json" ;;
     gpu_checks) step gpu_checks 420 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py tests/gpu/test_stream_shutdown_cuda.py tests/gpu/test_copy_engine_cuda.py ;;
     qkprep) step qkprep 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py ;;
     minimax) step minimax 420 $PY tools/bench/minimax_h3_dit_bench.py --fusion both --iters 3 --output "$OUT/minimax_official.json" ;;
@@ -69,7 +81,7 @@ for s in "$@"; do
     vae) step vae 300 $PY tools/bench/wan_vae_bench.py --output "$OUT/wan_vae.json" ;;
     attn_fp8)
       step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
-      step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_attention_fp8_cuda.py
+      step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging --noconftest tests/gpu/test_attention_fp8_cuda.py
       step attn_fp8_bench 240 $PY tools/bench/attention_fp8_bench.py --output "$OUT/attention_fp8.json" ;;
     submission_profile) step submission_profile 90 $TORCHRUN2 tools/bench/submission_cost.py --transport ce-ipc --profile 30 --label "(profiled)" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;

@@ -14,8 +14,9 @@ models, so the variants differ only in what they name:
   compiled into one kernel (`vae_fusion.optimize_vae`; the 2026-12-01 log's ``reuse+fused-vae`` had the fusion only);
 * ``fp8``: ``reuse`` with a copy of the DiT whose block GEMMs run in FP8 (`LingBotWorldV2DiT.quantize`);
 * ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today;
-* ``fp8+fp8-attn+bf16-vae``: that with attention in FP8 too (cuDNN frontend, `ops.attention_fp8`); in the
-  default list only where the frontend is installed.
+* ``fp8+fast-vae``: FP8 GEMMs with the ``--vae-fast`` VAE;
+* ``fp8+fp8-attn+bf16-vae`` and ``fp8+fp8-attn+fast-vae``: those with attention in FP8 too (cuDNN frontend,
+  `ops.attention_fp8`); in the default list only where the frontend is installed.
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
@@ -45,7 +46,17 @@ from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
 CONTROLS = REPO / "examples" / "lingbot_world_v2" / "assets" / "controls.json"
-VARIANTS = ("recompute", "reuse", "reuse+bf16-vae", "reuse+fast-vae", "fp8", "fp8+bf16-vae", "fp8+fp8-attn+bf16-vae")
+VARIANTS = (
+    "recompute",
+    "reuse",
+    "reuse+bf16-vae",
+    "reuse+fast-vae",
+    "fp8",
+    "fp8+bf16-vae",
+    "fp8+fast-vae",
+    "fp8+fp8-attn+bf16-vae",
+    "fp8+fp8-attn+fast-vae",
+)
 VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
     "recompute": "fp32",
     "reuse": "fp32",
@@ -53,7 +64,9 @@ VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-ident
     "reuse+fast-vae": "fast",
     "fp8": "fp32",
     "fp8+bf16-vae": "bf16",
+    "fp8+fast-vae": "fast",
     "fp8+fp8-attn+bf16-vae": "bf16",
+    "fp8+fp8-attn+fast-vae": "fast",
 }
 
 
@@ -132,7 +145,7 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
     vae32 = base.vae
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
     vaes = {"fp32": vae32, "bf16": vae16}
-    if "reuse+fast-vae" in args.variants:
+    if any(VARIANT_VAE[v] == "fast" for v in args.variants):
         from telefuser.pipelines.lingbot_world_v2.vae_fusion import optimize_vae
 
         fast = copy.deepcopy(vae16.model)
@@ -155,10 +168,12 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32),
         "reuse": lambda: pipeline(base.dit, vae32),
         "reuse+bf16-vae": lambda: pipeline(base.dit, vae16),
-        "reuse+fast-vae": lambda: pipeline(base.dit, vaes["fast"]),
+        "reuse+fast-vae": lambda: pipeline(base.dit, vaes.get("fast")),
         "fp8": lambda: pipeline(fp8_dit, vae32),
         "fp8+bf16-vae": lambda: pipeline(fp8_dit, vae16),
+        "fp8+fast-vae": lambda: pipeline(fp8_dit, vaes.get("fast")),
         "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
+        "fp8+fp8-attn+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vaes.get("fast")),
     }
     return {name: made[name]() for name in args.variants}, vaes
 
@@ -306,11 +321,15 @@ def main(argv=None) -> int:
             f"\n{kind} VAE against fp32 on the same latents: decode PSNR {quality['decode_psnr_db']:.1f} dB; "
             f"condition latents relative error {quality['condition_relative_error']:.2e}"
         )
-    if "fp8" in runs and "reuse" in runs:
-        gate = fp8_gate(runs["fp8"][0], runs["reuse"][0])
-        report["fp8_quality"] = gate
+    for name in names:  # each FP8 variant against the bf16-DiT variant with the same VAE, when there is one
+        bf16 = next((n for n in names if n.startswith("reuse") and VARIANT_VAE[n] == VARIANT_VAE[name]), None)
+        if not name.startswith("fp8") or bf16 is None:
+            continue
+        gate = fp8_gate(runs[name][0], runs[bf16][0])
+        report["fp8_quality" if name == "fp8" else f"{name}_quality"] = {**gate, "against": bf16}
+        label = "fp8 against bf16" if name == "fp8" else f"{name} against {bf16}"
         print(
-            f"fp8 against bf16 over a session: latents relative L2 {gate['latents_relative_l2']:.3e}, cosine "
+            f"{label} over a session: latents relative L2 {gate['latents_relative_l2']:.3e}, cosine "
             f"{gate['latents_cosine']:.5f}; frames PSNR {gate['frames_psnr_db']:.1f} dB"
         )
     if args.output:
