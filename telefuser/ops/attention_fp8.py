@@ -88,13 +88,24 @@ def fp8_attention_available(device: torch.device | int | None = None) -> tuple[b
     return True, f"cuDNN frontend {getattr(cudnn, '__version__', '?')} on cuDNN {version_string}, SM{major}{minor}"
 
 
+def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # x * scale in fp32, rounded once to e4m3; the clamp only catches a product past 448 (fp32 rounding, or a bound
+    # that was not an upper bound), which the cast would otherwise turn into NaN
+    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 @cuda_fused
 def _scale_and_cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # One reduction and one pointwise pass when compiled (the eager ops took 3.4x the bytes' time on the H200).
     amax = x.abs().amax().float().clamp_min(_TINY).reshape(1)  # max |x|, exact
     scale = FP8_MAX / amax
-    # x * scale in fp32, rounded once to e4m3; the clamp only catches a product that fp32 rounding put past 448
-    return (x.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    return _cast(x, scale), scale
+
+
+@cuda_fused
+def cast_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (any strides) times a known fp32 ``[1]`` scale, in e4m3 (saturating at +-448): one pass, no reduction."""
+    return _cast(x, scale)
 
 
 @cuda_fused
@@ -153,13 +164,14 @@ def _constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return consts
 
 
-def _bshd_tensor(graph, data_type, uid: int, b: int, s: int, h: int, d: int):
-    # dims [B, H, S, D] over [B, S, H, D]-contiguous memory
-    return graph.tensor(uid=uid, dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1), data_type=data_type)
+def _bshd_tensor(graph, data_type, uid: int, b: int, s: int, h: int, d: int, batch_stride: int):
+    # dims [B, H, S, D] over memory that is [S, H, D]-contiguous per batch entry (a window's prefix has a longer
+    # batch stride than S * H * D)
+    return graph.tensor(uid=uid, dim=(b, h, s, d), stride=(batch_stride, d, h * d, 1), data_type=data_type)
 
 
 def _build(cudnn, handle, key: tuple, declare_amax_s: bool) -> _Graph:
-    _, b, s_q, s_kv, h_q, h_kv, d, causal = key
+    _, b, s_q, s_kv, h_q, h_kv, d, causal, (q_stride, k_stride, v_stride) = key
     fp8, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     graph = cudnn.pygraph(
         name="telefuser_sdpa_fp8", io_data_type=fp8, intermediate_data_type=f32, compute_data_type=f32, handle=handle
@@ -169,9 +181,9 @@ def _build(cudnn, handle, key: tuple, declare_amax_s: bool) -> _Graph:
         return graph.tensor(uid=uid, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=f32)
 
     kwargs = {
-        "q": _bshd_tensor(graph, fp8, _Q, b, s_q, h_q, d),
-        "k": _bshd_tensor(graph, fp8, _K, b, s_kv, h_kv, d),
-        "v": _bshd_tensor(graph, fp8, _V, b, s_kv, h_kv, d),
+        "q": _bshd_tensor(graph, fp8, _Q, b, s_q, h_q, d, q_stride),
+        "k": _bshd_tensor(graph, fp8, _K, b, s_kv, h_kv, d, k_stride),
+        "v": _bshd_tensor(graph, fp8, _V, b, s_kv, h_kv, d, v_stride),
         "descale_q": scalar(_DESCALE_Q),
         "descale_k": scalar(_DESCALE_K),
         "descale_v": scalar(_DESCALE_V),
@@ -209,7 +221,7 @@ def _graph(cudnn, handle, key: tuple) -> _Graph:
         except Exception as exc:  # noqa: BLE001 - reported below with the shape
             errors.append(f"{'with' if declare_amax_s else 'without'} Amax_S: {type(exc).__name__}: {exc}")
     if entry is None:
-        _, b, s_q, s_kv, h_q, h_kv, d, causal = key
+        _, b, s_q, s_kv, h_q, h_kv, d, causal, _ = key
         raise RuntimeError(
             f"cuDNN cannot build an FP8 SDPA graph for B={b} S_q={s_q} S_kv={s_kv} H_q={h_q} H_kv={h_kv} D={d} "
             f"causal={causal}: " + "; ".join(errors)
@@ -241,19 +253,24 @@ def fp8_attention_quantized(
     *,
     causal: bool = False,
 ) -> torch.Tensor:
-    """The cuDNN FP8 kernel alone: e4m3 ``[B, S, H, D]``-contiguous Q/K/V and their fp32 ``[1]`` descales (see
-    `quantize_fp8`) -> e4m3 O ``[B, S_q, H_q, D]`` contiguous, ``O ~= result / scale_o``."""
+    """The cuDNN FP8 kernel alone: e4m3 ``[B, S, H, D]`` Q/K/V, each ``[S, H, D]``-contiguous per batch entry (any
+    batch stride: a window buffer's prefix qualifies), and their fp32 ``[1]`` descales (see `quantize_fp8`) -> e4m3
+    O ``[B, S_q, H_q, D]`` contiguous, ``O ~= result / scale_o``."""
     cudnn = _import_cudnn()
     _check_device(q8)
     for name, t in (("q", q8), ("k", k8), ("v", v8)):
-        if t.dtype != FP8 or t.dim() != 4 or not t.is_contiguous() or t.device != q8.device:
-            raise ValueError(f"{name} must be a contiguous 4-D float8_e4m3fn [B, S, H, D] tensor on {q8.device}")
+        if t.dtype != FP8 or t.dim() != 4 or t.device != q8.device or not _rows_contiguous(t):
+            raise ValueError(
+                f"{name} must be a 4-D float8_e4m3fn [B, S, H, D] tensor on {q8.device}, [S, H, D]-contiguous per "
+                f"batch entry; got {t.dtype} {tuple(t.shape)} strides {t.stride()} on {t.device}"
+            )
     b, s_q, h_q, d = q8.shape
     _, s_kv, h_kv, _ = k8.shape
     if k8.shape != v8.shape or k8.shape[0] != b or k8.shape[3] != d or h_q % h_kv:
         raise ValueError(f"shapes do not fit attention: q {tuple(q8.shape)}, k {tuple(k8.shape)}, v {tuple(v8.shape)}")
     device = q8.device
-    key = (device.index, b, s_q, s_kv, h_q, h_kv, d, bool(causal))
+    strides = tuple(t.stride(0) for t in (q8, k8, v8))
+    key = (device.index, b, s_q, s_kv, h_q, h_kv, d, bool(causal), strides)
     with torch.cuda.device(device):
         handle = _handle(cudnn, device)
         cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)  # a no-op while it is unchanged
@@ -280,6 +297,11 @@ def fp8_attention_quantized(
     return o8
 
 
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    _, _, h, d = t.shape
+    return t.stride()[1:] == (h * d, d, 1)
+
+
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
     """Softmax attention on ``[B, S, H, D]`` CUDA tensors in FP8 (e4m3) through cuDNN, per-tensor dynamic scales;
     returns ``[B, S_q, H, D]`` in q's dtype, contiguous. See the module docstring for the recipe."""
@@ -295,3 +317,23 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     scale_o = scale_v * O_HEADROOM
     o8 = fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal=causal)
     return _dequantize(o8, descale_v / O_HEADROOM, q.dtype)
+
+
+def fp8_attention_known_scales(
+    q: torch.Tensor, k8: torch.Tensor, descale_k: torch.Tensor, v: torch.Tensor, amax_v: torch.Tensor
+) -> torch.Tensor:
+    """FP8 attention over a cache that keeps K in e4m3 and knows a bound on V (a LingBot KV window, `KVWindow`):
+    Q ``[B, S_q, H, D]`` (bf16/fp16) is quantized per call as in `fp8_attention`; K ``[B, S_kv, H, D]`` is already
+    e4m3 (``K ~= k8 * descale_k``); V (bf16/fp16, any strides) is cast with ``scale = 448 / amax_v`` in one pass,
+    with no reduction over its rows, where ``amax_v >= max |V|`` (fp32 ``[1]``; a bound that is too low clips at
+    448). Returns ``[B, S_q, H, D]`` in q's dtype, contiguous."""
+    _import_cudnn()
+    _check_device(q)
+    if not (q.dtype == v.dtype) or not q.dtype.is_floating_point:
+        raise ValueError(f"q and v must share one floating dtype, got {q.dtype}, {v.dtype}")
+    q8, _, descale_q = quantize_fp8(q)
+    scale_v = FP8_MAX / amax_v.float().clamp_min(_TINY)
+    v8 = cast_fp8(v, scale_v).contiguous()
+    scale_o = scale_v * O_HEADROOM  # |O| <= max |V| <= amax_v, as in fp8_attention
+    o8 = fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, scale_v.reciprocal(), scale_o)
+    return _dequantize(o8, scale_o.reciprocal(), q.dtype)

@@ -198,10 +198,11 @@ def test_runs_on_the_current_stream():
 def test_compiled_quantization_follows_the_eager_recipe(strided):
     """The compiled (one reduction + one cast) quantization against the same recipe run eagerly on the same GPU.
 
-    amax is exact either way. The scale 448 / amax may differ by an ulp where the compiled division is not
-    IEEE-rounded, and an ulp in the scale moves a product across an e4m3 rounding boundary at most rarely: so the
-    bound is "at most one e4m3 step anywhere, and at most 1 in 1,000 values differ". A real bug (a wrong scale, a lost
-    stride) changes most values; the negative control below (the scale off by 1%) is far above that bound."""
+    amax is exact either way and the scale may differ by an ulp (the compiled division). The cast differs in a few
+    values: on the H200, 0.58% of them came out one e4m3 step from the eager cast, as a cast through an fp16
+    intermediate (double rounding) would give. So the check is that every differing value is one step away and its
+    exact product lay within 2^-10 (relatively) of the midpoint between the two codes, where fp16's own rounding
+    (2^-11) can tip it. The negative control (the scale 1% off) differs in values far from any midpoint."""
     from telefuser.ops.attention_fp8 import _scale_and_cast
 
     x = _rand(B, 2048, 3, H, D, seed=100)
@@ -211,12 +212,19 @@ def test_compiled_quantization_follows_the_eager_recipe(strided):
     ref_values, ref_scale = _scale_and_cast.reference(x)
     assert torch.allclose(scale, ref_scale, rtol=2.4e-7, atol=0)  # within two fp32 ulps
     assert torch.equal(descale, scale.reciprocal())
+    products = x.float() * ref_scale
 
-    def steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # e4m3 codes are ordered within a sign
-        ia, ib = a.view(torch.uint8).int(), b.view(torch.uint8).int()
-        return torch.where((ia ^ ib) & 0x80 == 0, (ia - ib).abs(), 255)
+    def only_midpoint_ties(got: torch.Tensor) -> tuple[bool, float]:
+        ia, ib = got.view(torch.uint8).int(), ref_values.view(torch.uint8).int()
+        differ = ia != ib
+        same_sign = ((ia ^ ib) & 0x80) == 0
+        one_step = bool(((ia - ib).abs()[differ] == 1).all() and same_sign[differ].all())
+        a, b, p = got.float()[differ], ref_values.float()[differ], products[differ]
+        near_midpoint = bool(((p - (a + b) / 2).abs() <= 2**-10 * p.abs()).all())
+        return one_step and near_midpoint, float(differ.float().mean())
 
-    apart = steps_apart(values, ref_values)
-    assert int(apart.max()) <= 1 and float((apart > 0).float().mean()) <= 1e-3
+    ok, fraction = only_midpoint_ties(values)
+    print(f"compiled vs eager cast: {fraction:.4%} of values differ")
+    assert ok and fraction <= 0.02
     off = (x.float() * ref_scale * 1.01).clamp(-448, 448).to(FP8)  # negative control: the scale 1% off
-    assert float((steps_apart(off, ref_values) > 0).float().mean()) > 0.05
+    assert not only_midpoint_ties(off)[0]

@@ -20,7 +20,9 @@
 # (serve-stream at the official size driven over its WebSocket for the one-minute replay, lossless checks),
 # setup_models (the wheels without the tf-kernel build), adaln (MiniMax H3 AdaLN tables GPU tests), session_fp8_attn
 # (LingBot sessions with --vae-fast: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention), fp8_minimax_attn (MiniMax H3 official
-# call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/).
+# call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/), session_fp8_window (the same sessions with FP8
+# attention over the FP8-key window and over a bf16 window quantized per call), fp8_tests (the FP8 attention and the
+# FP8-key window GPU tests; needs .whl/fp8/).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -55,6 +57,11 @@ for s in "$@"; do
     adaln) step adaln 180 $PY -m pytest -q -rs --tb=short -p no:logging --noconftest tests/gpu/test_minimax_adaln_tables_cuda.py ;;
     session_fp8_attn) step session_fp8_attn 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
         --variants reuse+fast-vae,fp8+fast-vae,fp8+fp8-attn+fast-vae --output "$OUT/lingbot_session_fp8_attn.json" ;;
+    session_fp8_window) step session_fp8_window 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
+        --variants reuse+fast-vae,fp8+fast-vae,fp8+fp8-attn-requant+fast-vae,fp8+fp8-attn+fast-vae \
+        --output "$OUT/lingbot_session_fp8_window.json" ;;
+    fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging --noconftest \
+        tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
         --fp8-attention --output "$OUT/fp8_minimax_attn.json" ;;
     gpu_checks) step gpu_checks 420 $PY -m pytest -q -rs --tb=short -p no:logging tests/unit/test_qk_prep.py tests/unit/test_fusion.py tests/gpu/test_stream_shutdown_cuda.py tests/gpu/test_copy_engine_cuda.py ;;

@@ -16,7 +16,10 @@ models, so the variants differ only in what they name:
 * ``fp8+bf16-vae``: both, the fastest configuration a service can ask for today;
 * ``fp8+fast-vae``: FP8 GEMMs with the ``--vae-fast`` VAE;
 * ``fp8+fp8-attn+bf16-vae`` and ``fp8+fp8-attn+fast-vae``: those with attention in FP8 too (cuDNN frontend,
-  `ops.attention_fp8`); in the default list only where the frontend is installed.
+  `ops.attention_fp8`), the session keeping its keys in FP8 as ``--attn-impl cudnn_fp8`` does; in the default list
+  only where the frontend is installed;
+* ``fp8+fp8-attn-requant+fast-vae``: the same over a bf16 window, quantized whole on every call (the path before
+  the FP8-key window; not in the default list).
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
@@ -56,6 +59,7 @@ VARIANTS = (
     "fp8+fast-vae",
     "fp8+fp8-attn+bf16-vae",
     "fp8+fp8-attn+fast-vae",
+    "fp8+fp8-attn-requant+fast-vae",
 )
 VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
     "recompute": "fp32",
@@ -67,6 +71,7 @@ VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-ident
     "fp8+fast-vae": "fast",
     "fp8+fp8-attn+bf16-vae": "bf16",
     "fp8+fp8-attn+fast-vae": "fast",
+    "fp8+fp8-attn-requant+fast-vae": "fast",
 }
 
 
@@ -90,8 +95,10 @@ class RecomputingDiT:
 class AttentionImplDiT:
     """The same DiT with another attention implementation for the calls made through it (no second copy)."""
 
-    def __init__(self, dit, attn_impl: str):
-        self.dit, self.impl = dit, attn_impl
+    def __init__(self, dit, attn_impl: str, *, per_call_quantization: bool = False):
+        # per_call_quantization: the session is the model's own (bf16 keys), so FP8 attention quantizes the whole
+        # window on every call, as before the FP8-key window
+        self.dit, self.impl, self.per_call_quantization = dit, attn_impl, per_call_quantization
 
     def __getattr__(self, name):
         return getattr(self.dit, name)
@@ -102,6 +109,11 @@ class AttentionImplDiT:
             return method(*args, **kwargs)
         finally:
             self.dit.attn_impl = saved
+
+    def new_session(self, *args, **kwargs):  # a cudnn_fp8 session keeps its keys in FP8
+        if self.per_call_quantization:
+            return self.dit.new_session(*args, **kwargs)
+        return self._with_impl(self.dit.new_session, *args, **kwargs)
 
     def forward_chunk(self, *args, **kwargs):
         return self._with_impl(self.dit.forward_chunk, *args, **kwargs)
@@ -114,7 +126,7 @@ def default_variants() -> list[str]:
     from telefuser.ops.attention import available_attention_impls
 
     fp8_attention = "cudnn_fp8" in available_attention_impls()
-    return [v for v in VARIANTS if fp8_attention or "fp8-attn" not in v]
+    return [v for v in VARIANTS if (fp8_attention or "fp8-attn" not in v) and "requant" not in v]
 
 
 def parse_args(argv=None):
@@ -174,6 +186,9 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "fp8+fast-vae": lambda: pipeline(fp8_dit, vaes.get("fast")),
         "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
         "fp8+fp8-attn+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vaes.get("fast")),
+        "fp8+fp8-attn-requant+fast-vae": lambda: pipeline(
+            AttentionImplDiT(fp8_dit, "cudnn_fp8", per_call_quantization=True), vaes.get("fast")
+        ),
     }
     return {name: made[name]() for name in args.variants}, vaes
 

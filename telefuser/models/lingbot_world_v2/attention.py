@@ -7,6 +7,7 @@ weight dtype; the caller keeps the residual stream in fp32.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from torch.profiler import record_function
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
 from ...ops.attention import attention
+from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
 from ...ops.fp8 import linear_dtype
 from .kv_cache import KVWindow, WindowPlan
 from .norms import RMSNorm
@@ -34,6 +36,20 @@ class ChunkContext:
     commit: bool
     communicator: UlyssesCommunicator | None = None
     attn_impl: str = "sdpa"
+
+
+# RMSNorm over n channels leaves |x_i| / rms(x) <= sqrt(n), the learned weight multiplies by at most max |w|, RoPE
+# rotates channel pairs (a pair's norm, and so each channel, stays within the bound); the margin covers the three
+# bf16 roundings on the way (each <= 2^-8 relatively).
+KEY_BOUND_MARGIN = 1.02
+
+
+def key_scale(norm_k: RMSNorm, dim: int) -> torch.Tensor:
+    """The e4m3 scale (fp32 ``[1]``, on the weight's device) that maps the largest key the layer can produce, after
+    its RMSNorm over `dim` channels and RoPE, onto 448: a static scale, so a window's keys are cast once when they
+    are written and none is ever clipped."""
+    bound = norm_k.weight.detach().abs().amax().float() * math.sqrt(dim) * KEY_BOUND_MARGIN
+    return (FP8_MAX / bound.clamp_min(1e-12)).reshape(1)
 
 
 def run_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +92,11 @@ class CausalSelfAttention(_ProjectedAttention):
         if kv_only:
             return None
         with record_function(PHASE_ATTENTION):
-            o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
+            if ctx.session.fp8_keys:  # e4m3 keys, V's bound known: no pass over the window to quantize it
+                descale_k, amax_v = ctx.session.fp8_scales(layer)
+                o = fp8_attention_known_scales(q.to(values.dtype), keys, descale_k, values, amax_v).to(v.dtype)
+            else:
+                o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
         if padded_rows > n:
             o = F.pad(o, (0, 0, 0, 0, 0, padded_rows - n))
         o = gather_heads(comm, o.contiguous())

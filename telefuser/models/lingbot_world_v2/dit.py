@@ -20,7 +20,7 @@ from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...ops.attention import check_attention_impl
 from ...ops.fp8 import linear_dtype, quantize_blocks
 from ..ulysses_owner import UlyssesOwner
-from .attention import ChunkContext, run_linear
+from .attention import ChunkContext, key_scale, run_linear
 from .blocks import LingBotBlock, LingBotHead
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
 from .embeddings import patchify, sinusoidal_embedding, unpatchify
@@ -113,7 +113,8 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         dtype: torch.dtype | None = None,
     ) -> KVWindow:
         """Allocate a session: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
-        and the prompt's cross-attention K/V (computed here, once).
+        and the prompt's cross-attention K/V (computed here, once). A model whose `attn_impl` is ``cudnn_fp8`` gets a
+        session that keeps its keys in FP8 (kv_cache.py); it then serves only that implementation.
 
         text_states ``[B, L, text_dim]`` with L <= text_len: encoder states, padding rows zero. They are zero-padded
         to text_len (512) and all text_len rows are attended, as in the release."""
@@ -143,6 +144,11 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             cross_kv=cross_kv,
             device=device,
             dtype=dtype,
+            key_scales=(
+                [key_scale(block.self_attn.norm_k, cfg.dim) for block in self.blocks]
+                if self.attn_impl == "cudnn_fp8"
+                else None
+            ),
         )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
@@ -202,6 +208,11 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             raise SessionError(
                 f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
                 "make a new session after enable_parallel"
+            )
+        if session.fp8_keys and self.attn_impl != "cudnn_fp8":
+            raise SessionError(
+                f"the session keeps its keys in FP8 for attention 'cudnn_fp8'; the model now runs {self.attn_impl!r}: "
+                "make a new session"
             )
         plan = session.plan(frames)
         n = plan.new_rows

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...ops.attention_fp8 import FP8, cast_fp8
+
 
 class SessionError(RuntimeError):
     """A session used in a way its cache cannot serve (closed, wrong shape, wrong parallel degree)."""
@@ -80,7 +82,13 @@ class KVWindow:
     frames in time order, then a ring of the newest rows whose oldest row is at ring slot `ring_head`, the same for
     every layer. Self-attention has no mask and K is stored after RoPE, so the order of the (K, V) row pairs does not
     change the result (only the summation order). The chunk's K/V are copied in, never referenced (Ulysses scatter
-    outputs are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer."""
+    outputs are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer.
+
+    With `key_scales` (one fp32 ``[1]`` per layer, for FP8 attention) the K buffers hold e4m3 ``K * scale``: each
+    chunk's keys are cast once, when they are written, with a scale from a bound that no key can exceed (see
+    `attention.key_scale`), and every later read uses them as they are. V stays in `dtype`; each layer keeps a running
+    max |V| over every row it was given (`fp8_scales`), so the attention casts V with no pass over the window to find
+    its range."""
 
     def __init__(
         self,
@@ -96,6 +104,7 @@ class KVWindow:
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
         device: torch.device,
         dtype: torch.dtype,
+        key_scales: list[torch.Tensor] | None = None,
     ):
         if local_attn_size < 1:
             raise SessionError(
@@ -113,9 +122,15 @@ class KVWindow:
         self.device, self.dtype = device, dtype
         self.capacity = local_attn_size * tokens_per_frame
         self.sink_rows = sink_size * tokens_per_frame
+        if key_scales is not None and len(key_scales) != num_layers:
+            raise SessionError(f"{len(key_scales)} key scales for {num_layers} layers")
+        self.key_scales = None if key_scales is None else [s.to(device, torch.float32).reshape(1) for s in key_scales]
+        self.key_descales = None if key_scales is None else [s.reciprocal() for s in self.key_scales]
+        self.value_amax = None if key_scales is None else [torch.zeros(1, device=device) for _ in range(num_layers)]
         shape = (batch, self.capacity, local_heads, head_dim)
+        key_dtype = FP8 if key_scales is not None else dtype
         self.self_kv: list[LayerKV] | None = [
-            LayerKV(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            LayerKV(torch.zeros(shape, device=device, dtype=key_dtype), torch.zeros(shape, device=device, dtype=dtype))
             for _ in range(num_layers)
         ]
         self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = cross_kv
@@ -132,6 +147,17 @@ class KVWindow:
         return self.self_kv is None
 
     @property
+    def fp8_keys(self) -> bool:
+        """K is kept in e4m3 (a session made for ``cudnn_fp8`` attention)."""
+        return self.key_scales is not None
+
+    def fp8_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K's descale, the running max |V|) of `layer`, fp32 ``[1]`` on the device: what FP8 attention needs."""
+        if not self.fp8_keys:
+            raise SessionError("this session keeps its keys in the model's dtype, not in FP8")
+        return self.key_descales[layer], self.value_amax[layer]
+
+    @property
     def committed_frames(self) -> int:
         return self.frame_offset
 
@@ -143,6 +169,7 @@ class KVWindow:
     def close(self) -> None:
         """Drop every buffer (local; safe to call twice)."""
         self.self_kv, self.cross_kv = None, None
+        self.key_scales = self.key_descales = self.value_amax = None
 
     def __enter__(self) -> "KVWindow":
         return self
@@ -187,6 +214,10 @@ class KVWindow:
             raise SessionError(
                 f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {plan.new_rows}"
             )
+        if self.fp8_keys:  # K cast once, here; V's range grows with every row it is given (no host sync)
+            k_new = cast_fp8(k_new, self.key_scales[layer])
+            amax = self.value_amax[layer]
+            torch.maximum(amax, v_new.abs().amax().float().reshape(1), out=amax)
         for row, first, rows in plan.slots:
             cache.k[:, row : row + rows].copy_(k_new[:, first : first + rows])
             cache.v[:, row : row + rows].copy_(v_new[:, first : first + rows])
