@@ -22,7 +22,8 @@
 # (LingBot sessions with --vae-fast: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention), fp8_minimax_attn (MiniMax H3 official
 # call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/), session_fp8_window (the same sessions with FP8
 # attention over the FP8-key window and over a bf16 window quantized per call), fp8_tests (the FP8 attention and the
-# FP8-key window GPU tests; needs .whl/fp8/).
+# FP8-key window GPU tests; needs .whl/fp8/), e2e_fastest (run_i2v at the official size with FP8 GEMMs, FP8 attention,
+# the bf16 VAE and --vae-fast), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -60,6 +61,10 @@ for s in "$@"; do
     session_fp8_window) step session_fp8_window 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
         --variants reuse+fast-vae,fp8+fast-vae,fp8+fp8-attn-requant+fast-vae,fp8+fp8-attn+fast-vae \
         --output "$OUT/lingbot_session_fp8_window.json" ;;
+    e2e_fastest) step e2e_fastest 300 $PY examples/lingbot_world_v2/run_i2v.py --config official --device cuda --no-progress \
+        --quantization fp8 --attn-impl cudnn_fp8 --vae-dtype bfloat16 --vae-fast --output "$OUT/lingbot_e2e_fastest/session.mp4" ;;
+    diffusers_best) step diffusers_best 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
+        --output "$OUT/lingbot_vs_diffusers_best.json" ;;
     fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging --noconftest \
         tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
