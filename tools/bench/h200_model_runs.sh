@@ -23,7 +23,7 @@
 # call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/), session_fp8_window (the same sessions with FP8
 # attention over the FP8-key window and over a bf16 window quantized per call), fp8_tests (the FP8 attention and the
 # FP8-key window GPU tests; needs .whl/fp8/), e2e_fastest (run_i2v at the official size with FP8 GEMMs, FP8 attention,
-# the bf16 VAE and --vae-fast), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
+# the bf16 VAE and --vae-fast), stream_replay_fastest (the one-minute replay with those settings), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -90,6 +90,11 @@ for s in "$@"; do
     stream_replay) step stream_replay 590 $PY tools/bench/stream_replay.py --config official --device cuda \
         --vae-dtype bfloat16 --startup-timeout 420 --output "$OUT/stream_replay_1min.json" \
         --service-log "$OUT/stream_replay_service.log" -- --vae-fast ;;
+    stream_replay_fastest)
+      step pip_serve 120 $PY -m pip install --no-index --find-links .whl/serve fastapi uvicorn websockets httpx
+      step stream_replay_fastest 560 $PY tools/bench/stream_replay.py --config official --device cuda \
+        --vae-dtype bfloat16 --startup-timeout 300 --output "$OUT/stream_replay_fastest_1min.json" \
+        --service-log "$OUT/stream_replay_fastest_service.log" -- --vae-fast --quantization fp8 --attn-impl cudnn_fp8 ;;
     vae) step vae 300 $PY tools/bench/wan_vae_bench.py --output "$OUT/wan_vae.json" ;;
     attn_fp8)
       step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
