@@ -160,3 +160,20 @@ def test_the_fp8_bench_refuses_fp8_attention_without_a_hopper_gpu_before_buildin
     monkeypatch.setattr(bench, "minimax_call", lambda *a: pytest.fail("the model was built before the check"))
     with pytest.raises(RuntimeError, match="cudnn_fp8"):
         bench.main(["--model", "minimax", "--config", "tiny", "--device", "cpu", "--fp8-attention"])
+
+
+def test_the_fp8_bench_variants_option_picks_a_subset_in_a_fixed_order():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "fp8_dit_bench.py"
+    spec = importlib.util.spec_from_file_location("fp8_dit_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_args(["--model", "minimax"]).variants == ["bf16", "fp8"]
+    args = bench.parse_args(["--model", "minimax", "--fp8-attention"])
+    assert args.variants == list(bench.VARIANTS)
+    args = bench.parse_args(["--model", "minimax", "--variants", "bf16+fp8-attn"])
+    assert args.variants == ["bf16", "bf16+fp8-attn"] and args.fp8_attention  # the reference always runs
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--model", "minimax", "--variants", "int4"])

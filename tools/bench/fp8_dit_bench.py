@@ -8,8 +8,9 @@ One random-weight model (said so) and a copy of it with its block GEMMs in FP8 (
 fixed input, alternately, --iters times after a warm-up each. The table gives each one's median seconds per call,
 the speed-up, and the FP8 output against bf16: relative L2 and cosine (the gate: cosine >= --min-cosine).
 
---fp8-attention adds a third variant, ``fp8+fp8-attn``: the FP8 model with attention in FP8 too (``cudnn_fp8``,
-cuDNN frontend, `ops.attention_fp8`); it needs a Hopper GPU and nvidia-cudnn-frontend, and passes the same gate.
+--fp8-attention adds ``bf16+fp8-attn`` (bf16 GEMMs, attention in FP8: ``cudnn_fp8``, cuDNN frontend,
+`ops.attention_fp8`) and ``fp8+fp8-attn`` (both in FP8); they need a Hopper GPU and nvidia-cudnn-frontend and face
+the same gate. --variants picks a subset of bf16, bf16+fp8-attn, fp8, fp8+fp8-attn (bf16, the reference, always runs).
 
 --sequential keeps one copy: bf16 runs its warm-up and --iters calls, then the same model is quantized in place and
 FP8 runs the same. The official MiniMax H3 DiT and its activations at 768p 5 s do not fit twice on one 141 GB GPU
@@ -29,6 +30,9 @@ from pathlib import Path
 import torch
 
 from telefuser.runtime import Runtime
+
+
+VARIANTS = ("bf16", "bf16+fp8-attn", "fp8", "fp8+fp8-attn")  # the order a sequential run takes
 
 
 def minimax_call(config_name: str, layers: int | None, device, dtype):
@@ -111,9 +115,19 @@ def parse_args(argv=None):
     p.add_argument("--min-cosine", type=float, default=0.99)
     p.add_argument("--device", default=None)
     p.add_argument("--sequential", action="store_true", help="one copy of the model: bf16 first, then FP8 in place")
-    p.add_argument("--fp8-attention", action="store_true", help="add fp8+fp8-attn: FP8 GEMMs and cuDNN FP8 attention")
+    p.add_argument("--fp8-attention", action="store_true", help="add bf16+fp8-attn and fp8+fp8-attn (cuDNN FP8)")
+    p.add_argument("--variants", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
     p.add_argument("--output", type=Path, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.variants is None:
+        args.variants = list(VARIANTS) if args.fp8_attention else ["bf16", "fp8"]
+    else:
+        chosen = {v.strip() for v in args.variants.split(",") if v.strip()}
+        if chosen - set(VARIANTS):
+            p.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {', '.join(VARIANTS)}")
+        args.variants = [v for v in VARIANTS if v in chosen | {"bf16"}]
+    args.fp8_attention = any("fp8-attn" in v for v in args.variants)
+    return args
 
 
 def main(argv=None) -> int:
@@ -127,17 +141,16 @@ def main(argv=None) -> int:
     build = minimax_call if args.model == "minimax" else lingbot_call
     model, prepare = build(args.config, args.layers, device, dtype)
     print(f"{args.model} ({args.config}, {dtype}, random weights: timings and error figures only)", flush=True)
-    seconds = {"bf16": [], "fp8": []}
-    if args.fp8_attention:
-        seconds["fp8+fp8-attn"] = []
+    seconds = {name: [] for name in args.variants}
     outputs = {}
     with torch.inference_mode():
         if args.sequential:
-            for name, times in seconds.items():
-                if name == "fp8":
+            quantized = False
+            for name, times in seconds.items():  # VARIANTS order: the bf16-GEMM ones before the model is quantized
+                if name.startswith("fp8") and not quantized:
                     model.quantize("fp8")
-                if name == "fp8+fp8-attn":
-                    model.attn_impl = "cudnn_fp8"
+                    quantized = True
+                model.attn_impl = "cudnn_fp8" if name.endswith("fp8-attn") else "sdpa"
                 call = prepare(model)
                 outputs[name] = call()  # warm-up: allocator, kernels, compilation
                 for _ in range(args.iters):
@@ -145,13 +158,23 @@ def main(argv=None) -> int:
                     times.append(s)
                 del call
         else:
-            fp8 = copy.deepcopy(model)
-            fp8.quantize("fp8")
-            calls = {"bf16": prepare(model), "fp8": prepare(fp8)}
-            if args.fp8_attention:
-                fp8_attn = copy.copy(fp8)  # shares fp8's modules; only the attention implementation differs
-                fp8_attn.attn_impl = "cudnn_fp8"
-                calls["fp8+fp8-attn"] = prepare(fp8_attn)
+            fp8 = None
+            if any(name.startswith("fp8") for name in args.variants):
+                fp8 = copy.deepcopy(model)
+                fp8.quantize("fp8")
+
+            def with_attention(m, impl):  # shares m's modules; only the attention implementation differs
+                other = copy.copy(m)
+                other.attn_impl = impl
+                return other
+
+            models = {
+                "bf16": model,
+                "bf16+fp8-attn": with_attention(model, "cudnn_fp8"),
+                "fp8": fp8,
+                "fp8+fp8-attn": fp8 is not None and with_attention(fp8, "cudnn_fp8"),
+            }
+            calls = {name: prepare(models[name]) for name in args.variants}
             for name, call in calls.items():  # warm-up: allocator, kernels, compilation
                 outputs[name] = call()
             for _ in range(args.iters):
@@ -188,8 +211,8 @@ def main(argv=None) -> int:
                     "mode": "sequential" if args.sequential else "alternating",
                     "seconds": seconds,
                     "median_s": median,
-                    "relative_l2": quality["fp8"]["relative_l2"],
-                    "cosine": quality["fp8"]["cosine"],
+                    "relative_l2": quality.get("fp8", {}).get("relative_l2"),
+                    "cosine": quality.get("fp8", {}).get("cosine"),
                     "quality": quality,
                     "gate_passed": gate,
                 },
