@@ -7,6 +7,7 @@ Attention spans every modality; AdaLN modulation is picked per token by its moda
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -29,6 +30,8 @@ from .embeddings import Rope3D, TimestepEmbedder
 from .modulation import AdaLNProjection, table_rows, timestep_rows
 from .packing import PACKED_SEQUENCE_ALIGNMENT, PackedLayout, pack_layout, patchify_video, unpatchify_video
 from .tp import TensorParallelState, apply_tensor_parallel
+
+logger = logging.getLogger(__name__)
 
 # Parameters the released checkpoint stores, and the model runs, in fp32 whatever the compute dtype.
 FP32_PARAMETER_NAMES = frozenset(
@@ -71,6 +74,11 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.final_layer = FinalLayer(config)
 
         self.attn_impl = check_attention_impl(attn_impl)
+        if self.attn_impl == "cudnn_fp8":
+            logger.warning(
+                "MiniMax H3 with FP8 attention (cudnn_fp8): on the H200 its official call fell to cosine 0.978 "
+                "against bf16 (random weights, gate 0.99; docs/perf/2026-12-02-h200-models); check the quality"
+            )
         self.sequence_alignment = sequence_alignment
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
