@@ -83,3 +83,59 @@ def test_ulysses_matches_dense_over_a_rolling_window(ranks):
 @pytest.mark.parametrize("degree", [2, 4, 8])
 def test_the_v2_head_count_splits_for_the_ulysses_profiles(degree):
     ParallelConfig(ulysses_degree=degree).check_heads(LingBotWorldV2Config().num_heads)
+
+
+# -- a session that keeps its keys in FP8 (cudnn_fp8), the kernel emulated on the CPU --------------------------------
+# Each rank casts its heads' keys with the same per-layer scale, so Ulysses moves the same e4m3 keys as the dense
+# model holds, except where a key that differs by summation order (8.6e-7, above) sits at an e4m3 rounding midpoint
+# and rounds the other way: one step (2^-4 .. 2^-3 relatively) on that element. Measured: 4.3e-7 (U2) and 8.5e-7
+# (U4), no key rounding the other way; flipping one random key element by one step in every attention call of a
+# session measured 2.6e-4 .. 6.3e-4. The bound covers that worst case on any host; the negative control (the parallel
+# run reads its keys at twice their descale) must land 10x above it.
+MAX_RELATIVE_ERROR_FP8 = 1e-3
+
+
+def _emulated_fp8_attention(descale_factor: float = 1.0):
+    from telefuser.ops.attention import attention
+
+    def fp8_attention_known_scales(q, k8, descale_k, v, amax_v):
+        assert float(v.abs().max()) <= float(amax_v)
+        return attention(q, (k8.float() * descale_k * descale_factor).to(q.dtype), v)
+
+    return fp8_attention_known_scales
+
+
+def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
+    from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.ops.attention import attention
+
+    saved = attention_module.attention, attention_module.fp8_attention_known_scales
+    # cross-attention runs plain SDPA (it is per-call FP8 in the model, not the window under test)
+    attention_module.attention = lambda q, k, v, impl: attention(q, k, v)
+    attention_module.fp8_attention_known_scales = _emulated_fp8_attention()
+    try:  # the pool's processes outlive the test: the module is restored whatever happens
+        mesh = build_mesh(ParallelConfig(ulysses_degree=ulysses))
+        config = LingBotWorldV2Config.tiny()
+        dense_model = build_random_lingbot_dit(config, seed=0)
+        dense_model.attn_impl = "cudnn_fp8"  # set directly: there is no GPU to check it against
+        text = torch.randn(2, 5, config.text_dim, generator=torch.Generator().manual_seed(2))
+        dense, _, _ = _generate(dense_model, config, text)
+        model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+        session = model.new_session(2, text, tokens_per_frame=TPF)
+        fp8_keys = session.fp8_keys and session.self_kv[0].k.dtype == torch.float8_e4m3fn
+        session.close()
+        attention_module.fp8_attention_known_scales = _emulated_fp8_attention(descale_factor)
+        parallel, _, _ = _generate(model, config, text)
+        model.close()
+    finally:
+        attention_module.attention, attention_module.fp8_attention_known_scales = saved
+    errors = [((p - d).abs().max() / d.abs().max()).item() for d, p in zip(dense, parallel)]
+    return max(errors), fp8_keys
+
+
+def test_ulysses_matches_dense_with_fp8_keys(ranks):
+    for error, fp8_keys in ranks.run(_fp8_key_parity, ranks.world_size):
+        assert fp8_keys
+        assert error <= MAX_RELATIVE_ERROR_FP8, error
+    for error, _ in ranks.run(_fp8_key_parity, ranks.world_size, descale_factor=2.0):  # negative control
+        assert error > 10 * MAX_RELATIVE_ERROR_FP8, error
