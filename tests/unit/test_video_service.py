@@ -519,3 +519,48 @@ def test_serve_fake_on_port_0_and_sigterm(tmp_path):
     assert any("serve exited cleanly" in line for line in lines), "".join(lines)
     record = json.loads((tmp_path / f"{job['id']}.json").read_text())
     assert record["status"] == "cancelled" and record["cancel_reason"] == "shutdown"
+
+
+def test_warmup_runs_one_dit_call_at_the_default_shape_on_every_rank(monkeypatch):
+    """`--warmup on` (auto means on for CUDA): one request at the default size and seconds with steps=2, before
+    serving, timed in the runner's metadata; off by default on the CPU."""
+    from telefuser.pipelines.minimax_h3 import MiniMaxH3Pipeline
+    from telefuser.serving.video.minimax import build_minimax_runner
+
+    calls = []
+    real_call = MiniMaxH3Pipeline.__call__
+
+    def recording_call(self, prompt, **kwargs):
+        calls.append(kwargs)
+        return real_call(self, prompt, **kwargs)
+
+    monkeypatch.setattr(MiniMaxH3Pipeline, "__call__", recording_call)
+    args = argparse.Namespace(
+        config="tiny",
+        checkpoint=None,
+        device="cpu",
+        dtype="float32",
+        attn_impl="sdpa",
+        ulysses_degree=1,
+        tp_degree=1,
+        enable_feature_cache=False,
+        steps_default=3,
+        size_default="64x32",
+        seconds_default=0.2,
+        served_model_name="MiniMax-H3",
+        offload_text_encoder=False,
+        warmup="on",
+    )
+    runner = build_minimax_runner(args)
+    try:
+        assert [(c["steps"], c["resolution"], c["duration"]) for c in calls] == [(2, "64x32", 0.2)]
+        assert runner.metadata["warmup_s"] > 0
+    finally:
+        runner.close()
+    args.warmup = "auto"  # on the CPU: no warm-up
+    calls.clear()
+    runner = build_minimax_runner(args)
+    try:
+        assert calls == [] and "warmup_s" not in runner.metadata
+    finally:
+        runner.close()

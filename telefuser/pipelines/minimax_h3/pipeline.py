@@ -155,6 +155,15 @@ class MiniMaxH3Pipeline:
         if callable(close):
             close()
 
+    def warm_up(self, *, duration: float, resolution=OFFICIAL_SHORT_EDGE, aspect_ratio: str = "16:9") -> float:
+        """Run and discard one request at this shape with a single DiT call (steps=2), so that the first real
+        request at it pays for no kernel compilation or selection (the compiled elementwise chains, cuDNN's plans,
+        the VAE's convolutions: seconds on CUDA). Collective under Ulysses/TP: every rank calls it. Returns the
+        seconds it took."""
+        start = time.perf_counter()
+        self("warm-up", duration=duration, resolution=resolution, aspect_ratio=aspect_ratio, steps=2, seed=0)
+        return time.perf_counter() - start
+
     def plan(self, *, duration: float, resolution=OFFICIAL_SHORT_EDGE, aspect_ratio: str = "16:9") -> MiniMaxH3Shape:
         return plan_shape(
             duration_s=duration, resolution=resolution, aspect_ratio=aspect_ratio, patch_size=self.patch_size

@@ -129,6 +129,13 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     m.add_argument(
         "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
     )
+    m.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run one request of the default size and seconds (one DiT call) at start-up, so the first client at "
+        "that shape does not pay for kernel compilation (auto: on for CUDA)",
+    )
     p.set_defaults(func=lambda args: run_serve(args, build_runner))
     return p
 

@@ -8,6 +8,7 @@ replays each job on the others (replay.py). `memory_estimate`'s terms and calibr
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from telefuser.runtime import torch_dtype
 from .canvas import write_clip
 from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
 
+log = logging.getLogger(__name__)
 NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 768, area cap)
 TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
 LATENT_COPIES = 6
@@ -194,6 +196,11 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "tp_degree": parallel.tp_degree,
         "offload_adaln": bool(getattr(args, "offload_adaln", False)),
     }
+    warmup = getattr(args, "warmup", "auto")
+    if warmup == "on" or (warmup == "auto" and str(device).startswith("cuda")):  # every rank: the DiT is collective
+        seconds = pipe.warm_up(duration=defaults["seconds"], resolution=defaults["size"])
+        info["warmup_s"] = round(seconds, 3)
+        log.info("warm-up request (%s, %g s, one DiT call) took %.1f s", defaults["size"], defaults["seconds"], seconds)
     lent = _module_bytes(getattr(pipe.prompt_encoder, "encoder", None)) if args.offload_text_encoder else 0
     return MiniMaxRunner(
         pipe,
