@@ -8,7 +8,6 @@ estimate set the limits it is checked against.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -27,6 +26,7 @@ from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
 from telefuser.serving.video.limits import VideoLimitFlags
 from telefuser.serving.video.worker import Unstorable
 from tests import hostile_values as hv
+from tests.video_runner_args import tiny_runner_args
 
 PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None)
 SMALL = VideoLimitFlags(max_pixels=128 * 128, max_pixel_seconds=128 * 128 * 1.0, max_job_memory_gib=0.05)
@@ -364,22 +364,7 @@ def test_property_runs_left_the_service_healthy_restartable_and_memory_bounded(v
 def tiny_runner():
     from telefuser.serving.video.minimax import build_minimax_runner
 
-    args = argparse.Namespace(
-        config="tiny",
-        checkpoint=None,
-        device="cpu",
-        dtype="float32",
-        attn_impl="sdpa",
-        ulysses_degree=1,
-        tp_degree=1,
-        enable_feature_cache=False,
-        steps_default=2,
-        size_default=None,
-        seconds_default=0.2,
-        served_model_name="MiniMax-H3",
-        offload_text_encoder=False,
-    )
-    runner = build_minimax_runner(args)
+    runner = build_minimax_runner(tiny_runner_args(steps_default=2, seconds_default=0.2))
     yield runner
     runner.close()
 

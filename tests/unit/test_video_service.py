@@ -7,7 +7,6 @@ without the model's start-up cost; the real tiny model covers the MP4 with audio
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.contract import JobCancelled, RunHooks, VideoSpec
 from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
+from tests.video_runner_args import tiny_runner_args
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = align_frame_count(round(0.2 * 24))  # the frames the model makes for a 0.2 s request (its grid snaps up)
@@ -102,22 +102,7 @@ def tiny_runner():
     """The real MiniMax H3 pipeline, tiny random weights, CPU, built the way `telefuser serve` builds it."""
     from telefuser.serving.video.minimax import build_minimax_runner
 
-    args = argparse.Namespace(
-        config="tiny",
-        checkpoint=None,
-        device="cpu",
-        dtype="float32",
-        attn_impl="sdpa",
-        ulysses_degree=1,
-        tp_degree=1,
-        enable_feature_cache=False,
-        steps_default=3,
-        size_default=None,
-        seconds_default=None,
-        served_model_name="MiniMax-H3",
-        offload_text_encoder=True,
-    )
-    runner = build_minimax_runner(args)
+    runner = build_minimax_runner(tiny_runner_args(offload_text_encoder=True))
     yield runner
     runner.close()
 
@@ -535,22 +520,7 @@ def test_warmup_runs_one_dit_call_at_the_default_shape_on_every_rank(monkeypatch
         return real_call(self, prompt, **kwargs)
 
     monkeypatch.setattr(MiniMaxH3Pipeline, "__call__", recording_call)
-    args = argparse.Namespace(
-        config="tiny",
-        checkpoint=None,
-        device="cpu",
-        dtype="float32",
-        attn_impl="sdpa",
-        ulysses_degree=1,
-        tp_degree=1,
-        enable_feature_cache=False,
-        steps_default=3,
-        size_default="64x32",
-        seconds_default=0.2,
-        served_model_name="MiniMax-H3",
-        offload_text_encoder=False,
-        warmup="on",
-    )
+    args = tiny_runner_args(size_default="64x32", seconds_default=0.2, warmup="on")
     runner = build_minimax_runner(args)
     try:
         assert [(c["steps"], c["resolution"], c["duration"]) for c in calls] == [(2, "64x32", 0.2)]

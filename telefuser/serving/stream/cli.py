@@ -17,6 +17,7 @@ from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
+from ..common.warmup import add_warmup_arg
 from .contract import SessionFactory
 from .envelope import CODECS
 from .limits import StreamLimitFlags
@@ -116,13 +117,7 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")
-    m.add_argument(
-        "--warmup",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="run a 2-chunk session at start-up so the first client does not pay for kernel compilation "
-        "(auto: on for CUDA)",
-    )
+    add_warmup_arg(m, what="a discarded session that runs every chunk shape")
     p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
     return p
 

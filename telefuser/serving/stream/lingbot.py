@@ -17,6 +17,8 @@ import torch
 
 from telefuser.models.lingbot_world_v2.controls import KEY_BINDINGS
 
+from ..common.warmup import warmup_wanted
+
 log = logging.getLogger("telefuser.serving")
 NATIVE_RESOLUTION = "832x480"  # the released model's canvas
 ACTIVATION_ROW_FACTOR = 32
@@ -185,8 +187,7 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         dtype=dtype,
         ulysses_degree=world,
     )
-    warmup = getattr(args, "warmup", "auto")
-    if warmup == "on" or (warmup == "auto" and device.startswith("cuda")):  # every rank: the DiT is collective
+    if warmup_wanted(args, device):  # every rank: the DiT is collective
         seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])
         factory.warmup_s = round(seconds, 3)
         log.info("warm-up session (2 chunks at %s) took %.1f s", defaults["resolution"], seconds)

@@ -18,6 +18,7 @@ from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
+from ..common.warmup import add_warmup_arg
 from .contract import VideoRunner
 from .limits import VideoLimitFlags
 from .replay import FollowingRunner, follow_runner
@@ -129,13 +130,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     m.add_argument(
         "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
     )
-    m.add_argument(
-        "--warmup",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="run one request of the default size and seconds (one DiT call) at start-up, so the first client at "
-        "that shape does not pay for kernel compilation (auto: on for CUDA)",
-    )
+    add_warmup_arg(m, what="one request of the default size and seconds (one DiT call)")
     p.set_defaults(func=lambda args: run_serve(args, build_runner))
     return p
 

@@ -18,6 +18,7 @@ import torch
 from telefuser.pipelines.minimax_h3 import GenerationCancelled
 from telefuser.runtime import torch_dtype
 
+from ..common.warmup import warmup_wanted
 from .canvas import write_clip
 from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
 
@@ -196,8 +197,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "tp_degree": parallel.tp_degree,
         "offload_adaln": bool(getattr(args, "offload_adaln", False)),
     }
-    warmup = getattr(args, "warmup", "auto")
-    if warmup == "on" or (warmup == "auto" and str(device).startswith("cuda")):  # every rank: the DiT is collective
+    if warmup_wanted(args, device):  # every rank: the DiT is collective
         seconds = pipe.warm_up(duration=defaults["seconds"], resolution=defaults["size"])
         info["warmup_s"] = round(seconds, 3)
         log.info("warm-up request (%s, %g s, one DiT call) took %.1f s", defaults["size"], defaults["seconds"], seconds)
