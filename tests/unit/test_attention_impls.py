@@ -67,6 +67,26 @@ def test_cpu_tensors_are_refused_even_with_cudnn_importable(monkeypatch):
         attention(q, k, v, impl="cudnn_fp8")
 
 
+def test_known_scales_entry_refuses_clearly(monkeypatch, no_cudnn):
+    from telefuser.ops.attention_fp8 import cast_fp8, fp8_attention_known_scales
+
+    q, k, v = _qkv()
+    k8, descale, amax = cast_fp8(k, torch.tensor([8.0])), torch.tensor([0.125]), v.abs().amax().float().reshape(1)
+    with pytest.raises(RuntimeError, match="nvidia-cudnn-frontend"):
+        fp8_attention_known_scales(q, k8, descale, v, amax)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        fp8_attention_known_scales(q, k8, descale, v, amax)
+
+
+def test_cast_fp8_saturates_instead_of_overflowing():
+    from telefuser.ops.attention_fp8 import cast_fp8
+
+    x = torch.tensor([1.0, -2.0, 1e6, -1e6, 0.0], dtype=torch.bfloat16)
+    got = cast_fp8(x, torch.tensor([4.0])).float()
+    assert torch.equal(got, torch.tensor([4.0, -8.0, 448.0, -448.0, 0.0]))  # exact: e4m3 holds these
+
+
 def test_availability_reports_a_missing_frontend(monkeypatch, no_cudnn):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
