@@ -17,6 +17,8 @@ import torch
 
 from tests import transport_cases as cases
 
+pytestmark = pytest.mark.tf_kernel  # the copy engine's device ops
+
 T, DEV = os.environ.get("TELEFUSER_TEST_GPU_TRANSPORT", "ce-ipc"), "cuda"
 GPU_PER_RANK = os.environ.get("TELEFUSER_TEST_GPU_PER_RANK") == "1"
 ROOT = Path(__file__).resolve().parents[2]

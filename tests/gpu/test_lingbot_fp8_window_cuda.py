@@ -2,7 +2,7 @@
 FP8 attention over a bf16 window (quantized whole per call).
 
 Needs a CUDA GPU of SM90+ and nvidia-cudnn-frontend, not tf-kernel:
-``python3 -m pytest --noconftest tests/gpu/test_lingbot_fp8_window_cuda.py``.
+``python3 -m pytest tests/gpu/test_lingbot_fp8_window_cuda.py``.
 
 Bounds: FP8 attention on random data measures cosine ~0.998 and relative L2 ~6e-2 per call against bf16
 (tests/gpu/test_attention_fp8_cuda.py holds each call to relative L2 <= 0.1, cosine >= 0.995). Here every attention

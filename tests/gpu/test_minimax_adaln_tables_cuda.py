@@ -1,7 +1,7 @@
 """MiniMax H3 AdaLN tables on a CUDA GPU: the same bit-for-bit contract as on the CPU (tests/unit), where the
 projections are cuBLAS GEMMs and the offloaded weights are streamed from pinned host memory by copies.
 
-Needs a CUDA GPU, not tf-kernel: ``python3 -m pytest --noconftest tests/gpu/test_minimax_adaln_tables_cuda.py``.
+Needs a CUDA GPU, not tf-kernel: ``python3 -m pytest tests/gpu/test_minimax_adaln_tables_cuda.py``.
 """
 
 from __future__ import annotations

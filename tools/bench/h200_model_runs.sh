@@ -55,7 +55,7 @@ for s in "$@"; do
       step pip 120 $PY -m pip install --no-deps --no-index .whl/*.whl
       step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
       { nvidia-smi; $PY -c "import torch, diffusers, av, cudnn; print(torch.__version__, diffusers.__version__, av.__version__, cudnn.backend_version_string())"; } >"$OUT/env.txt" 2>&1 ;;
-    adaln) step adaln 180 $PY -m pytest -q -rs --tb=short -p no:logging --noconftest tests/gpu/test_minimax_adaln_tables_cuda.py ;;
+    adaln) step adaln 180 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_minimax_adaln_tables_cuda.py ;;
     session_fp8_attn) step session_fp8_attn 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
         --variants reuse+fast-vae,fp8+fast-vae,fp8+fp8-attn+fast-vae --output "$OUT/lingbot_session_fp8_attn.json" ;;
     session_fp8_window) step session_fp8_window 590 $PY tools/bench/lingbot_session_ab.py --rounds 1 \
@@ -65,7 +65,7 @@ for s in "$@"; do
         --quantization fp8 --attn-impl cudnn_fp8 --vae-dtype bfloat16 --vae-fast --output "$OUT/lingbot_e2e_fastest/session.mp4" ;;
     diffusers_best) step diffusers_best 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
         --output "$OUT/lingbot_vs_diffusers_best.json" ;;
-    fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging --noconftest \
+    fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging \
         tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
         --fp8-attention --output "$OUT/fp8_minimax_attn.json" ;;
@@ -98,7 +98,7 @@ for s in "$@"; do
     vae) step vae 300 $PY tools/bench/wan_vae_bench.py --output "$OUT/wan_vae.json" ;;
     attn_fp8)
       step pip_fp8 60 $PY -m pip install --no-deps --no-index .whl/fp8/*.whl
-      step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging --noconftest tests/gpu/test_attention_fp8_cuda.py
+      step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_attention_fp8_cuda.py
       step attn_fp8_bench 240 $PY tools/bench/attention_fp8_bench.py --output "$OUT/attention_fp8.json" ;;
     submission_profile) step submission_profile 90 $TORCHRUN2 tools/bench/submission_cost.py --transport ce-ipc --profile 30 --label "(profiled)" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
