@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from tests.serve_stream_launch import stream_one_session_then_ctrl_c
+
+pytestmark = pytest.mark.tf_kernel  # the model's exchange is expected on the copy engine
 
 IPC_TROUBLE = re.compile(r"(?i)(warn|leak|error|fail).*ipc|ipc.*(warn|leak|error|fail)")
 
