@@ -23,7 +23,8 @@
 # call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/), session_fp8_window (the same sessions with FP8
 # attention over the FP8-key window and over a bf16 window quantized per call), fp8_tests (the FP8 attention and the
 # FP8-key window GPU tests; needs .whl/fp8/), e2e_fastest (run_i2v at the official size with FP8 GEMMs, FP8 attention,
-# the bf16 VAE and --vae-fast), stream_replay_fastest (the one-minute replay with those settings), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
+# the bf16 VAE and --vae-fast), decode_overlap (does decoding beside the DiT on another stream hide it? FP8 DiT;
+# needs .whl/fp8/), stream_replay_fastest (the one-minute replay with those settings), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -65,6 +66,8 @@ for s in "$@"; do
         --quantization fp8 --attn-impl cudnn_fp8 --vae-dtype bfloat16 --vae-fast --output "$OUT/lingbot_e2e_fastest/session.mp4" ;;
     diffusers_best) step diffusers_best 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
         --output "$OUT/lingbot_vs_diffusers_best.json" ;;
+    decode_overlap) step decode_overlap 300 $PY tools/bench/decode_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8 \
+        --output "$OUT/decode_overlap.json" ;;
     fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging \
         tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \

@@ -1,0 +1,39 @@
+"""tools/bench/decode_overlap_bench.py runs end to end on the CPU (a smoke run: no streams there) and reports every
+row; the GPU run is what decides whether the session overlaps its decode."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "decode_overlap_bench.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("decode_overlap_bench", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_smoke_run_reports_each_row(tmp_path, capsys):
+    bench = _bench()
+    out = tmp_path / "overlap.json"
+    argv = ["--config", "tiny", "--device", "cpu", "--resolution", "64x48", "--iters", "1", "--output", str(out)]
+    assert bench.main(argv) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == list(bench.VARIANTS)
+    assert all(r["median_s"] > 0 for r in runs.values())
+    assert runs["dit"]["decode_hidden"] is None and isinstance(runs["both"]["decode_hidden"], float)
+    assert "CPU: no streams" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_refused_before_any_model_is_built():
+    bench = _bench()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--resolution", "100x48"])
+    with pytest.raises(RuntimeError, match="cudnn_fp8"):
+        bench.main(["--config", "tiny", "--device", "cpu", "--attn-impl", "cudnn_fp8"])

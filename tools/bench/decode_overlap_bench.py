@@ -1,0 +1,172 @@
+"""Would decoding chunk n while the DiT runs chunk n+1 shorten a LingBot chunk on one GPU? Measured, side by side.
+
+    python tools/bench/decode_overlap_bench.py                        # official sizes on the GPU, bf16
+    python tools/bench/decode_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8
+    python tools/bench/decode_overlap_bench.py --config tiny --device cpu --resolution 64x48 --iters 1   # smoke run
+
+One random-weight DiT (said so) reading a full KV window, as a steady chunk does, and the bf16 VAE as ``--vae-fast``
+runs it. Per round, in a rotating order: the DiT forward alone, one chunk's decode alone, and both at once, the
+decode on another stream. The table gives
+the medians and how much of the decode the overlap hides: ``(dit + decode - both) / decode``. ``both`` runs the decode
+on a side stream of default priority; ``both-dit-priority`` runs the DiT on a high-priority stream instead, so the
+decode only fills what the DiT leaves (CUDA's lowest priority is the default one). Both compute on the same SMs, so
+expect a fraction, not all of it; only a measured gain justifies restructuring the session (frames of
+chunk n would then leave while chunk n+1 denoises). On the CPU there are no streams: the smoke run measures the
+sequential sum and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from telefuser.runtime import Runtime
+
+VARIANTS = ("dit", "decode", "both", "both-dit-priority")
+
+
+def build(args, device, dtype):
+    from dataclasses import replace
+
+    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+    from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+    from telefuser.pipelines.lingbot_world_v2.vae_fusion import optimize_vae
+
+    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny()
+    config = replace(config, num_layers=args.layers) if args.layers else config
+    dit = build_random_lingbot_dit(
+        config, 0, device, dtype, attn_impl=args.attn_impl, init_on_device=device.type == "cuda"
+    ).eval()
+    dit.quantize(args.quantization)
+    vae = WanVideoVAE.random(
+        args.config, seed=0, device=device, dtype=torch.bfloat16 if device.type == "cuda" else dtype
+    )
+    if device.type == "cuda":
+        optimize_vae(vae.model)
+    width, height = (int(v) for v in args.resolution.lower().split("x"))
+    grid = (height // 8, width // 8)
+    tokens_per_frame = grid[0] * grid[1] // 4
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(1, min(64, config.text_len), config.text_dim, generator=g).to(device, dtype)
+    frames = min(4, config.local_attn_size - config.sink_size)
+    chunk = torch.randn(1, config.in_dim, frames, *grid, generator=g).to(device)
+    camera = torch.randn(1, frames * tokens_per_frame, config.camera_feature_dim, generator=g).to(device, dtype)
+    session = dit.new_session(1, text, tokens_per_frame=tokens_per_frame)
+    fill = torch.randn(1, config.in_dim, 1, *grid, generator=g).to(device)
+    with torch.inference_mode():
+        for _ in range(config.local_attn_size - frames):  # a full window, as every steady chunk reads
+            dit.commit_chunk(session, fill, torch.zeros(1, device=device), camera[:, :tokens_per_frame])
+    modulation = dit.camera_modulation(camera)
+    t = torch.full((1,), 500.0, device=device)
+    decoder = vae.stream_decoder()
+    latents = torch.randn(1, 16, frames, *grid, generator=g).to(device, torch.float32)
+
+    def run_dit():
+        return dit.forward_chunk(session, chunk, t, modulation, update_cache=False)
+
+    def run_decode():
+        return decoder.decode(latents)
+
+    return run_dit, run_decode
+
+
+def timed(fn, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def concurrent(run_dit, run_decode, device, *, dit_priority: bool):
+    """The two at once: the decode on a side stream and the DiT on the current one, or (`dit_priority`) the DiT on a
+    high-priority side stream and the decode on the current one. Each side stream starts after what the current
+    stream queued, and the current stream waits for it."""
+    if device.type != "cuda":
+        return lambda: (run_decode(), run_dit())
+    _, highest = torch.cuda.Stream.priority_range()
+    side = torch.cuda.Stream(device, priority=highest if dit_priority else 0)
+    on_side, on_current = (run_dit, run_decode) if dit_priority else (run_decode, run_dit)
+
+    def both():
+        current = torch.cuda.current_stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            on_side()
+        on_current()
+        current.wait_stream(side)
+
+    return both
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT, multiples of 16")
+    p.add_argument("--quantization", choices=["none", "fp8"], default="none")
+    p.add_argument("--attn-impl", default="sdpa")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--device", default=None)
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    width, height = (int(v) for v in args.resolution.lower().split("x"))
+    if width % 16 or height % 16:
+        p.error(f"--resolution must be multiples of 16, got {args.resolution}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from telefuser.ops.attention import check_attention_impl
+
+    check_attention_impl(args.attn_impl)
+    runtime = Runtime.launch(device=args.device)
+    device, dtype = runtime.device, runtime.dtype
+    with torch.inference_mode():
+        run_dit, run_decode = build(args, device, dtype)
+        calls = {
+            "dit": run_dit,
+            "decode": run_decode,
+            "both": concurrent(run_dit, run_decode, device, dit_priority=False),
+            "both-dit-priority": concurrent(run_dit, run_decode, device, dit_priority=True),
+        }
+        for call in calls.values():  # warm-up: compilation, cuDNN plans, the decoder's cache
+            call()
+        seconds = {name: [] for name in calls}
+        names = list(calls)
+        for r in range(args.iters):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                seconds[name].append(timed(calls[name], device))
+    median = {name: statistics.median(v) for name, v in seconds.items()}
+    dit, decode = median["dit"], median["decode"]
+    where = "CUDA streams" if device.type == "cuda" else "CPU: no streams, 'both' runs the two in sequence"
+    print(
+        f"\nLingBot-World v2 ({args.config}, {args.resolution}, {dtype}, {args.quantization}, {args.attn_impl}; {where})"
+    )
+    print("| run | s (median) | decode hidden |\n|---|---|---|")
+    report = {}
+    for name in names:
+        hidden = (dit + decode - median[name]) / decode if name.startswith("both") else None
+        report[name] = {"median_s": median[name], "seconds": seconds[name], "decode_hidden": hidden}
+        print(f"| {name} | {median[name]:.4f} | {'-' if hidden is None else f'{hidden:.0%}'} |")
+    print(f"| dit + decode, in sequence | {dit + decode:.4f} | 0% |")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": report}, indent=2) + "\n"
+        )
+    runtime.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
