@@ -90,36 +90,3 @@ def test_completed_groups_are_retired_in_order():
         left = len(watchdog._pending)
     watchdog.close()
     assert left == 0 and fired == [] and threading.active_count() >= 1
-
-
-def test_watch_never_signals_the_thread_and_an_idle_watchdog_still_picks_entries_up():
-    watchdog, fired = _watchdog(0.2)
-    signals = []
-    real_set = watchdog._wake.set
-    watchdog._wake.set = lambda: signals.append(1) or real_set()
-    time.sleep(0.05)  # idle: nothing pending
-    events = [(FakeEvent(done=True), FakeEvent()) for _ in range(20)]
-    for epoch, (reached, done) in enumerate(events, 1):
-        watchdog.watch(epoch, reached, done)
-    assert signals == []  # the submitting thread never hands the GIL to the watchdog
-    for _, done in events:
-        done.done = True
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 2:
-        with watchdog._lock:
-            if not watchdog._pending:
-                break
-        time.sleep(0.01)
-    with watchdog._lock:
-        left = len(watchdog._pending)
-    watchdog.close()
-    assert left == 0 and fired == [] and signals == [1]  # retired by polling; close() is the only signal
-    # and an entry that stalls after an idle spell is still caught within about one timeout
-    watchdog, fired = _watchdog(0.2)
-    time.sleep(0.05)
-    watchdog.watch(9, FakeEvent(done=True), FakeEvent())
-    t0 = time.monotonic()
-    while not fired and time.monotonic() - t0 < 3:
-        time.sleep(0.01)
-    watchdog.close()
-    assert fired and "epoch 9" in fired[0] and 0.18 <= time.monotonic() - t0 < 1.5

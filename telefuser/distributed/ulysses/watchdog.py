@@ -42,11 +42,9 @@ class HandshakeWatchdog:
         self._thread.start()
 
     def watch(self, epoch: int, reached, done) -> None:
-        # No wake-up: the thread polls every poll_s, idle or not, and finds the entry there. Waking it per group put
-        # a GIL hand-off on the submitting thread's path (seen in submission_cost.py --profile); a stall is noticed
-        # at most one poll later, against a timeout of seconds.
         with self._lock:
             self._pending.append([epoch, reached, done, None])
+        self._wake.set()
 
     def close(self) -> None:
         self._stop = True
@@ -73,7 +71,8 @@ class HandshakeWatchdog:
             with self._lock:
                 head = self._pending[0] if self._pending else None
             if head is None:
-                self._wake.wait(self._poll_s)  # set only by close()
+                self._wake.wait()
+                self._wake.clear()
                 continue
             epoch, reached, done, started = head
             if done.query():  # queried outside the lock
@@ -92,6 +91,7 @@ class HandshakeWatchdog:
                 )
                 return
             self._wake.wait(self._poll_s)
+            self._wake.clear()
 
 
 def _abort(message: str) -> None:
