@@ -12,7 +12,8 @@ on a side stream of default priority; ``both-dit-priority`` runs the DiT on a hi
 decode only fills what the DiT leaves (CUDA's lowest priority is the default one). Both compute on the same SMs, so
 expect a fraction, not all of it; only a measured gain justifies restructuring the session (frames of
 chunk n would then leave while chunk n+1 denoises). On the CPU there are no streams: the smoke run measures the
-sequential sum and says so.
+sequential sum and says so. Written on 2026-12-02 after the session's device time was spent: its CUDA path has not
+run yet, and its first GPU run is also its test.
 """
 
 from __future__ import annotations
