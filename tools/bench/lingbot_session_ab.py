@@ -180,14 +180,14 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "recompute": lambda: pipeline(RecomputingDiT(base.dit), vae32),
         "reuse": lambda: pipeline(base.dit, vae32),
         "reuse+bf16-vae": lambda: pipeline(base.dit, vae16),
-        "reuse+fast-vae": lambda: pipeline(base.dit, vaes.get("fast")),
+        "reuse+fast-vae": lambda: pipeline(base.dit, vaes["fast"]),
         "fp8": lambda: pipeline(fp8_dit, vae32),
         "fp8+bf16-vae": lambda: pipeline(fp8_dit, vae16),
-        "fp8+fast-vae": lambda: pipeline(fp8_dit, vaes.get("fast")),
+        "fp8+fast-vae": lambda: pipeline(fp8_dit, vaes["fast"]),
         "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
-        "fp8+fp8-attn+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vaes.get("fast")),
+        "fp8+fp8-attn+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vaes["fast"]),
         "fp8+fp8-attn-requant+fast-vae": lambda: pipeline(
-            AttentionImplDiT(fp8_dit, "cudnn_fp8", per_call_quantization=True), vaes.get("fast")
+            AttentionImplDiT(fp8_dit, "cudnn_fp8", per_call_quantization=True), vaes["fast"]
         ),
     }
     return {name: made[name]() for name in args.variants}, vaes
