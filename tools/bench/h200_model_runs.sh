@@ -23,8 +23,11 @@
 # call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention; needs .whl/fp8/), session_fp8_window (the same sessions with FP8
 # attention over the FP8-key window and over a bf16 window quantized per call), fp8_tests (the FP8 attention and the
 # FP8-key window GPU tests; needs .whl/fp8/), e2e_fastest (run_i2v at the official size with FP8 GEMMs, FP8 attention,
-# the bf16 VAE and --vae-fast), decode_overlap (does decoding beside the DiT on another stream hide it? FP8 DiT;
-# needs .whl/fp8/), stream_replay_fastest (the one-minute replay with those settings), diffusers_best (the vs-diffusers table at 32,760 tokens only, 2 iterations).
+# the bf16 VAE and --vae-fast), vae_overlap (does the VAE work beside the DiT on another stream hide it? FP8 and bf16
+# DiT; needs .whl/fp8/), stream_replay_fastest (the one-minute replay with those settings), diffusers_best (the
+# vs-diffusers table at 32,760 tokens only, 2 iterations), diffusers_fp8 (the same with ours in FP8 as one more row),
+# serve_warmup (telefuser serve at the official size: the first jobs after start, warm-up off and on; needs
+# .whl/serve/), gpu_tests (tests/gpu as its conftest runs without a tf-kernel build).
 # Logs and JSON go to $OUT; a failing step is reported and the next one still runs.
 set -u
 OUT=${OUT:?set OUT to a folder for logs}
@@ -66,8 +69,10 @@ for s in "$@"; do
         --quantization fp8 --attn-impl cudnn_fp8 --vae-dtype bfloat16 --vae-fast --output "$OUT/lingbot_e2e_fastest/session.mp4" ;;
     diffusers_best) step diffusers_best 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
         --output "$OUT/lingbot_vs_diffusers_best.json" ;;
-    decode_overlap) step decode_overlap 300 $PY tools/bench/decode_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8 \
-        --output "$OUT/decode_overlap.json" ;;
+    vae_overlap)
+      step vae_overlap_fp8 300 $PY tools/bench/vae_overlap_bench.py --iters 7 --quantization fp8 --attn-impl cudnn_fp8 \
+        --output "$OUT/vae_overlap_fp8.json"
+      step vae_overlap_bf16 300 $PY tools/bench/vae_overlap_bench.py --iters 7 --output "$OUT/vae_overlap_bf16.json" ;;
     fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging \
         tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
@@ -104,6 +109,17 @@ for s in "$@"; do
       step attn_fp8_tests 180 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu/test_attention_fp8_cuda.py
       step attn_fp8_bench 240 $PY tools/bench/attention_fp8_bench.py --output "$OUT/attention_fp8.json" ;;
     submission_profile) step submission_profile 90 $TORCHRUN2 tools/bench/submission_cost.py --transport ce-ipc --profile 30 --label "(profiled)" ;;
+    serve_warmup)  # telefuser serve (MiniMax H3, official size): the first job without and with the warm-up
+      step pip_serve 120 $PY -m pip install --no-index --find-links .whl/serve fastapi uvicorn websockets httpx openai
+      step serve_warmup_off 300 $PY tools/bench/video_service_bench.py --config official --device cuda --warmup off \
+        --jobs 1344x768:1 1344x768:1 --output "$OUT/video_service_warmup_off.json" \
+        --service-log "$OUT/video_service_warmup_off_service.log" -- --seconds-default 1
+      step serve_warmup_on 360 $PY tools/bench/video_service_bench.py --config official --device cuda --warmup on \
+        --jobs 1344x768:1 1344x768:1 1344x768:2 --output "$OUT/video_service_warmup_on.json" \
+        --service-log "$OUT/video_service_warmup_on_service.log" -- --seconds-default 1 ;;
+    diffusers_fp8) step diffusers_fp8 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
+        --with-fp8 --output "$OUT/lingbot_vs_diffusers_fp8.json" ;;
+    gpu_tests) step gpu_tests 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac
 done

@@ -446,6 +446,14 @@ def vs_diffusers_mode(args, runner) -> dict:
     ours = build_random_lingbot_dit(
         base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl, init_on_device=runner.on_gpu
     ).eval()
+    ours_fp8 = None
+    if args.with_fp8:  # the same seed: the same weights as `ours`, then quantized
+        ours_fp8 = build_random_lingbot_dit(
+            base, 0, runner.device, runner.dtype, attn_impl="cudnn_fp8", init_on_device=runner.on_gpu
+        ).eval()
+        ours_fp8.quantize("fp8")
+    fp8_label = "telefuser FP8 (GEMMs + cuDNN FP8 attention)"
+    fp8_quality = {}
     set_fusion(True)
     for frames in args.frames:
         config = base
@@ -491,6 +499,10 @@ def vs_diffusers_mode(args, runner) -> dict:
 
             variants["diffusers (cuDNN SDPA first)"] = (diffusers_cudnn, diffusers_cudnn, "sdpa")
         variants[best_label] = (lambda: run_diffusers(best_model), lambda: run_diffusers(diffusers_model), "sdpa")
+        if ours_fp8 is not None:  # FLOPs counted as the bf16 twin's: the same work, in FP8
+            fp8_session = ours_fp8.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+            run_fp8 = lambda: ours_fp8.forward_chunk(fp8_session, latents, t, None, update_cache=False)  # noqa: E731
+            variants[fp8_label] = (run_fp8, ours_eager_chains, args.attn_impl)
         tokens = frames * tokens_per_frame
         with torch.inference_mode():
             try:
@@ -522,6 +534,15 @@ def vs_diffusers_mode(args, runner) -> dict:
             if args.profile and runner.on_gpu:
                 for name, (fn, _, _) in variants.items():
                     print_top_kernels(f"{name}, {frames} latent frames", fn)
+            if ours_fp8 is not None:
+                a = variants[fp8_label][0]().float().flatten()
+                b = ours.forward_chunk(session, latents, t, None, update_cache=False).float().flatten()
+                fp8_quality[frames] = {
+                    "cosine": torch.nn.functional.cosine_similarity(a, b, dim=0).item(),
+                    "relative_l2": ((a - b).norm() / b.norm()).item(),
+                }
+                runner.say(f"{fp8_label} against telefuser bf16, {frames} latent frames: {fp8_quality[frames]}")
+                fp8_session.close()
         session.close()
         for name, m in measured.items():
             seconds = statistics.median(m["seconds"])
@@ -543,6 +564,8 @@ def vs_diffusers_mode(args, runner) -> dict:
                 }
             )
     ours.close()
+    if ours_fp8 is not None:
+        ours_fp8.close()
     width = max(len(row["implementation"]) for row in results)
     runner.say(
         f"tokens (Q = K) | {'implementation':{width}s} | s/forward |  TFLOP | TFLOP/s | of measured 786 | "
@@ -569,6 +592,7 @@ def vs_diffusers_mode(args, runner) -> dict:
         "weights": "random (no checkpoint)",
         "diffusers_best": best_label,
         "diffusers_best_errors": {str(k): v for k, v in best_errors.items()},
+        "fp8_vs_telefuser_bf16": {str(k): v for k, v in fp8_quality.items()},
         "rows": results,
     }
 
@@ -590,6 +614,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="session: elementwise chains as compiled CUDA kernels or eager ops; 'both' times each",
     )
     p.add_argument("--profile", action="store_true", help="vs-diffusers: print each one's top GPU kernels")
+    p.add_argument(
+        "--with-fp8",
+        action="store_true",
+        help="vs-diffusers: one more row, ours with FP8 GEMMs and cuDNN FP8 attention (nvidia-cudnn-frontend), "
+        "and its output's cosine and relative L2 against ours in bf16",
+    )
     p.add_argument(
         "--compile-backend",
         default="inductor",

@@ -1,19 +1,23 @@
-"""Would decoding chunk n while the DiT runs chunk n+1 shorten a LingBot chunk on one GPU? Measured, side by side.
+"""Would the VAE work of a LingBot chunk, run beside the DiT of the next one, shorten a chunk on one GPU? Measured.
 
-    python tools/bench/decode_overlap_bench.py                        # official sizes on the GPU, bf16
-    python tools/bench/decode_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8
-    python tools/bench/decode_overlap_bench.py --config tiny --device cpu --resolution 64x48 --iters 1   # smoke run
+    python tools/bench/vae_overlap_bench.py                        # official sizes on the GPU, bf16
+    python tools/bench/vae_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8
+    python tools/bench/vae_overlap_bench.py --side decode          # the decode alone beside the DiT
+    python tools/bench/vae_overlap_bench.py --config tiny --device cpu --resolution 64x48 --iters 1   # smoke run
 
 One random-weight DiT (said so) reading a full KV window, as a steady chunk does, and the bf16 VAE as ``--vae-fast``
-runs it. Per round, in a rotating order: the DiT forward alone, one chunk's decode alone, and both at once, the
-decode on another stream. The table gives
-the medians and how much of the decode the overlap hides: ``(dit + decode - both) / decode``. ``both`` runs the decode
-on a side stream of default priority; ``both-dit-priority`` runs the DiT on a high-priority stream instead, so the
-decode only fills what the DiT leaves (CUDA's lowest priority is the default one). Both compute on the same SMs, so
-expect a fraction, not all of it; only a measured gain justifies restructuring the session (frames of
-chunk n would then leave while chunk n+1 denoises). On the CPU there are no streams: the smoke run measures the
-sequential sum and says so. Written on 2026-12-02 after the session's device time was spent: its CUDA path has not
-run yet, and its first GPU run is also its test.
+runs it. The side work (``--side``): ``decode`` (one chunk's decode), ``condition`` (the next chunk's condition
+encode, the black frames after the image, never reusing a fixed point) or ``vae`` (both, the default: neither depends
+on the DiT's next output, so both could leave the chunk's critical path). Per round, in a rotating order: the DiT
+forward alone, the side work alone, and both at once on two streams. The table gives the medians and how much of the
+side work the overlap hides: ``(dit + side - both) / side``. ``both`` runs the side work on a side stream of default
+priority; ``both-dit-priority`` runs the DiT on a high-priority stream instead, so the side work only fills what the
+DiT leaves (CUDA's lowest priority is the default one). Both compute on the same SMs, so expect a fraction, not all
+of it; only a measured gain justifies restructuring the session.
+
+``dit enqueue`` is how long the DiT forward takes to return on the host before the device finishes it: well under
+the forward's device time means the GPU never waits for the CPU, and CUDA graphs could not shorten the forward.
+On the CPU there are no streams: the smoke run measures the sequential sum and says so.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import torch
 
 from telefuser.runtime import Runtime
 
-VARIANTS = ("dit", "decode", "both", "both-dit-priority")
+VARIANTS = ("dit", "side", "both", "both-dit-priority")
+SIDES = ("vae", "decode", "condition")
 
 
 def build(args, device, dtype):
@@ -67,14 +72,20 @@ def build(args, device, dtype):
     t = torch.full((1,), 500.0, device=device)
     decoder = vae.stream_decoder()
     latents = torch.randn(1, 16, frames, *grid, generator=g).to(device, torch.float32)
+    image = torch.rand(3, height, width, generator=g).mul(2).sub(1)
+    encoder = vae.stream_encoder(image, reuse_steady_state=False)  # keeps encoding: every round costs the same
+    encoder.next(1)  # the image's own latent frame: later calls encode black frames, as a steady chunk does
 
     def run_dit():
         return dit.forward_chunk(session, chunk, t, modulation, update_cache=False)
 
-    def run_decode():
-        return decoder.decode(latents)
+    def run_side():
+        if args.side in ("vae", "condition"):
+            encoder.next(frames)
+        if args.side in ("vae", "decode"):
+            decoder.decode(latents)
 
-    return run_dit, run_decode
+    return run_dit, run_side
 
 
 def timed(fn, device) -> float:
@@ -87,15 +98,27 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def concurrent(run_dit, run_decode, device, *, dit_priority: bool):
-    """The two at once: the decode on a side stream and the DiT on the current one, or (`dit_priority`) the DiT on a
-    high-priority side stream and the decode on the current one. Each side stream starts after what the current
-    stream queued, and the current stream waits for it."""
+def enqueue_seconds(fn, device) -> float:
+    """Host seconds until `fn` returns, the device idle at the start (then waited for, outside the measurement)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return seconds
+
+
+def concurrent(run_dit, run_side, device, *, dit_priority: bool):
+    """The two at once: the side work on a side stream and the DiT on the current one, or (`dit_priority`) the DiT
+    on a high-priority side stream and the side work on the current one. Each side stream starts after what the
+    current stream queued, and the current stream waits for it."""
     if device.type != "cuda":
-        return lambda: (run_decode(), run_dit())
+        return lambda: (run_side(), run_dit())
     _, highest = torch.cuda.Stream.priority_range()
     side = torch.cuda.Stream(device, priority=highest if dit_priority else 0)
-    on_side, on_current = (run_dit, run_decode) if dit_priority else (run_decode, run_dit)
+    on_side, on_current = (run_dit, run_side) if dit_priority else (run_side, run_dit)
 
     def both():
         current = torch.cuda.current_stream(device)
@@ -115,6 +138,7 @@ def parse_args(argv=None):
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT, multiples of 16")
     p.add_argument("--quantization", choices=["none", "fp8"], default="none")
     p.add_argument("--attn-impl", default="sdpa")
+    p.add_argument("--side", choices=SIDES, default="vae", help="the VAE work beside the DiT (default: vae, both)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--device", default=None)
     p.add_argument("--output", type=Path, default=None)
@@ -133,33 +157,38 @@ def main(argv=None) -> int:
     runtime = Runtime.launch(device=args.device)
     device, dtype = runtime.device, runtime.dtype
     with torch.inference_mode():
-        run_dit, run_decode = build(args, device, dtype)
+        run_dit, run_side = build(args, device, dtype)
         calls = {
             "dit": run_dit,
-            "decode": run_decode,
-            "both": concurrent(run_dit, run_decode, device, dit_priority=False),
-            "both-dit-priority": concurrent(run_dit, run_decode, device, dit_priority=True),
+            "side": run_side,
+            "both": concurrent(run_dit, run_side, device, dit_priority=False),
+            "both-dit-priority": concurrent(run_dit, run_side, device, dit_priority=True),
         }
         for call in calls.values():  # warm-up: compilation, cuDNN plans, the decoder's cache
             call()
         seconds = {name: [] for name in calls}
+        enqueue = []
         names = list(calls)
         for r in range(args.iters):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 seconds[name].append(timed(calls[name], device))
+            enqueue.append(enqueue_seconds(run_dit, device))
     median = {name: statistics.median(v) for name, v in seconds.items()}
-    dit, decode = median["dit"], median["decode"]
+    dit, side = median["dit"], median["side"]
     where = "CUDA streams" if device.type == "cuda" else "CPU: no streams, 'both' runs the two in sequence"
     print(
-        f"\nLingBot-World v2 ({args.config}, {args.resolution}, {dtype}, {args.quantization}, {args.attn_impl}; {where})"
+        f"\nLingBot-World v2 ({args.config}, {args.resolution}, {dtype}, {args.quantization}, {args.attn_impl}; "
+        f"side work: {args.side}; {where})"
     )
-    print("| run | s (median) | decode hidden |\n|---|---|---|")
+    print("| run | s (median) | side work hidden |\n|---|---|---|")
     report = {}
     for name in names:
-        hidden = (dit + decode - median[name]) / decode if name.startswith("both") else None
-        report[name] = {"median_s": median[name], "seconds": seconds[name], "decode_hidden": hidden}
+        hidden = (dit + side - median[name]) / side if name.startswith("both") else None
+        report[name] = {"median_s": median[name], "seconds": seconds[name], "side_hidden": hidden}
         print(f"| {name} | {median[name]:.4f} | {'-' if hidden is None else f'{hidden:.0%}'} |")
-    print(f"| dit + decode, in sequence | {dit + decode:.4f} | 0% |")
+    print(f"| dit + side, in sequence | {dit + side:.4f} | 0% |")
+    report["dit_enqueue"] = {"median_s": statistics.median(enqueue), "seconds": enqueue}
+    print(f"| dit enqueue (host, until the call returns) | {statistics.median(enqueue):.4f} | - |")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(
