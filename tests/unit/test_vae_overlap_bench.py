@@ -17,14 +17,17 @@ def _bench():
 def test_the_smoke_run_reports_each_row(tmp_path, capsys):
     bench = _bench()
     out = tmp_path / "overlap.json"
-    argv = ["--config", "tiny", "--device", "cpu", "--resolution", "64x48", "--iters", "1", "--output", str(out)]
+    argv = "--config tiny --device cpu --resolution 64x48 --iters 1 --host-profile 5".split() + ["--output", str(out)]
     assert bench.main(argv) == 0
-    runs = json.loads(out.read_text())["runs"]
+    report = json.loads(out.read_text())
+    runs = report["runs"]
     assert list(runs) == [*bench.VARIANTS, "dit_enqueue"]
+    assert report["dit_graph"] == "CPU: no CUDA graphs"
     assert all(r["median_s"] > 0 for r in runs.values())
     assert runs["dit"]["side_hidden"] is None and isinstance(runs["both"]["side_hidden"], float)
     assert runs["dit_enqueue"]["median_s"] > 0
-    assert "CPU: no streams" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "CPU: no streams" in printed and "function calls" in printed  # the cProfile table
 
 
 def test_bad_arguments_are_refused_before_any_model_is_built():

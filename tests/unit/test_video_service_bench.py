@@ -19,11 +19,13 @@ def _bench():
 def test_fake_service_jobs_are_made_checked_and_compared(tmp_path, capsys):
     bench = _bench()
     out = tmp_path / "summary.json"
-    assert bench.main(["--fake", "--jobs", "64x32:0.5", "64x32:0.5", "96x64:0.5", "--output", str(out)]) == 0
+    jobs = ["--jobs", "64x32:0.5", "64x32:0.5", "96x64:0.5"]
+    assert bench.main(["--fake", *jobs, "--prompt", "a cat", "a cat on a mat", "--output", str(out)]) == 0
     summary = json.loads(out.read_text())
     jobs = summary["jobs"]
     assert [j["status"] for j in jobs] == ["completed"] * 3 and all(not j["problems"] for j in jobs)
     assert [j["size"] for j in jobs] == ["64x32", "64x32", "96x64"]
+    assert [j["prompt"] for j in jobs] == ["a cat", "a cat on a mat", "a cat"]
     assert all(j["mp4_bytes"] > 0 and j["frames"] > 0 for j in jobs)
     assert summary["service_exit_code"] == 0 and summary["problems"] == []
     assert isinstance(summary["ratios"]["first_over_steady"], float)  # job 1 has job 0's shape; job 2 does not count

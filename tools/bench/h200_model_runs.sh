@@ -73,6 +73,8 @@ for s in "$@"; do
       step vae_overlap_fp8 300 $PY tools/bench/vae_overlap_bench.py --iters 7 --quantization fp8 --attn-impl cudnn_fp8 \
         --output "$OUT/vae_overlap_fp8.json"
       step vae_overlap_bf16 300 $PY tools/bench/vae_overlap_bench.py --iters 7 --output "$OUT/vae_overlap_bf16.json" ;;
+    dit_graph) step dit_graph_fp8 300 $PY tools/bench/vae_overlap_bench.py --iters 5 --quantization fp8 \
+        --attn-impl cudnn_fp8 --host-profile 30 --output "$OUT/dit_graph_fp8.json" ;;
     fp8_tests) step fp8_tests 240 $PY -m pytest -q -rs -s --tb=short -p no:logging \
         tests/gpu/test_attention_fp8_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py ;;
     fp8_minimax_attn) step fp8_minimax_attn 590 $PY tools/bench/fp8_dit_bench.py --model minimax --sequential --iters 2 \
@@ -115,8 +117,17 @@ for s in "$@"; do
         --jobs 1344x768:1 1344x768:1 --output "$OUT/video_service_warmup_off.json" \
         --service-log "$OUT/video_service_warmup_off_service.log" -- --seconds-default 1
       step serve_warmup_on 360 $PY tools/bench/video_service_bench.py --config official --device cuda --warmup on \
-        --jobs 1344x768:1 1344x768:1 1344x768:2 --output "$OUT/video_service_warmup_on.json" \
+        --jobs 1344x768:1 1344x768:1 1344x768:1 1344x768:2 --output "$OUT/video_service_warmup_on.json" \
+        --prompt "a lighthouse at dusk, waves breaking on the rocks" "a red fox" \
+        "a slow pan over a crowded night market in the rain, neon signs reflected in the puddles" \
         --service-log "$OUT/video_service_warmup_on_service.log" -- --seconds-default 1 ;;
+    serve_recompiles)  # the same, with torch.compile's recompilations and their reasons in the service log
+      TORCH_LOGS=recompiles step serve_recompiles 360 $PY tools/bench/video_service_bench.py --config official \
+        --device cuda --warmup on --jobs 1344x768:1 1344x768:1 1344x768:1 1344x768:2 \
+        --prompt "a lighthouse at dusk, waves breaking on the rocks" "a red fox" \
+        "a slow pan over a crowded night market in the rain, neon signs reflected in the puddles" \
+        --output "$OUT/video_service_recompiles.json" --service-log "$OUT/video_service_recompiles_service.log" \
+        -- --seconds-default 1 ;;
     diffusers_fp8) step diffusers_fp8 420 $PY tools/bench/lingbot_world_bench.py vs-diffusers --frames 21 --iters 2 \
         --with-fp8 --output "$OUT/lingbot_vs_diffusers_fp8.json" ;;
     gpu_tests) step gpu_tests 300 $PY -m pytest -q -rs --tb=short -p no:logging tests/gpu ;;

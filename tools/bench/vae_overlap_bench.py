@@ -15,6 +15,10 @@ priority; ``both-dit-priority`` runs the DiT on a high-priority stream instead, 
 DiT leaves (CUDA's lowest priority is the default one). Both compute on the same SMs, so expect a fraction, not all
 of it; only a measured gain justifies restructuring the session.
 
+``dit-graph`` replays the DiT forward captured once as a CUDA graph (its output checked against the eager forward's:
+the same kernels on the same inputs, so they should agree exactly); a capture that fails is reported, not fatal.
+``--host-profile N`` prints the N functions of the most host time in one DiT forward (cProfile).
+
 ``dit enqueue`` is how long the DiT forward takes to return on the host before the device finishes it: well under
 the forward's device time means the GPU never waits for the CPU, and CUDA graphs could not shorten the forward.
 On the CPU there are no streams: the smoke run measures the sequential sum and says so.
@@ -110,6 +114,41 @@ def enqueue_seconds(fn, device) -> float:
     return seconds
 
 
+def graphed(fn, device):
+    """`fn` captured once as a CUDA graph: (replay, max |graph - eager| of the output), or (None, the error)."""
+    try:
+        capture_stream = torch.cuda.Stream(device)
+        capture_stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(capture_stream):  # warm-up on the capture stream, as torch.cuda.graphs asks
+            fn()
+        torch.cuda.current_stream(device).wait_stream(capture_stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fn()
+        graph.replay()
+        eager = fn()
+        torch.cuda.synchronize(device)
+        return graph.replay, (captured.float() - eager.float()).abs().max().item()
+    except Exception as exc:  # noqa: BLE001 - whatever stops the capture is the finding
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def host_profile(fn, device, top: int) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()  # host time only: the device may still be working when this returns
+    profiler.disable()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def concurrent(run_dit, run_side, device, *, dit_priority: bool):
     """The two at once: the side work on a side stream and the DiT on the current one, or (`dit_priority`) the DiT
     on a high-priority side stream and the side work on the current one. Each side stream starts after what the
@@ -140,6 +179,7 @@ def parse_args(argv=None):
     p.add_argument("--attn-impl", default="sdpa")
     p.add_argument("--side", choices=SIDES, default="vae", help="the VAE work beside the DiT (default: vae, both)")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--host-profile", type=int, default=0, metavar="N", help="print the top N host functions")
     p.add_argument("--device", default=None)
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
@@ -166,6 +206,12 @@ def main(argv=None) -> int:
         }
         for call in calls.values():  # warm-up: compilation, cuDNN plans, the decoder's cache
             call()
+        graph_note = "CPU: no CUDA graphs"
+        if device.type == "cuda":
+            replay, graph_note = graphed(run_dit, device)
+            if replay is not None:
+                calls["dit-graph"] = replay
+                graph_note = f"max |graph - eager| = {graph_note:g}"
         seconds = {name: [] for name in calls}
         enqueue = []
         names = list(calls)
@@ -189,10 +235,17 @@ def main(argv=None) -> int:
     print(f"| dit + side, in sequence | {dit + side:.4f} | 0% |")
     report["dit_enqueue"] = {"median_s": statistics.median(enqueue), "seconds": enqueue}
     print(f"| dit enqueue (host, until the call returns) | {statistics.median(enqueue):.4f} | - |")
+    print(f"CUDA graph of the DiT forward: {graph_note}")
+    if args.host_profile:
+        with torch.inference_mode():
+            print(host_profile(run_dit, device, args.host_profile))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": report}, indent=2) + "\n"
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "runs": report, "dit_graph": graph_note}, indent=2
+            )
+            + "\n"
         )
     runtime.close()
     return 0

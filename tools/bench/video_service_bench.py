@@ -68,7 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", choices=["on", "off", "auto"], default=None, help="the service's --warmup")
     p.add_argument("--jobs", type=parse_job, nargs="+", default=None, help="WIDTHxHEIGHT:SECONDS, in order")
     p.add_argument("--steps", type=int, default=3, help="num_inference_steps of every job (N steps: N-1 DiT calls)")
-    p.add_argument("--prompt", default="a lighthouse at dusk, waves breaking on the rocks")
+    p.add_argument(
+        "--prompt",
+        nargs="+",
+        default=["a lighthouse at dusk, waves breaking on the rocks"],
+        help="job i uses the (i mod n)-th: prompts of other lengths give the DiT other sequence lengths",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take, queue included")
     p.add_argument("--stop-timeout", type=float, default=60.0)
@@ -109,8 +114,9 @@ def run_job(client, args, size: str, seconds: float, folder: Path, index: int) -
     from telefuser.media import probe_media
 
     started = time.monotonic()
+    prompt = args.prompt[index % len(args.prompt)]
     video = client.videos.create(
-        prompt=args.prompt, size=size, seconds=f"{seconds:g}", extra_body={"num_inference_steps": args.steps}
+        prompt=prompt, size=size, seconds=f"{seconds:g}", extra_body={"num_inference_steps": args.steps}
     )
     while video.status not in FINAL:
         if time.monotonic() - started > args.job_timeout:
@@ -119,7 +125,8 @@ def run_job(client, args, size: str, seconds: float, folder: Path, index: int) -
         video = client.videos.retrieve(video.id)
     wall = time.monotonic() - started
     obj = video.model_dump()
-    row: dict[str, Any] = {"job": index, "id": video.id, "size": size, "seconds": seconds, "status": video.status}
+    row: dict[str, Any] = {"job": index, "id": video.id, "size": size, "seconds": seconds, "prompt": prompt}
+    row["status"] = video.status
     row.update(wall_s=round(wall, 3), problems=[])
     if video.status != "completed":
         row["problems"].append(f"status {video.status}: {obj.get('error')}")
