@@ -506,8 +506,9 @@ def test_serve_fake_on_port_0_and_sigterm(tmp_path):
     assert record["status"] == "cancelled" and record["cancel_reason"] == "shutdown"
 
 
-def test_warmup_runs_one_dit_call_at_the_default_shape_on_every_rank(monkeypatch):
-    """`--warmup on` (auto means on for CUDA): one request at the default size and seconds with steps=2, before
+def test_warmup_runs_the_default_shape_then_another_on_every_rank(monkeypatch):
+    """`--warmup on` (auto means on for CUDA): one request at the default size and seconds with steps=2, then one
+    with a longer prompt and another frame count (torch.compile's second shape, where it turns dynamic), before
     serving, timed in the runner's metadata; off by default on the CPU."""
     from telefuser.pipelines.minimax_h3 import MiniMaxH3Pipeline
     from telefuser.serving.video.minimax import build_minimax_runner
@@ -516,14 +517,16 @@ def test_warmup_runs_one_dit_call_at_the_default_shape_on_every_rank(monkeypatch
     real_call = MiniMaxH3Pipeline.__call__
 
     def recording_call(self, prompt, **kwargs):
-        calls.append(kwargs)
+        calls.append({"prompt": prompt, **kwargs})
         return real_call(self, prompt, **kwargs)
 
     monkeypatch.setattr(MiniMaxH3Pipeline, "__call__", recording_call)
     args = tiny_runner_args(size_default="64x32", seconds_default=0.2, warmup="on")
     runner = build_minimax_runner(args)
     try:
-        assert [(c["steps"], c["resolution"], c["duration"]) for c in calls] == [(2, "64x32", 0.2)]
+        assert [(c["steps"], c["resolution"]) for c in calls] == [(2, "64x32")] * 2
+        assert calls[0]["duration"] == 0.2  # 22 frames, the fewest; the second asks for the next grid point, 39
+        assert calls[1]["duration"] * 24 == pytest.approx(39) and len(calls[1]["prompt"]) > len(calls[0]["prompt"])
         assert runner.metadata["warmup_s"] > 0
     finally:
         runner.close()

@@ -122,6 +122,7 @@ for s in "$@"; do
         "a slow pan over a crowded night market in the rain, neon signs reflected in the puddles" \
         --service-log "$OUT/video_service_warmup_on_service.log" -- --seconds-default 1 ;;
     serve_recompiles)  # the same, with torch.compile's recompilations and their reasons in the service log
+      step pip_serve 120 $PY -m pip install --no-index --find-links .whl/serve fastapi uvicorn websockets httpx openai
       TORCH_LOGS=recompiles step serve_recompiles 360 $PY tools/bench/video_service_bench.py --config official \
         --device cuda --warmup on --jobs 1344x768:1 1344x768:1 1344x768:1 1344x768:2 \
         --prompt "a lighthouse at dusk, waves breaking on the rocks" "a red fox" \

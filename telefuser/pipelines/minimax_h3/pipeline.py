@@ -24,9 +24,11 @@ from .shapes import (
     AUDIO_LATENT_CHANNELS,
     AUDIO_SAMPLE_RATE,
     FPS,
+    MIN_FRAMES,
     OFFICIAL_SHORT_EDGE,
     VIDEO_LATENT_CHANNELS,
     MiniMaxH3Shape,
+    align_frame_count,
     plan_shape,
 )
 
@@ -156,12 +158,22 @@ class MiniMaxH3Pipeline:
             close()
 
     def warm_up(self, *, duration: float, resolution=OFFICIAL_SHORT_EDGE, aspect_ratio: str = "16:9") -> float:
-        """Run and discard one request at this shape with a single DiT call (steps=2), so that the first real
-        request at it pays for no kernel compilation or selection (the compiled elementwise chains, cuDNN's plans,
-        the VAE's convolutions: seconds on CUDA). Collective under Ulysses/TP: every rank calls it. Returns the
-        seconds it took."""
+        """Run and discard two requests of one DiT call each (steps=2): one at this shape, then one with a longer
+        prompt and another frame count, so that the first real request pays for no kernel compilation or selection
+        (the compiled elementwise chains, cuDNN's plans, the VAE's convolutions: seconds on CUDA). torch.compile
+        specializes to the first shapes it sees and recompiles once, with dynamic sizes, at the second: both happen
+        here, whatever the prompt's length or the clip's. Collective under Ulysses/TP: every rank calls it. Returns
+        the seconds it took."""
         start = time.perf_counter()
-        self("warm-up", duration=duration, resolution=resolution, aspect_ratio=aspect_ratio, steps=2, seed=0)
+        shape = self.plan(duration=duration, resolution=resolution, aspect_ratio=aspect_ratio)
+        other_frames = MIN_FRAMES if shape.frame_count != MIN_FRAMES else align_frame_count(MIN_FRAMES + 1)
+        common = dict(resolution=resolution, aspect_ratio=aspect_ratio, steps=2, seed=0)
+        self("warm-up", duration=duration, **common)
+        self(
+            "a second warm-up request, whose prompt is longer than the first one's",
+            duration=other_frames / FPS,
+            **common,
+        )
         return time.perf_counter() - start
 
     def plan(self, *, duration: float, resolution=OFFICIAL_SHORT_EDGE, aspect_ratio: str = "16:9") -> MiniMaxH3Shape:
