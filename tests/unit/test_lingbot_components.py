@@ -439,7 +439,10 @@ def test_a_long_condition_stream_stops_encoding_once_the_black_frames_reach_a_fi
     assert reused.encoder_calls == 30
     for a, b in chunks:  # the encoder on a cache it leaves unchanged: same values (bound as for streaming above)
         assert relative_error(a, b) <= STREAM_BOUND
-    assert relative_error(chunks[-1][0][:, :, :1].expand_as(chunks[-1][0]), chunks[-1][0]) == 0  # one steady frame
+    # one steady frame: the same group four times through quant_conv, a 1x1x1 conv. Not bit-exact on every CPU: with
+    # portable kernels (ATEN_CPU_CAPABILITY=default) frame positions fall in different vector lanes and round apart
+    # (7e-8 measured; 0 with AVX-512). Bound 1e-6, far below the control after it (an image-bearing chunk, > 1e-2).
+    assert relative_error(chunks[-1][0][:, :, :1].expand_as(chunks[-1][0]), chunks[-1][0]) <= 1e-6
     assert relative_error(chunks[0][0], chunks[-1][0]) > 1e-2  # before the fixed point the image still shows
     reused.close()
     every.close()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 
-def add_warmup_arg(group, *, what: str, default: str = "auto", note: str = "") -> None:
+def add_warmup_arg(group, *, what: str) -> None:
     group.add_argument(
         "--warmup",
         choices=("auto", "on", "off"),
-        default=default,
-        help=f"run {what} at start-up, so the first client does not pay for kernel compilation (auto: on for CUDA; "
-        f"default {default}{note})",
+        default="auto",
+        help=f"run {what} at start-up, so the first client does not pay for kernel compilation (default auto: on "
+        "for CUDA)",
     )
 
 

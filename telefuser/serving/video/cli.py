@@ -130,12 +130,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     m.add_argument(
         "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
     )
-    add_warmup_arg(  # off until it has run on a GPU: auto would run it there on every start
-        m,
-        what="one request of the default size and seconds (one DiT call)",
-        default="off",
-        note=": not yet run on a GPU",
-    )
+    add_warmup_arg(m, what="two discarded requests of one DiT call each (the default size and seconds, then another)")
     p.set_defaults(func=lambda args: run_serve(args, build_runner))
     return p
 
