@@ -14,7 +14,6 @@ checked in-process.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,33 +22,26 @@ from pathlib import Path
 import pytest
 
 from telefuser.profiling import flop_rates
+from tests.tool_scripts import load_script
 from tests.torchrun_launch import run_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 150  # one torchrun job; they take 5-20 s on 2 cores
 
 
-def _load(relative: str):
-    path = REPO / relative
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def minimax_bench():
-    return _load("tools/bench/minimax_h3_dit_bench.py")
+    return load_script("tools/bench/minimax_h3_dit_bench.py")
 
 
 @pytest.fixture(scope="module")
 def lingbot_bench():
-    return _load("tools/bench/lingbot_world_bench.py")
+    return load_script("tools/bench/lingbot_world_bench.py")
 
 
 @pytest.fixture(scope="module")
 def profiler():
-    return _load("tools/validation/profile_ulysses_overlap.py")
+    return load_script("tools/validation/profile_ulysses_overlap.py")
 
 
 def torchrun(ranks: int, *args: str) -> str:

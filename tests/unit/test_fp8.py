@@ -11,6 +11,7 @@ from torch import nn
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 from telefuser.ops.fp8 import FP8_MAX, Float8Linear, linear_dtype, quantize_linears, quantize_rows
 from tests.numerics import relative_error
+from tests.tool_scripts import load_script
 
 # e4m3 rounds a normal value by at most 2^-4 of itself (3 mantissa bits) and a subnormal by at most half its spacing,
 # 2^-10 of the scale (the smallest e4m3 subnormal is 2^-9 of the scale's unit).
@@ -127,14 +128,9 @@ def test_minimax_fp8_quantizes_the_joint_blocks_gemms_and_stays_close():
 
 @pytest.mark.parametrize("model,mode", [("minimax", "sequential"), ("lingbot", "alternating")])
 def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_path, capsys):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "fp8_dit_bench.py"
-    spec = importlib.util.spec_from_file_location("fp8_dit_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("tools/bench/fp8_dit_bench.py")
     out = tmp_path / "fp8.json"
     assert (
         bench.main(
@@ -150,26 +146,14 @@ def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_
 
 
 def test_the_fp8_bench_refuses_fp8_attention_without_a_hopper_gpu_before_building(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "fp8_dit_bench.py"
-    spec = importlib.util.spec_from_file_location("fp8_dit_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("tools/bench/fp8_dit_bench.py")
     monkeypatch.setattr(bench, "minimax_call", lambda *a: pytest.fail("the model was built before the check"))
     with pytest.raises(RuntimeError, match="cudnn_fp8"):
         bench.main(["--model", "minimax", "--config", "tiny", "--device", "cpu", "--fp8-attention"])
 
 
 def test_the_fp8_bench_variants_option_picks_a_subset_in_a_fixed_order():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "fp8_dit_bench.py"
-    spec = importlib.util.spec_from_file_location("fp8_dit_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("tools/bench/fp8_dit_bench.py")
     assert bench.parse_args(["--model", "minimax"]).variants == ["bf16", "fp8"]
     args = bench.parse_args(["--model", "minimax", "--fp8-attention"])
     assert args.variants == list(bench.VARIANTS)

@@ -19,9 +19,10 @@ from telefuser.pipelines.lingbot_world_v2.text_encoder import (
     build_umt5_encoder,
     tiny_umt5_config,
 )
-from tests.toy_dit import ToyCausalDiT, ToyDiTConfig
 from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
 from tests.numerics import relative_error
+from tests.tool_scripts import load_script
+from tests.toy_dit import ToyCausalDiT, ToyDiTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 RES = (32, 16)  # latent 4 x 2: 2 DiT tokens per latent frame (keeps the VAE cheap on CPU)
@@ -282,11 +283,7 @@ def test_cli_writes_an_mp4_and_metrics(tmp_path):
 
 
 def test_cli_refuses_bad_requests_before_loading(tmp_path, monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_i2v", REPO / "examples/lingbot_world_v2/run_i2v.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("examples/lingbot_world_v2/run_i2v.py")
     monkeypatch.setattr(cli, "build_lingbot_pipeline", lambda **kw: pytest.fail("loaded weights for a bad request"))
     bad = tmp_path / "trace.json"
     bad.write_text('[{"chunk": 0, "keys": ["Q"]}]')

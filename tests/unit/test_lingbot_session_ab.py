@@ -3,21 +3,16 @@ to the recomputing one, and the bf16 VAE and FP8 reports are filled in."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "lingbot_session_ab.py"
+from tests.tool_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("lingbot_session_ab", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/bench/lingbot_session_ab.py")
 
 
 def test_variants_side_by_side_on_the_tiny_model(bench, tmp_path, capsys):

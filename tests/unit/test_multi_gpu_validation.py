@@ -3,17 +3,15 @@ refused before anything runs (the runs themselves need the multi-GPU machines)."
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.tool_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("multi_gpu_validation", ROOT / "tools/validation/multi_gpu_validation.py")
-runner = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = runner  # dataclasses look their module up
-spec.loader.exec_module(runner)
+runner = load_script("tools/validation/multi_gpu_validation.py", register=True)
 
 
 @pytest.mark.parametrize("gpus", [4, 8])
