@@ -530,7 +530,8 @@ def vs_diffusers_mode(args, runner) -> dict:
             if args.profile and runner.on_gpu:
                 for name, (fn, _, _) in variants.items():
                     print_top_kernels(f"{name}, {frames} latent frames", fn)
-            reference = ours.forward_chunk(session, latents, t, None, update_cache=False).float().flatten()
+            if ours_fp8 is not None:  # the FP8 row's reference, before its session goes
+                reference = ours.forward_chunk(session, latents, t, None, update_cache=False).float().flatten()
         session.close()
         if ours_fp8 is not None:  # after the bf16 session is gone: two full windows at 32,760 tokens do not fit
             if runner.on_gpu:

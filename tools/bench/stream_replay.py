@@ -89,10 +89,12 @@ from telefuser_aiperf.runner import (
     Service,
     bench_section,
     endpoint_extra,
+    format_value,
     free_port,
     load_bench_config,
     model_flags,
     service_command,
+    split_passthrough,
     write_json,
 )
 from telefuser_aiperf.session import SessionOptions, StreamSession, split_options
@@ -122,11 +124,7 @@ class RunError(Exception):
 
 # ---- arguments ---------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, passthrough = argv[:cut], argv[cut + 1 :]
-    else:
-        passthrough = []
+    argv, passthrough = split_passthrough(argv)
     p = argparse.ArgumentParser(
         prog="stream_replay.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -919,10 +917,6 @@ def stop_service(args: argparse.Namespace, summary: dict[str, Any], service: Ser
         summary["problems"].append(f"the service did not exit cleanly (exit code {rc}); see {service.log_path}")
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def print_table(summary: dict[str, Any]) -> None:
     meta = ((summary.get("service") or {}).get("metadata") or {}).get("model") or {}
     plan = summary.get("plan") or {}
@@ -960,11 +954,11 @@ def print_table(summary: dict[str, Any]) -> None:
                 str(r["session"]),
                 f"{r['frames']}/{r['requested_frames']}",
                 f"{r['chunks']}/{r['expected_chunks']}",
-                _fmt(r.get("first_frame_s")),
-                "/".join(_fmt(iv.get(k)) for k in ("mean", "p50", "p95", "max")),
-                _fmt(r.get("session_fps"), 2),
-                _fmt(r.get("steady_fps"), 2),
-                _fmt(r.get("steady_compute_fps"), 2),
+                format_value(r.get("first_frame_s")),
+                "/".join(format_value(iv.get(k)) for k in ("mean", "p50", "p95", "max")),
+                format_value(r.get("session_fps"), 2),
+                format_value(r.get("steady_fps"), 2),
+                format_value(r.get("steady_compute_fps"), 2),
                 "PASS" if r["passed"] else "FAIL",
             )
         )
@@ -976,7 +970,7 @@ def print_table(summary: dict[str, Any]) -> None:
         compute = r.get("chunk_compute_s") or {}
         if phases or compute:
             print(
-                f"   session {r['session']} steady chunk compute mean {_fmt(compute.get('mean'))} s; phase means: "
+                f"   session {r['session']} steady chunk compute mean {format_value(compute.get('mean'))} s; phase means: "
                 + (", ".join(f"{k} {v:.4f}" for k, v in phases.items()) or "none")
             )
     for r in summary.get("sessions") or []:
@@ -986,22 +980,22 @@ def print_table(summary: dict[str, Any]) -> None:
             print(
                 f"   session {r['session']} controls: {len(controls)} sent, "
                 f"{sum(c['confirmed'] for c in controls)} confirmed (control_state after p50 "
-                f"{_fmt(latency.get('p50'), 1)} ms, max {_fmt(latency.get('max'), 1)} ms), "
+                f"{format_value(latency.get('p50'), 1)} ms, max {format_value(latency.get('max'), 1)} ms), "
                 f"{len(r.get('controls_skipped') or [])} not sent"
             )
     sm = summary.get("service_metrics") or {}
     if sm:
         d = sm.get("deltas") or {}
         print(
-            f"   metrics: chunk_compute mean {_fmt(sm.get('chunk_compute_mean_s'))} s, encode "
-            f"{_fmt(sm.get('encode_per_chunk_s'), 4)} s/chunk, backpressure {_fmt(sm.get('backpressure_s'))} s, "
+            f"   metrics: chunk_compute mean {format_value(sm.get('chunk_compute_mean_s'))} s, encode "
+            f"{format_value(sm.get('encode_per_chunk_s'), 4)} s/chunk, backpressure {format_value(sm.get('backpressure_s'))} s, "
             f"frames generated/sent/dropped {d.get('frames_generated_total', 0):g}/{d.get('frames_sent_total', 0):g}/"
             f"{d.get('frames_dropped_total', 0):g}"
         )
     agg = summary.get("aggregate") or {}
     if agg and agg.get("sessions", 0) > 1:
         print(
-            f"   all sessions: {agg['frames']} frames in {agg['wall_s']} s, delivered {_fmt(agg['delivered_fps'], 2)} FPS"
+            f"   all sessions: {agg['frames']} frames in {agg['wall_s']} s, delivered {format_value(agg['delivered_fps'], 2)} FPS"
         )
     for w in summary.get("warnings") or []:
         print(f"   warning: {w}")

@@ -115,7 +115,8 @@ def enqueue_seconds(fn, device) -> float:
 
 
 def graphed(fn, device):
-    """`fn` captured once as a CUDA graph: (replay, max |graph - eager| of the output), or (None, the error)."""
+    """`fn` captured once as a CUDA graph: (replay, a note with max |graph - eager| of the output), or (None, the
+    error)."""
     try:
         capture_stream = torch.cuda.Stream(device)
         capture_stream.wait_stream(torch.cuda.current_stream(device))
@@ -128,7 +129,7 @@ def graphed(fn, device):
         graph.replay()
         eager = fn()
         torch.cuda.synchronize(device)
-        return graph.replay, (captured.float() - eager.float()).abs().max().item()
+        return graph.replay, f"max |graph - eager| = {(captured.float() - eager.float()).abs().max().item():g}"
     except Exception as exc:  # noqa: BLE001 - whatever stops the capture is the finding
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -211,7 +212,6 @@ def main(argv=None) -> int:
             replay, graph_note = graphed(run_dit, device)
             if replay is not None:
                 calls["dit-graph"] = replay
-                graph_note = f"max |graph - eager| = {graph_note:g}"
         seconds = {name: [] for name in calls}
         enqueue = []
         names = list(calls)

@@ -37,7 +37,15 @@ for _path in (REPO, REPO / "tools" / "aiperf"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from telefuser_aiperf.runner import Service, free_port, http_get, service_command, write_json  # noqa: E402
+from telefuser_aiperf.runner import (  # noqa: E402
+    Service,
+    format_value,
+    free_port,
+    http_get,
+    service_command,
+    split_passthrough,
+    write_json,
+)
 
 FINAL = ("completed", "failed", "cancelled")
 
@@ -56,9 +64,7 @@ def parse_job(text: str) -> tuple[str, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model = p.add_mutually_exclusive_group()
     model.add_argument("--config", choices=["official", "tiny"], default=None, help="random weights of this size")
@@ -163,24 +169,21 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return {"first_over_steady": job, "first_dit_call_over_steady": dit}
 
 
-def fmt(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def print_table(summary: dict[str, Any]) -> None:
-    print(f"\n`telefuser serve` ({summary['model']}; warm-up {fmt(summary['warmup_s'])} s)")
+    print(f"\n`telefuser serve` ({summary['model']}; warm-up {format_value(summary['warmup_s'])} s)")
     print("| job | size | seconds | status | wall s | inference s | DiT calls s | mux s | problems |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in summary["jobs"]:
         calls = ", ".join(f"{c:.2f}" for c in r.get("dit_call_s") or []) or "n/a"
         print(
-            f"| {r['job']} | {r['size']} | {r['seconds']:g} | {r['status']} | {fmt(r['wall_s'])} | "
-            f"{fmt(r.get('inference_s'))} | {calls} | {fmt(r.get('mux_s'))} | {'; '.join(r['problems']) or '-'} |"
+            f"| {r['job']} | {r['size']} | {r['seconds']:g} | {r['status']} | {format_value(r['wall_s'])} | "
+            f"{format_value(r.get('inference_s'))} | {calls} | {format_value(r.get('mux_s'))} | "
+            f"{'; '.join(r['problems']) or '-'} |"
         )
     ratio = summary["ratios"]
     print(
-        f"first / steady (inference): {fmt(ratio['first_over_steady'], 2)}; "
-        f"first DiT call / steady: {fmt(ratio['first_dit_call_over_steady'], 2)}"
+        f"first / steady (inference): {format_value(ratio['first_over_steady'], 2)}; "
+        f"first DiT call / steady: {format_value(ratio['first_dit_call_over_steady'], 2)}"
     )
 
 

@@ -230,6 +230,19 @@ def write_json(path: Path, data: Any) -> None:
     Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A bench's own arguments (before ``--``) and the service flags after it, passed on verbatim."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def format_value(value: Any, digits: int = 3) -> str:
+    """A table cell: n/a for a missing value, floats to `digits` places."""
+    return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
 def bench_parser(description: str, default_config: Path, service: str, checkpoint_help: str):
     """(parser, service group) with what both benchmark runners take first: the bench config, where artifacts go,
     and the model options every service has. The caller adds its own service options, then `add_launch_options`."""
