@@ -110,6 +110,18 @@ def multipart(fields: dict[str, bytes | str], boundary: str = "tfboundary") -> t
 
 
 def rss_bytes() -> int:
+    """Resident memory after a full GC and, on glibc, malloc_trim: freed memory the allocator's per-thread arenas
+    keep (each session thread may get its own) is returned first, so what is left is memory still held."""
+    import ctypes
+    import ctypes.util
+    import gc
+
     import psutil
 
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
     return psutil.Process().memory_info().rss

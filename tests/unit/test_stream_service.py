@@ -32,6 +32,7 @@ from telefuser.serving.stream.envelope import decode_frames, unpack
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
 from telefuser.serving.stream.session import DoneItem, SessionRuntime, StreamSettings
+from tests import hostile_values as hv
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"resolution": "64x48", "num_frames": 45}  # 3 chunks: 13 + 16 + 16 frames
@@ -598,12 +599,6 @@ def test_idle_sessions_are_reaped():
         assert client.get(f"/v1/stream/sessions/{s['session_id']}").json()["close_reason"] == "idle"
 
 
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def test_create_delete_200_sessions_does_not_leak(record_property):
     fake = FakeSessionFactory(keep_sessions=False)
     app, _ = make_app(fake, max_sessions=1)
@@ -619,12 +614,12 @@ def test_create_delete_200_sessions_does_not_leak(record_property):
 
         for i in range(30):  # warm-up: allocator pools, thread pool, imports
             cycle(i % 4 == 0)
-        before = _rss_bytes()
+        before = hv.rss_bytes()
         t0 = time.monotonic()
         for i in range(200):
             cycle(i % 4 == 0)
         elapsed = time.monotonic() - t0
-        after = _rss_bytes()
+        after = hv.rss_bytes()
         health = client.get("/v1/service/health").json()
     growth_mb = (after - before) / 2**20
     record_property("rss_growth_mb", round(growth_mb, 2))
