@@ -90,3 +90,48 @@ def test_completed_groups_are_retired_in_order():
         left = len(watchdog._pending)
     watchdog.close()
     assert left == 0 and fired == [] and threading.active_count() >= 1
+
+
+def _wait_fired(fired: list[str], within_s: float = 3.0) -> None:
+    t0 = time.monotonic()
+    while not fired and time.monotonic() - t0 < within_s:
+        time.sleep(0.01)
+
+
+def test_a_group_added_while_another_is_pending_is_still_watched():
+    # watch() wakes the thread only when its queue was empty; one added behind a pending group is found by polling
+    watchdog, fired = _watchdog(0.2)
+    first, second = (FakeEvent(done=True), FakeEvent()), (FakeEvent(), FakeEvent())
+    watchdog.watch(1, *first)
+    time.sleep(0.05)
+    watchdog.watch(2, *second)
+    first[1].done = True  # group 1 completes; group 2 reaches its handshake and stalls
+    second[0].done = True
+    _wait_fired(fired)
+    watchdog.close()
+    assert len(fired) == 1 and "handshake epoch 2 did not complete" in fired[0]
+
+
+def test_a_group_after_the_queue_drained_wakes_the_idle_thread():
+    watchdog, fired = _watchdog(0.2)
+    watchdog.watch(1, FakeEvent(done=True), FakeEvent(done=True))
+    time.sleep(0.1)  # retired: the thread now sleeps without a deadline
+    with watchdog._lock:
+        assert not watchdog._pending
+    watchdog.watch(2, FakeEvent(done=True), FakeEvent())
+    _wait_fired(fired)
+    watchdog.close()
+    assert len(fired) == 1 and "handshake epoch 2 did not complete" in fired[0]
+
+
+def test_watch_sets_the_wake_only_for_an_empty_queue():
+    watchdog, _ = _watchdog(30.0)
+    sets: list[int] = []
+    original = watchdog._wake.set
+    watchdog._wake.set = lambda: (sets.append(1), original())[1]
+    watchdog.watch(1, FakeEvent(), FakeEvent())  # queue empty: wake
+    for epoch in range(2, 12):  # behind a pending group: no wake
+        watchdog.watch(epoch, FakeEvent(), FakeEvent())
+    watchdog._wake.set = original
+    watchdog.close()
+    assert len(sets) == 1
