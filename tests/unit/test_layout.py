@@ -7,28 +7,13 @@ import torch
 
 from telefuser.distributed.ulysses.layout import (
     Direction,
-    PitchedCopy,
     UlyssesInputError,
     pitched_copy_to_peer,
     plan_gather,
     plan_scatter,
     readable_layout,
 )
-from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
-
-
-def run_pitched_copy(src: torch.Tensor, dst: torch.Tensor, pc: PitchedCopy) -> None:
-    """Execute one batched 2-D copy (cudaMemcpy2DAsync semantics) on CPU byte views."""
-    esize = src.element_size()
-    src_bytes = torch.as_strided(src, (src.untyped_storage().nbytes() // esize,), (1,), 0).view(torch.uint8)
-    base = src.storage_offset() * esize
-    dst_bytes = dst.view(-1).view(torch.uint8)
-    for b in range(pc.batch):
-        s0 = base + pc.src_offset + b * pc.src_batch_stride
-        d0 = pc.dst_offset + b * pc.dst_batch_stride
-        rows_src = torch.as_strided(src_bytes, (pc.height, pc.width), (pc.src_pitch, 1), s0)
-        rows_dst = torch.as_strided(dst_bytes, (pc.height, pc.width), (pc.dst_pitch, 1), d0)
-        rows_dst.copy_(rows_src)
+from tests.ulysses_reference import expected_gather, expected_scatter, rank_input, run_pitched_copy
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
