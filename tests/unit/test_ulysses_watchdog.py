@@ -99,7 +99,6 @@ def _wait_fired(fired: list[str], within_s: float = 3.0) -> None:
 
 
 def test_a_group_added_while_another_is_pending_is_still_watched():
-    # watch() wakes the thread only when its queue was empty; one added behind a pending group is found by polling
     watchdog, fired = _watchdog(0.2)
     first, second = (FakeEvent(done=True), FakeEvent()), (FakeEvent(), FakeEvent())
     watchdog.watch(1, *first)
@@ -122,16 +121,3 @@ def test_a_group_after_the_queue_drained_wakes_the_idle_thread():
     _wait_fired(fired)
     watchdog.close()
     assert len(fired) == 1 and "handshake epoch 2 did not complete" in fired[0]
-
-
-def test_watch_sets_the_wake_only_for_an_empty_queue():
-    watchdog, _ = _watchdog(30.0)
-    sets: list[int] = []
-    original = watchdog._wake.set
-    watchdog._wake.set = lambda: (sets.append(1), original())[1]
-    watchdog.watch(1, FakeEvent(), FakeEvent())  # queue empty: wake
-    for epoch in range(2, 12):  # behind a pending group: no wake
-        watchdog.watch(epoch, FakeEvent(), FakeEvent())
-    watchdog._wake.set = original
-    watchdog.close()
-    assert len(sets) == 1

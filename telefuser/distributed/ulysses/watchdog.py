@@ -42,13 +42,9 @@ class HandshakeWatchdog:
         self._thread.start()
 
     def watch(self, epoch: int, reached, done) -> None:
-        # Wake the thread only when it sleeps without a deadline (nothing pending): while groups are in flight it
-        # polls every poll_s anyway, and a wake per group hands the GIL over on the submitting thread's time.
         with self._lock:
-            idle = not self._pending
             self._pending.append([epoch, reached, done, None])
-        if idle:
-            self._wake.set()
+        self._wake.set()
 
     def close(self) -> None:
         self._stop = True
@@ -75,7 +71,7 @@ class HandshakeWatchdog:
             with self._lock:
                 head = self._pending[0] if self._pending else None
             if head is None:
-                self._wake.wait()  # watch() sets it when it adds to an empty queue
+                self._wake.wait()
                 self._wake.clear()
                 continue
             epoch, reached, done, started = head
