@@ -20,7 +20,7 @@ from telefuser.distributed.ulysses.peer_mapping import agree_on_setup
 from telefuser.distributed.ulysses.primitives import UlyssesTimeoutError
 from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
 
-PROBE_EPOCHS = 1  # every copy-engine backend runs one probe handshake at setup
+PROBE_GROUPS = 1  # every copy-engine backend runs one probe group at setup
 
 
 def make_comm(ctx, transport: str, device: str, **options) -> UlyssesCommunicator:
@@ -110,7 +110,7 @@ def case_grouped_reuse_and_stress(ctx, transport, device, iterations):
     backend = comm.scatter_backend
     stats = None
     if hasattr(backend, "cached_keys"):
-        stats = (len(backend.cached_keys), backend.allocations, backend.epoch - PROBE_EPOCHS)
+        stats = (len(backend.cached_keys), backend.allocations, backend.groups - PROBE_GROUPS)
     comm.close()
     distinct = {tag: sorted(set(p)) for tag, p in pointers.items()}
     alternates = all(p[i] == p[i % 2] for p in pointers.values() for i in range(len(p)))
@@ -124,7 +124,7 @@ def case_options_exact(ctx, transport, device, options):
     for it in range(3):
         exact_vqk_group(comm, inputs_for(800 + it, w, (2, 5, 3, 2 * w, 8), torch.bfloat16, device), r)
     backend = comm.scatter_backend
-    result = (comm.backend_name, backend.epoch - PROBE_EPOCHS, backend.allocations)
+    result = (comm.backend_name, backend.groups - PROBE_GROUPS, backend.allocations)
     comm.close()
     return result
 

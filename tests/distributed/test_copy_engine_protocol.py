@@ -1,4 +1,4 @@
-"""The copy-engine protocol (cache, double buffers, epochs, grouping, agreed fallback, failure semantics, timeouts,
+"""The copy-engine protocol (cache, double buffers, handshake phases, grouping, agreed fallback, failure semantics, timeouts,
 probe, reset, close) on CPU ranks, through the host shared-memory mapping and synchronous host primitives."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_grouped_stress_with_skew_reuses_two_buffers_per_tag(ranks):
     for distinct, alternates, stats in ranks.run(cases.case_grouped_reuse_and_stress, T, DEV, 64):
         assert all(len(p) == 2 for p in distinct.values()), distinct
         assert alternates
-        keys, allocations, epoch = stats
-        assert (keys, allocations, epoch) == (3, 6, 64)  # one handshake per group of three
+        keys, allocations, groups = stats
+        assert (keys, allocations, groups) == (3, 6, 64)  # one handshake (open + close) per group of three
 
 
 def test_cache_is_bounded_lru(ranks2):
@@ -99,7 +99,8 @@ def test_missing_peer_gives_timeout_error(ranks):
     results = ranks.run(cases.case_missing_peer_times_out, T, DEV, 1.5)
     assert results[-1] == "skipped K"
     for message, elapsed in results[:-1]:
-        assert f"peers [{ranks.world_size - 1}] did not complete handshake epoch {2 + cases.PROBE_EPOCHS}" in message
+        group = 2 + cases.PROBE_GROUPS
+        assert f"peers [{ranks.world_size - 1}] did not complete the close phase of handshake group {group}" in message
         assert 1.5 <= elapsed < 10
 
 
@@ -109,7 +110,7 @@ def test_validation_is_still_agreed(ranks2):
 
 
 @pytest.mark.parametrize(
-    "options, epochs, allocations",
+    "options, groups, allocations",
     [
         ({"pitched": False}, 3, 6),
         ({"handshake_per_tensor": True}, 9, 6),
@@ -118,6 +119,6 @@ def test_validation_is_still_agreed(ranks2):
     ],
     ids=["pack_then_flat", "handshake_per_tensor", "no_target_cache", "flags32_normal_priority"],
 )
-def test_ablation_options_stay_exact(ranks2, options, epochs, allocations):
-    for name, epoch, allocs in ranks2.run(cases.case_options_exact, T, DEV, options):
-        assert (name, epoch, allocs) == ("host-shm", epochs, allocations)
+def test_ablation_options_stay_exact(ranks2, options, groups, allocations):
+    for name, done, allocs in ranks2.run(cases.case_options_exact, T, DEV, options):
+        assert (name, done, allocs) == ("host-shm", groups, allocations)

@@ -305,7 +305,7 @@ def test_divergence_at_a_repeated_signature_ends_everywhere_within_the_timeout(r
     if transport == "portable":
         assert "portable all_to_all of scatter_heads" in good[1] and "out of step" in good[1], good[1]
     else:
-        assert "did not complete handshake epoch" in good[1], good[1]
+        assert "did not complete the open phase of handshake group 3" in good[1], good[1]  # rank 1 never opens it
     for _, _, elapsed in (good, bad):
         assert timeout_s <= elapsed < timeout_s + 8
     assert "failed earlier" in good_refused and "failed earlier" in bad_refused

@@ -1,11 +1,12 @@
 """Two ranks on the GPU(s), the copy-engine transport under test (TELEFUSER_TEST_GPU_TRANSPORT, default ce-ipc):
 
-    torchrun --standalone --nproc-per-node=2 tests/gpu/ipc_lifecycle_script.py normal|missing-peer|backlog
+    torchrun --standalone --nproc-per-node=2 tests/gpu/ipc_lifecycle_script.py normal|missing-peer|backlog|dead-peer-replay
 
 normal: a clean run that must exit without CUDA IPC warnings. missing-peer: the last rank never submits its K, so
 the other rank's watchdog must end it with a clear message after the 3 s timeout. backlog: both ranks queue seconds of
 GPU work ahead of a group, longer than the timeout; the watchdog's clock starts only when the copy stream reaches the
-handshake, so nothing fires.
+handshake, so nothing fires. dead-peer-replay: both ranks capture two groups in a CUDA graph and replay it; then the
+last rank exits and the other replays once more: its watchdog must end it within the timeout, naming the phase.
 """
 
 import os
@@ -42,6 +43,23 @@ def main(mode: str) -> None:
         comm.scatter_heads(x, tag="k").wait()
         torch.cuda.synchronize()  # blocks; the watchdog ends the process after 3 s
         print("unexpected: the handshake completed", flush=True)
+        return
+    if mode == "dead-peer-replay":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(2):
+                comm.scatter_heads(x, tag="v", barrier=False)
+                comm.scatter_heads(x, tag="k").wait()
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+        dist.barrier()
+        if rank == world - 1:
+            print(f"rank {rank} exits without replaying", flush=True)
+            os._exit(0)
+        graph.replay()  # the peer is gone: the copy stream blocks in the replay's first open phase
+        torch.cuda.synchronize()  # blocks; the watchdog ends the process after 3 s
+        print("unexpected: the replay completed", flush=True)
         return
     if mode == "backlog":
         t0 = time.monotonic()

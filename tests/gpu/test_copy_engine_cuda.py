@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,36 +138,6 @@ def test_a_local_close_parks_exported_memory_while_peers_may_write(gpu_ranks2):
     assert intact and not reused and parked
 
 
-def _graph_capture(ctx):
-    """Under CUDA graph capture the copy engine is never used; on a gloo group nothing can be captured, and the
-    call says why. Eager calls keep working afterwards."""
-    from telefuser.distributed.ulysses import UlyssesInputError
-
-    w, r = ctx.world_size, ctx.rank
-    comm = cases.make_comm(ctx, T, DEV)
-    xs = cases.inputs_for(960, w, (1, 8, 2 * w, 16), torch.bfloat16, DEV)
-    comm.scatter_heads(xs[r]).wait()
-    torch.cuda.synchronize()
-    graph, message = torch.cuda.CUDAGraph(), None
-    try:
-        with torch.cuda.graph(graph):
-            comm.scatter_heads(xs[r]).wait()
-    except UlyssesInputError as exc:
-        message = str(exc)
-    torch.cuda.synchronize()
-    exact = torch.equal(comm.scatter_heads(xs[r]).wait().cpu(), cases.expected_scatter([x.cpu() for x in xs], r))
-    name = comm.backend_name
-    comm.close()
-    return message, exact, name
-
-
-@pytest.mark.skipif(GPU_PER_RANK, reason="with a GPU per rank and NCCL the capture runs on the portable path instead")
-def test_graph_capture_never_runs_on_the_copy_engine(gpu_ranks2):
-    for message, exact, name in gpu_ranks2.run(_graph_capture):
-        assert message is not None and "CUDA graph capture" in message and "NCCL" in message, message
-        assert exact and name == T
-
-
 def _auto_selection(ctx, hide_tf_kernel):
     if hide_tf_kernel:
         sys.modules["tf_kernel"] = None  # import fails as if the extension were not built
@@ -207,8 +178,18 @@ def _run_script(mode: str, timeout: float) -> subprocess.CompletedProcess:
 def test_missing_peer_ends_waiting_rank_with_clear_error():
     result = _run_script("missing-peer", timeout=120)
     assert result.returncode != 0
-    # 1 probe + 3 warm groups: the group the last rank never completes is epoch 5
-    assert "handshake epoch 5 did not complete within 3s" in result.stderr, result.stderr[-3000:]
+    # 1 probe + 3 warm groups: the group the last rank never completes is group 5; it opened (both sent V)
+    assert "the close phase of handshake group 5" in result.stderr, result.stderr[-3000:]
+    assert "did not complete within 3s of the copy stream reaching it" in result.stderr, result.stderr[-3000:]
+
+
+def test_dead_peer_under_replay_ends_the_waiting_rank_within_the_timeout():
+    t0 = time.monotonic()
+    result = _run_script("dead-peer-replay", timeout=120)
+    assert result.returncode != 0 and time.monotonic() - t0 < 90
+    # 1 probe + 3 warm groups + 2 captured: the replay's first group (5) never opens
+    assert "the open phase of handshake group 5" in result.stderr, result.stderr[-3000:]
+    assert "a CUDA graph replay" in result.stderr, result.stderr[-3000:]
 
 
 def test_gpu_backlog_before_the_handshake_is_not_a_dead_peer():

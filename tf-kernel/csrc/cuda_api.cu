@@ -189,6 +189,27 @@ void wait_value_geq(CUstream s, std::uint64_t address, std::uint64_t value, int 
   }
 }
 
+// One write (default flags: a fence first, so earlier work on the stream is visible before the value) or one GEQ
+// wait of a cuStreamBatchMemOp.
+CUstreamBatchMemOpParams memop(bool wait, std::uint64_t address, std::uint64_t value, int bits) {
+  CUstreamBatchMemOpParams op;
+  std::memset(&op, 0, sizeof(op));
+  if (wait) {
+    auto& q = op.waitValue;
+    q.operation = bits == 32 ? CU_STREAM_MEM_OP_WAIT_VALUE_32 : CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    q.address = static_cast<CUdeviceptr>(address);
+    if (bits == 32) q.value = static_cast<cuuint32_t>(value); else q.value64 = static_cast<cuuint64_t>(value);
+    q.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  } else {
+    auto& w = op.writeValue;
+    w.operation = bits == 32 ? CU_STREAM_MEM_OP_WRITE_VALUE_32 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    w.address = static_cast<CUdeviceptr>(address);
+    if (bits == 32) w.value = static_cast<cuuint32_t>(value); else w.value64 = static_cast<cuuint64_t>(value);
+    w.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  return op;
+}
+
 }  // namespace
 
 namespace {
@@ -278,7 +299,8 @@ void copy_2d_batch(int device, const PitchedCopyArgs* copies, std::size_t count,
   }
   if (count == 0) return;
 #if CUDART_VERSION >= 12080
-  if (g_copy_batch_mode.load() != 0) {
+  // Batched copies cannot be captured (cudaErrorStreamCaptureUnsupported): a capture records one node per copy.
+  if (g_copy_batch_mode.load() != 0 && !stream_is_capturing(stream)) {
     const cudaError_t err = copy_batched(copies, count, s);
     if (err == cudaSuccess) {
       g_copy_batch_mode.store(1);
@@ -290,6 +312,13 @@ void copy_2d_batch(int device, const PitchedCopyArgs* copies, std::size_t count,
   }
 #endif
   for (std::size_t i = 0; i < count; ++i) copy_2d_items(copies[i], s);
+}
+
+bool stream_is_capturing(std::uint64_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream)), &status),
+             "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
 }
 
 int copy_batch_mode() { return g_copy_batch_mode.load(); }
@@ -359,20 +388,10 @@ void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t*
   // All publishes first, then all waits: no rank waits before it has published, so ranks
   // entering the handshake in any order cannot deadlock each other.
   if (g_memop_batch_mode.load() != 0 && 2 * count < 256) {  // one driver call; it takes fewer than 256 operations
-    std::vector<CUstreamBatchMemOpParams> ops(2 * count);
-    std::memset(ops.data(), 0, ops.size() * sizeof(CUstreamBatchMemOpParams));
-    for (std::size_t i = 0; i < count; ++i) {
-      auto& w = ops[i].writeValue;
-      w.operation = bits == 32 ? CU_STREAM_MEM_OP_WRITE_VALUE_32 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
-      w.address = static_cast<CUdeviceptr>(write_addresses[i]);
-      if (bits == 32) w.value = static_cast<cuuint32_t>(value); else w.value64 = static_cast<cuuint64_t>(value);
-      w.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // a fence first: earlier copies are visible before the value
-      auto& q = ops[count + i].waitValue;
-      q.operation = bits == 32 ? CU_STREAM_MEM_OP_WAIT_VALUE_32 : CU_STREAM_MEM_OP_WAIT_VALUE_64;
-      q.address = static_cast<CUdeviceptr>(wait_addresses[i]);
-      if (bits == 32) q.value = static_cast<cuuint32_t>(value); else q.value64 = static_cast<cuuint64_t>(value);
-      q.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    }
+    std::vector<CUstreamBatchMemOpParams> ops;
+    ops.reserve(2 * count);
+    for (std::size_t i = 0; i < count; ++i) ops.push_back(memop(false, write_addresses[i], value, bits));
+    for (std::size_t i = 0; i < count; ++i) ops.push_back(memop(true, wait_addresses[i], value, bits));
     const CUresult res = drv_stream_batch_memop()(s, static_cast<unsigned int>(ops.size()), ops.data(), 0);
     if (res == CUDA_SUCCESS) {
       g_memop_batch_mode.store(1);
@@ -388,6 +407,56 @@ void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t*
   }
   for (std::size_t i = 0; i < count; ++i) {
     wait_value_geq(s, wait_addresses[i], value, bits, "wait for peer " + std::to_string(peers[i]) + " at " + hex(wait_addresses[i]));
+  }
+}
+
+void stream_phase(const std::uint64_t* publish, const std::uint64_t* wait, const std::int64_t* peers,
+                  std::size_t count, std::uint64_t marker, std::uint64_t token, std::uint64_t stream, int bits,
+                  std::uint64_t wait_stream, std::uint64_t wait_event, int device) {
+  DeviceGuard guard(device);
+  ensure_context();
+  CUstream s = as_custream(stream);
+  if (wait_event != 0) {
+    auto ev = reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(wait_event));
+    auto ws = reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(wait_stream));
+    check_cuda(cudaEventRecord(ev, ws), "cudaEventRecord(readiness event on the caller's stream)");
+    check_cuda(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(s), ev, 0),
+               "cudaStreamWaitEvent(copy stream on the readiness event)");
+  }
+  // Flags take only the values 0 and 1, so GEQ 1 (cyclic) is "equals 1".
+  std::vector<CUstreamBatchMemOpParams> ops;
+  ops.reserve(3 * count + 3);
+  if (marker != 0) {
+    ops.push_back(memop(false, marker, token, bits));
+    ops.push_back(memop(false, marker + bits / 8, 0, bits));
+  }
+  for (std::size_t i = 0; i < count; ++i) ops.push_back(memop(false, publish[i], 1, bits));
+  for (std::size_t i = 0; i < count; ++i) ops.push_back(memop(true, wait[i], 1, bits));
+  for (std::size_t i = 0; i < count; ++i) ops.push_back(memop(false, wait[i], 0, bits));
+  if (marker != 0) ops.push_back(memop(false, marker + bits / 8, token, bits));
+  if (ops.empty()) return;
+  if (g_memop_batch_mode.load() != 0 && ops.size() < 256) {
+    const CUresult res = drv_stream_batch_memop()(s, static_cast<unsigned int>(ops.size()), ops.data(), 0);
+    if (res == CUDA_SUCCESS) {
+      g_memop_batch_mode.store(1);
+      return;
+    }
+    if (g_memop_batch_mode.load() == 1) {  // it worked before: a real error
+      check_cu(res, "cuStreamBatchMemOp(" + std::to_string(ops.size()) + " handshake phase operations)");
+    }
+    g_memop_batch_mode.store(0);
+  }
+  std::size_t peer = 0;
+  for (const auto& op : ops) {
+    const bool is_wait = op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 || op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    if (is_wait) {
+      const std::uint64_t v = bits == 32 ? op.waitValue.value : op.waitValue.value64;
+      wait_value_geq(s, op.waitValue.address, v, bits,
+                     "phase wait for peer " + std::to_string(peers[peer++ % (count ? count : 1)]));
+    } else {
+      const std::uint64_t v = bits == 32 ? op.writeValue.value : op.writeValue.value64;
+      write_value(s, op.writeValue.address, v, bits, "phase write at " + hex(op.writeValue.address));
+    }
   }
 }
 

@@ -37,7 +37,8 @@ struct PitchedCopyArgs {
 // Optionally (wait_event != 0) records wait_event on wait_stream and makes `stream` wait on it; then submits every
 // copy on `stream`: one cudaMemcpy3DBatchAsync for all of them where the runtime has it (CUDA 12.8+; a copy whose
 // batch strides are whole multiples of its pitches is one 3-D operation, others one operation per batch item),
-// else one cudaMemcpy2DAsync per copy and batch item. The current device is `device` for the duration.
+// else one cudaMemcpy2DAsync per copy and batch item; under CUDA graph capture (the runtime refuses the batched
+// call there) always one cudaMemcpy2DAsync per copy and batch item. The current device is `device` for the duration.
 void copy_2d_batch(int device, const PitchedCopyArgs* copies, std::size_t count, std::uint64_t stream,
                    std::uint64_t wait_stream, std::uint64_t wait_event);
 
@@ -69,6 +70,23 @@ void stream_wait_value_geq(std::uint64_t address, std::uint64_t value, std::uint
 void stream_handshake(const std::uint64_t* write_addresses, const std::uint64_t* wait_addresses,
                       const std::int64_t* peers, std::size_t count, std::uint64_t value,
                       std::uint64_t stream, int bits);
+
+// One phase of the grouped handshake, with constant flag values so that a CUDA graph can replay it as captured.
+// With wait_event != 0 it first records wait_event on wait_stream and makes `stream` wait on it. Then, on `stream`,
+// in one cuStreamBatchMemOp where the driver takes it (else one memop call each), in this order:
+//   marker[0] = token, marker[1] = 0        (marker != 0: the watchdog sees the stream reach the phase)
+//   *publish[i] = 1 for every i             (a fence first: earlier copies on `stream` land before the flag)
+//   wait until *wait[i] == 1 for every i
+//   *wait[i] = 0 for every i                (the bank is clean for its next use)
+//   marker[1] = token                       (the phase passed)
+// A rank's consecutive phases must alternate between two flag banks (see the copy engine's protocol): a peer can
+// publish into a bank again only after this rank has reset it. `peers[i]` only names the peer in errors.
+void stream_phase(const std::uint64_t* publish, const std::uint64_t* wait, const std::int64_t* peers,
+                  std::size_t count, std::uint64_t marker, std::uint64_t token, std::uint64_t stream, int bits,
+                  std::uint64_t wait_stream, std::uint64_t wait_event, int device);
+
+// Whether `stream` is being captured into a CUDA graph (cudaStreamIsCapturing).
+bool stream_is_capturing(std::uint64_t stream);
 
 // cuMemGetAddressRange for `address` -> (allocation base, allocation size), with the
 // owning device made current.

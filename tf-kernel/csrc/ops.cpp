@@ -308,47 +308,98 @@ void stream_wait_value(std::int64_t address, std::int64_t value, std::int64_t st
   });
 }
 
-void stream_handshake(c10::ArrayRef<std::int64_t> peer_flag_ptrs, std::int64_t local_flag_ptr, std::int64_t rank,
-                      std::int64_t world_size, std::int64_t epoch, std::int64_t stream, std::int64_t bits) {
-  constexpr const char* op = "tf_kernel.stream_handshake";
-  const std::int64_t elem = check_bits(op, bits);
+// Flag arrays are bank-major, world_size slots per bank. Checks the arrays of one handshake before any CUDA call.
+void check_flag_arrays(const char* op, c10::ArrayRef<std::int64_t> peer_flag_ptrs, std::int64_t local_flag_ptr,
+                       std::int64_t rank, std::int64_t world_size, std::int64_t elem) {
   TFK_CHECK(world_size >= 1, op, ": world_size must be >= 1, got ", world_size);
   TFK_CHECK(static_cast<std::int64_t>(peer_flag_ptrs.size()) == world_size, op, ": len(peer_flag_ptrs) (",
-              peer_flag_ptrs.size(), ") must equal world_size (", world_size, ")");
+            peer_flag_ptrs.size(), ") must equal world_size (", world_size, ")");
   TFK_CHECK(rank >= 0 && rank < world_size, op, ": rank must satisfy 0 <= rank < world_size (", world_size,
-              "), got ", rank);
-  TFK_CHECK(epoch > 0, op, ": epoch must be > 0 (flag arrays start zeroed, so epoch 0 would never wait), got ",
-              epoch);
-  check_stream(op, stream);
+            "), got ", rank);
   check_address(op, "local_flag_ptr", local_flag_ptr, elem);
   for (std::int64_t p = 0; p < world_size; ++p) {
     if (p == rank) continue;  // our own entry is not used (may be 0 or local_flag_ptr)
     check_address(op, "peer_flag_ptrs[" + std::to_string(p) + "]", peer_flag_ptrs[p], elem);
   }
+}
+
+// Where one handshake writes and waits, per peer: slot `rank` of bank `bank` in the peer's array, slot p of the
+// same bank in the local array.
+struct FlagSlots {
+  std::vector<std::uint64_t> publish, wait;
+  std::vector<std::int64_t> peers;
+};
+
+FlagSlots flag_slots(c10::ArrayRef<std::int64_t> peer_flag_ptrs, std::int64_t local_flag_ptr, std::int64_t rank,
+                     std::int64_t world_size, std::int64_t elem, std::int64_t bank) {
+  FlagSlots slots;
+  const auto u_elem = static_cast<std::uint64_t>(elem);
+  const auto base = static_cast<std::uint64_t>(bank * world_size) * u_elem;
+  for (std::int64_t p = 0; p < world_size; ++p) {
+    if (p == rank) continue;
+    slots.publish.push_back(static_cast<std::uint64_t>(peer_flag_ptrs[p]) + base + static_cast<std::uint64_t>(rank) * u_elem);
+    slots.wait.push_back(static_cast<std::uint64_t>(local_flag_ptr) + base + static_cast<std::uint64_t>(p) * u_elem);
+    slots.peers.push_back(p);
+  }
+  return slots;
+}
+
+void stream_handshake(c10::ArrayRef<std::int64_t> peer_flag_ptrs, std::int64_t local_flag_ptr, std::int64_t rank,
+                      std::int64_t world_size, std::int64_t epoch, std::int64_t stream, std::int64_t bits) {
+  constexpr const char* op = "tf_kernel.stream_handshake";
+  const std::int64_t elem = check_bits(op, bits);
+  check_flag_arrays(op, peer_flag_ptrs, local_flag_ptr, rank, world_size, elem);
+  TFK_CHECK(epoch > 0, op, ": epoch must be > 0 (flag arrays start zeroed, so epoch 0 would never wait), got ",
+            epoch);
+  check_stream(op, stream);
   if (world_size == 1) return;  // nobody to synchronise with
 
   // With 32-bit flags only the low 32 bits of the epoch are published and compared; the
   // cyclic GEQ comparison makes that wrap around 2^32 correctly.
   const std::uint64_t value =
       bits == 32 ? (static_cast<std::uint64_t>(epoch) & 0xffffffffull) : static_cast<std::uint64_t>(epoch);
-  std::vector<std::uint64_t> writes;
-  std::vector<std::uint64_t> waits;
-  std::vector<std::int64_t> peers;
-  writes.reserve(world_size - 1);
-  waits.reserve(world_size - 1);
-  peers.reserve(world_size - 1);
-  const auto u_elem = static_cast<std::uint64_t>(elem);
-  for (std::int64_t p = 0; p < world_size; ++p) {
-    if (p == rank) continue;
-    // Publish into slot `rank` of peer p's array; wait on slot p of our own array.
-    writes.push_back(static_cast<std::uint64_t>(peer_flag_ptrs[p]) + static_cast<std::uint64_t>(rank) * u_elem);
-    waits.push_back(static_cast<std::uint64_t>(local_flag_ptr) + static_cast<std::uint64_t>(p) * u_elem);
-    peers.push_back(p);
-  }
+  const FlagSlots slots = flag_slots(peer_flag_ptrs, local_flag_ptr, rank, world_size, elem, 0);
   cuda_call([&] {
-    cuda_api::stream_handshake(writes.data(), waits.data(), peers.data(), writes.size(), value,
+    cuda_api::stream_handshake(slots.publish.data(), slots.wait.data(), slots.peers.data(), slots.publish.size(), value,
                                static_cast<std::uint64_t>(stream), static_cast<int>(bits));
   });
+}
+
+// One phase of the grouped handshake over flag arrays of 2 banks x world_size slots (bank-major): publish 1 into
+// slot `rank` of bank `bank` of every peer's array, wait for slot p of the same bank of the local array to be 1 for
+// every peer p, reset those slots to 0. See cuda_api.h for the order and the marker.
+void stream_phase(c10::ArrayRef<std::int64_t> peer_flag_ptrs, std::int64_t local_flag_ptr, std::int64_t rank,
+                  std::int64_t world_size, std::int64_t bank, std::int64_t marker_ptr, std::int64_t token,
+                  std::int64_t stream, std::int64_t bits, std::int64_t wait_stream, std::int64_t wait_event,
+                  std::int64_t device) {
+  constexpr const char* op = "tf_kernel.stream_phase";
+  const std::int64_t elem = check_bits(op, bits);
+  TFK_CHECK(bank == 0 || bank == 1, op, ": bank must be 0 or 1, got ", bank);
+  TFK_CHECK(marker_ptr >= 0, op, ": marker_ptr must be 0 (none) or an address, got ", marker_ptr);
+  if (marker_ptr != 0) {
+    check_address(op, "marker_ptr", marker_ptr, elem);
+    TFK_CHECK(token > 0, op, ": token must be > 0 (0 means 'in the wait' to the watchdog), got ", token);
+    check_value(op, token, bits);
+  }
+  check_stream(op, stream);
+  TFK_CHECK(wait_event >= 0, op, ": wait_event must be 0 (none) or a cudaEvent_t from event_create, got ", wait_event);
+  if (wait_event != 0) check_stream(op, wait_stream);
+  TFK_CHECK(device >= 0, op, ": device must be a CUDA device index, got ", device);
+  check_flag_arrays(op, peer_flag_ptrs, local_flag_ptr, rank, world_size, elem);
+  const FlagSlots slots = flag_slots(peer_flag_ptrs, local_flag_ptr, rank, world_size, elem, bank);
+  cuda_call([&] {
+    cuda_api::stream_phase(slots.publish.data(), slots.wait.data(), slots.peers.data(), slots.publish.size(),
+                           static_cast<std::uint64_t>(marker_ptr), static_cast<std::uint64_t>(token),
+                           static_cast<std::uint64_t>(stream), static_cast<int>(bits),
+                           static_cast<std::uint64_t>(wait_stream), static_cast<std::uint64_t>(wait_event),
+                           static_cast<int>(device));
+  });
+}
+
+bool stream_is_capturing(std::int64_t stream) {
+  constexpr const char* op = "tf_kernel.stream_is_capturing";
+  check_stream(op, stream);
+  return cuda_call([&] { return cuda_api::stream_is_capturing(static_cast<std::uint64_t>(stream)); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -448,6 +499,11 @@ TORCH_LIBRARY(tf_kernel, m) {
       "stream_handshake(int[] peer_flag_ptrs, int local_flag_ptr, int rank, int world_size, int epoch, int stream, "
       "int bits) -> ()",
       &tf_kernel::stream_handshake);
+  m.def(
+      "stream_phase(int[] peer_flag_ptrs, int local_flag_ptr, int rank, int world_size, int bank, int marker_ptr, "
+      "int token, int stream, int bits, int wait_stream=0, int wait_event=0, int device=0) -> ()",
+      &tf_kernel::stream_phase);
+  m.def("stream_is_capturing(int stream) -> bool", &tf_kernel::stream_is_capturing);
   m.def("ipc_get_handle(Tensor t) -> Tensor", &tf_kernel::ipc_get_handle);
   m.def("ipc_open_handle(Tensor handle, int nbytes=0) -> int", &tf_kernel::ipc_open_handle);
   m.def("ipc_close_handle(int ptr) -> ()", &tf_kernel::ipc_close_handle);

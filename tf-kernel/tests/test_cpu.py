@@ -28,6 +28,10 @@ EXPECTED_SCHEMAS = {
     "stream_wait_value": "tf_kernel::stream_wait_value(int address, int value, int stream, int bits) -> ()",
     "stream_handshake": "tf_kernel::stream_handshake(int[] peer_flag_ptrs, int local_flag_ptr, int rank, "
     "int world_size, int epoch, int stream, int bits) -> ()",
+    "stream_phase": "tf_kernel::stream_phase(int[] peer_flag_ptrs, int local_flag_ptr, int rank, int world_size, "
+    "int bank, int marker_ptr, int token, int stream, int bits, int wait_stream=0, int wait_event=0, "
+    "int device=0) -> ()",
+    "stream_is_capturing": "tf_kernel::stream_is_capturing(int stream) -> bool",
     "ipc_get_handle": "tf_kernel::ipc_get_handle(Tensor t) -> Tensor",
     "ipc_open_handle": "tf_kernel::ipc_open_handle(Tensor handle, int nbytes=0) -> int",
     "copy_2d_batch": "tf_kernel::copy_2d_batch(Tensor src, int[] copies, int stream, int wait_stream=0, "
@@ -216,7 +220,9 @@ def test_copy_2d_width_exceeds_pitch():
 
 def test_copy_2d_src_out_of_bounds_rows():
     src = torch.zeros(256, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match=r"source read out of bounds: the last byte read ends 320 bytes .* only has 256 bytes"):
+    with pytest.raises(
+        RuntimeError, match=r"source read out of bounds: the last byte read ends 320 bytes .* only has 256 bytes"
+    ):
         _copy(src, height=5)
 
 
@@ -335,7 +341,9 @@ def test_copy_2d_wrapper_passes_through_validation():
 # copy_2d_batch: every copy validated like copy_2d, each named by its index
 # --------------------------------------------------------------------------------------
 def _batch_entry(**kw):
-    a = _copy_args(None, **kw)  # (src, src_off, src_pitch, src_bstride, dst, cap, dst_off, dst_pitch, dst_bstride, w, h, b, s)
+    a = _copy_args(
+        None, **kw
+    )  # (src, src_off, src_pitch, src_bstride, dst, cap, dst_off, dst_pitch, dst_bstride, w, h, b, s)
     return [a[4], a[5], a[1], a[2], a[3], a[6], a[7], a[8], a[9], a[10], a[11]]
 
 
@@ -481,6 +489,48 @@ def test_handshake_world_size_one_is_a_no_op():
     tf_kernel.stream_handshake([0], FAKE_PTR, rank=0, epoch=7, bits=32, stream=0)
 
 
+def _phase(peers, local=FAKE_PTR, rank=0, bank=0, marker=0, token=0, stream=0, bits=32, wait_event=0, device=0):
+    torch.ops.tf_kernel.stream_phase(
+        list(peers), local, rank, len(peers), bank, marker, token, stream, bits, 0, wait_event, device
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(bits=16), r"bits must be 32 or 64, got 16"),
+        (dict(bank=2), r"bank must be 0 or 1, got 2"),
+        (dict(rank=2), r"rank must satisfy 0 <= rank < world_size \(2\), got 2"),
+        (dict(marker=FAKE_PTR, token=0), r"token must be > 0 .*got 0"),
+        (dict(marker=FAKE_PTR + 2), r"marker_ptr \(\d+\) must be 4-byte aligned"),
+        (dict(marker=FAKE_PTR, token=1 << 33), r"value must fit in an unsigned 32-bit word"),
+        (dict(local=0), r"local_flag_ptr is a null device address"),
+        (dict(wait_event=-1), r"wait_event must be 0 \(none\)"),
+        (dict(device=-1), r"device must be a CUDA device index"),
+        (dict(stream=-2), r"stream must be a cudaStream_t"),
+    ],
+)
+def test_phase_validates_before_any_cuda_call(kwargs, message):
+    with pytest.raises(RuntimeError, match=r"tf_kernel.stream_phase: " + message):
+        _phase([FAKE_PTR, FAKE_PTR], **kwargs)
+
+
+def test_phase_peer_pointers_are_checked():
+    with pytest.raises(RuntimeError, match=r"peer_flag_ptrs\[1\] is a null device address"):
+        _phase([FAKE_PTR, 0], rank=0)
+    _bad = [FAKE_PTR + 4, FAKE_PTR]
+    with pytest.raises(RuntimeError, match=r"peer_flag_ptrs\[0\] \(\d+\) must be 8-byte aligned"):
+        _phase(_bad, rank=1, bits=64)
+
+
+@no_cuda
+def test_phase_and_capture_query_without_driver_fail_clearly():
+    with pytest.raises(RuntimeError, match=r"tf_kernel: "):
+        tf_kernel.stream_phase([FAKE_PTR, FAKE_PTR], FAKE_PTR, rank=0, bank=1, stream=0, device=0)
+    with pytest.raises(RuntimeError, match=r"tf_kernel: .*cudaStreamIsCapturing"):
+        tf_kernel.stream_is_capturing(0)
+
+
 # --------------------------------------------------------------------------------------
 # CUDA IPC
 # --------------------------------------------------------------------------------------
@@ -492,7 +542,9 @@ def _valid_looking_handle(offset=0):
 
 
 def test_ipc_get_handle_cpu_tensor():
-    with pytest.raises(RuntimeError, match=r"tf_kernel.ipc_get_handle: tensor must be a CUDA tensor, got a tensor on cpu"):
+    with pytest.raises(
+        RuntimeError, match=r"tf_kernel.ipc_get_handle: tensor must be a CUDA tensor, got a tensor on cpu"
+    ):
         tf_kernel.ipc_get_handle(torch.zeros(16))
 
 
@@ -545,9 +597,7 @@ def test_check_build_compatibility_accepts_match():
 
 def test_check_build_compatibility_torch_mismatch_names_both():
     with pytest.raises(ImportError) as ei:
-        check_build_compatibility(
-            {"torch_version": "2.11.0+cu130", "torch_cuda_version": "13.0"}, "2.13.0+cpu", None
-        )
+        check_build_compatibility({"torch_version": "2.11.0+cu130", "torch_cuda_version": "13.0"}, "2.13.0+cpu", None)
     msg = str(ei.value)
     assert "2.11.0+cu130" in msg and "2.13.0+cpu" in msg
     assert "'13.0'" in msg and "None" in msg

@@ -37,6 +37,8 @@ __all__ = [
     "ipc_open_handle",
     "runtime_version",
     "stream_handshake",
+    "stream_is_capturing",
+    "stream_phase",
     "stream_wait_value",
     "stream_write_value",
 ]
@@ -52,6 +54,8 @@ OP_NAMES: Tuple[str, ...] = (
     "stream_write_value",
     "stream_wait_value",
     "stream_handshake",
+    "stream_phase",
+    "stream_is_capturing",
     "ipc_get_handle",
     "ipc_open_handle",
     "ipc_close_handle",
@@ -263,6 +267,48 @@ def stream_handshake(
     torch.ops.tf_kernel.stream_handshake(
         ptrs, int(local_flag_ptr), int(rank), ws, int(epoch), _stream_handle(stream), int(bits)
     )
+
+
+def stream_phase(
+    peer_flag_ptrs: Sequence[int],
+    local_flag_ptr: int,
+    *,
+    rank: int,
+    bank: int,
+    marker_ptr: int = 0,
+    token: int = 0,
+    bits: int = 32,
+    stream: StreamLike = None,
+    wait_stream: StreamLike = None,
+    wait_event: int = 0,
+    device: Union[None, int, torch.device] = None,
+) -> None:
+    """One phase of a grouped handshake whose flag values are constant, so that a captured CUDA graph replays it
+    exactly (no epoch to go stale).
+
+    Every rank owns a flag array of ``2 * world_size`` elements (bank-major: bank ``b``'s slot ``p`` at index
+    ``b * world_size + p``), zeroed once, and has mapped every peer's. With ``wait_event`` the op first records it
+    on ``wait_stream`` (default: the current stream) and makes ``stream`` wait on it. Then it enqueues on
+    ``stream``, as one ``cuStreamBatchMemOp`` where the driver takes it: with ``marker_ptr`` (two words of host-
+    or device-visible memory for a watchdog), ``marker[0] = token`` and ``marker[1] = 0``; a write of 1 into slot
+    ``rank`` of bank ``bank`` of every peer's array (after a fence: earlier copies on ``stream`` land first); a
+    wait until slot ``p`` of bank ``bank`` of the local array is 1 for every peer ``p``; a write of 0 into those
+    slots; with ``marker_ptr``, ``marker[1] = token``. A rank's consecutive phases must alternate banks: a peer
+    publishes into a bank again only after it passed a phase of the other bank, which this rank entered only
+    after resetting the first one.
+    """
+    ptrs = [int(p) for p in peer_flag_ptrs]
+    s = _stream_handle(stream)
+    ws = _stream_handle(wait_stream) if wait_event else 0
+    torch.ops.tf_kernel.stream_phase(
+        ptrs, int(local_flag_ptr), int(rank), len(ptrs), int(bank), int(marker_ptr), int(token), s, int(bits), ws,
+        int(wait_event), _device_index(device),
+    )  # fmt: skip
+
+
+def stream_is_capturing(stream: StreamLike = None) -> bool:
+    """Whether ``stream`` (default: the current one) is being captured into a CUDA graph."""
+    return bool(torch.ops.tf_kernel.stream_is_capturing(_stream_handle(stream)))
 
 
 def ipc_get_handle(t: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from telefuser.distributed.ulysses import UlyssesCommunicator
+from telefuser.distributed.ulysses.copy_engine import CLOSE_BANK, OPEN_BANK
 
 
 def per_call_us(fn, n=100, bursts=20):
@@ -59,15 +60,19 @@ def part_costs(comm, v, w):
 
     backend = comm.scatter_backend
     _, plan = comm._plan_for(v, Direction.SCATTER)
-    _, copies = backend._target_for(plan, "v", v.device, False)
+    _, copies = backend._target_for(plan, "v", v.device, False, False)
     stream = backend.stream
     rows = {
         "plan (cached validation)": lambda: comm._plan_for(v, Direction.SCATTER),
-        "agreement lookup": lambda: comm._agree("scatter_heads", "v", False, plan, "cuda", None),
-        "target lookup": lambda: backend._target_for(plan, "v", v.device, False),
+        "agreement lookup": lambda: comm._agree("scatter_heads", "v", False, plan, ("cuda", False), None),
+        "target lookup": lambda: backend._target_for(plan, "v", v.device, False, False),
         f"copy_2d_batch: readiness wait + {w} copies, one op": lambda: backend.prims.submit(v, copies, stream),
         "record_stream": lambda: v.record_stream(stream),
-        "handshake (events + one stream_handshake op)": backend._handshake,
+        "handshake (open + close: two stream_phase ops, one event)": lambda: (
+            backend._phase(OPEN_BANK, ready=True),
+            backend._phase(CLOSE_BANK, ready=False),
+            backend.prims.record_completion(stream),
+        ),
         "torch.ops call overhead (build_info)": lambda: torch.ops.tf_kernel.build_info(),
     }
     return {name: per_call_us(fn) for name, fn in rows.items()}

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from telefuser.distributed.ulysses import UlyssesCommunicator
-from telefuser.distributed.ulysses.copy_engine import CopyEngineOptions
+from telefuser.distributed.ulysses.copy_engine import CLOSE_BANK, OPEN_BANK, CopyEngineOptions
 from telefuser.distributed.ulysses.layout import flat_copy_to_peer, packed_source, pitched_copy_to_peer, plan_scatter
 
 # Global problems (B, S_global, H, D) at each shape's native world size; at another world S_local = S_global / W.
@@ -140,8 +140,9 @@ def handshake_us(comm: UlyssesCommunicator, n: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(backend.stream):
         start.record()
-        for _ in range(n):
-            backend._handshake()
+        for _ in range(n):  # one group's handshake: the open and the close phase
+            backend._phase(OPEN_BANK, ready=False)
+            backend._phase(CLOSE_BANK, ready=False)
         end.record()
     end.synchronize()
     sync_all()

@@ -15,15 +15,17 @@ import torch.distributed as dist
 
 from ..agreement import describe_disagreement, first_error
 from .control import ControlChannel
-from .copy_engine import CopyEngineOptions
+from .copy_engine import CopyEngineOptions, UlyssesCaptureError
 from .factory import create_copy_engine
 from .handles import TaggedGroup, UlyssesHandle, UlyssesProtocolError
 from .layout import (
     Direction,
     UlyssesInputError,
     UlyssesPlan,
+    check_all_gather,
     check_gather,
     check_scatter,
+    plan_all_gather,
     plan_gather,
     plan_scatter,
     readable_layout,
@@ -38,11 +40,11 @@ log = logging.getLogger(__name__)
 VERIFY_MODES = ("new", "always")
 _MAX_AGREED_SIGNATURES = 4096
 _MAX_PLANS = 1024
-GRAPH_CAPTURE_REASON = (
-    "CUDA graph capture: a captured copy-engine group would replay fixed epochs (its stream-memory waits would pass "
-    "without synchronising) and fixed buffers (the two-buffer output lifetime rule breaks at the replay boundary); "
-    "captured scatters run on the portable path"
-)
+_PLANNERS = {
+    Direction.SCATTER: (check_scatter, plan_scatter),
+    Direction.GATHER: (check_gather, plan_gather),
+    Direction.ALL_GATHER: (check_all_gather, plan_all_gather),
+}
 _SETTING_SOURCES = {
     "transport": "transport= or TELEFUSER_ULYSSES_TRANSPORT",
     "verify": "verify= or TELEFUSER_ULYSSES_VERIFY",
@@ -132,6 +134,7 @@ class UlyssesCommunicator:
         self._agreed: set[tuple] = set()
         self._plans: dict[tuple, tuple[UlyssesPlan, bool]] = {}
         self._closed = False
+        self._generation = 0  # bumped whenever a copy-engine transport is released: graphs captured before are stale
 
     # -- public surface ------------------------------------------------------------------------------------------
     @property
@@ -153,6 +156,13 @@ class UlyssesCommunicator:
         return self._closed
 
     @property
+    def generation(self) -> int:
+        """Changes whenever the copy-engine transport (its buffers and flags) is released, by `reset()`, a fallback
+        or `close()`. A CUDA graph captured around this communicator replays into that transport's buffers: discard
+        it and capture again when the generation it was captured at is gone."""
+        return self._generation
+
+    @property
     def failure(self) -> str | None:
         """Why this rank's communicator refuses calls until `reset()`, or None."""
         return self._failure
@@ -166,6 +176,12 @@ class UlyssesCommunicator:
         """Start moving ``[B, S_global, H_local, D]`` back to ``[B, S_local, H_local*W, D]`` (a group of one)."""
         y, plan = self._validated(Direction.GATHER, y, tag=None, barrier=True, op="gather_heads")
         return self._submit(y, plan, None, True)
+
+    def gather_rows(self, x: torch.Tensor) -> UlyssesHandle:
+        """Start gathering every rank's rows ``[B, S_local, C]`` into ``[B, W*S_local, C]``, in rank order, on every
+        rank (a group of one): the sequence gather after a model's last block."""
+        x, plan = self._validated(Direction.ALL_GATHER, x, tag=None, barrier=True, op="gather_rows")
+        return self._submit(x.unsqueeze(2), plan, None, True, finish=lambda out: out.squeeze(2))
 
     def reset(self) -> bool:
         """Collective, at a request boundary (every rank calls it at the same point, with no group pending on
@@ -211,6 +227,7 @@ class UlyssesCommunicator:
             return False
         if backend is not None:  # every rank synchronized its own copies before the exchange above
             backend.close(agreed=not any(s["quiesce_error"] for s in states))
+            self._generation += 1
         self._scatter_backend = self._group_backend = self._pending = None
         self._failure = None
         self._fell_back = False
@@ -230,6 +247,7 @@ class UlyssesCommunicator:
         backend, self._scatter_backend = self._scatter_backend, None
         if backend is not None and backend is not self._portable:
             backend.close()
+            self._generation += 1
         self._portable.close()
 
     def __enter__(self) -> UlyssesCommunicator:
@@ -262,9 +280,7 @@ class UlyssesCommunicator:
     def _plan_for(self, x, direction: Direction) -> tuple[torch.Tensor, UlyssesPlan]:
         """The input as the copies will read it (packed once when its layout needs it) and its plan; raises
         UlyssesInputError for a value the exchange cannot move. Cached per (shape, strides, dtype)."""
-        check, planner = (
-            (check_scatter, plan_scatter) if direction is Direction.SCATTER else (check_gather, plan_gather)
-        )
+        check, planner = _PLANNERS[direction]
         if not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
             check(x, self.world_size)
             x, _ = readable_layout(x, self.world_size, direction)
@@ -295,7 +311,8 @@ class UlyssesCommunicator:
                 error = str(exc)
         if self.world_size > 1 and not torch.compiler.is_compiling():
             device = x.device.type if isinstance(x, torch.Tensor) else None
-            error = self._agree(op, tag, barrier, plan, device, error)
+            captured = isinstance(x, torch.Tensor) and self._capturing(x)  # every rank must capture, or none
+            error = self._agree(op, tag, barrier, plan, (device, captured), error)
         if error is not None:
             raise UlyssesInputError(error)
         return x, plan
@@ -333,28 +350,41 @@ class UlyssesCommunicator:
         if isinstance(exc, UlyssesTimeoutError):
             self._fail(str(exc))
 
-    def _backend_for(self, x: torch.Tensor):
-        """The scatter backend for this call. The first eligible call selects it, collectively and agreed."""
+    def _capturing(self, x: torch.Tensor) -> bool:
+        """Whether this call is recorded into a graph: a CUDA graph capture, or a host capture of the host-shm
+        transport (tests)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return True
+        backend = self._scatter_backend
+        return backend is not None and backend is not self._portable and backend.capturing(x)
+
+    def _backend_for(self, x: torch.Tensor, direction: Direction):
+        """The backend for this call. The first eligible call selects the transport, collectively and agreed;
+        gathers run on it only where the portable path cannot run on the device (or `options.gather` says so)."""
         if self.world_size == 1 or torch.compiler.is_compiling():
             return self._portable
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return self._capture_backend(x)
+        cuda_capture = x.is_cuda and torch.cuda.is_current_stream_capturing()
         if self._scatter_backend is None:
+            if cuda_capture:
+                raise UlyssesCaptureError(
+                    "the Ulysses transport is chosen, collectively and with device synchronisation, at the first "
+                    "eager call; run the same calls once eagerly (a warm-up) before capturing them"
+                )
             self._scatter_backend = self._select(x.device)
         backend = self._scatter_backend
-        if backend is not self._portable and x.device.type != ("cpu" if backend.name == "host-shm" else "cuda"):
-            return self._portable  # an ineligible call; the transport stays selected for eligible ones
-        return backend
-
-    def _capture_backend(self, x: torch.Tensor):
-        if not self._portable.can_capture(x.device):
-            raise UlyssesInputError(
-                f"scatter_heads under CUDA graph capture on a {dist.get_backend(self.group)} group: the copy engine "
-                "cannot be captured (fixed epochs and buffers would be replayed), and the portable path cannot either "
-                "here (it stages device tensors through the host); capture needs an NCCL group, one GPU per rank"
+        eligible = backend is not self._portable and x.device.type == ("cpu" if backend.name == "host-shm" else "cuda")
+        if eligible and direction is not Direction.SCATTER:
+            gather = self.options.gather
+            eligible = gather == "copy-engine" or (gather == "auto" and not self._portable.can_capture(x.device))
+        if eligible:
+            return backend
+        if cuda_capture and not self._portable.can_capture(x.device):
+            raise UlyssesCaptureError(
+                f"{direction.value} under CUDA graph capture on a {dist.get_backend(self.group)} group with "
+                f"transport {backend.name}: the portable path stages device tensors through the host there, which a "
+                "graph cannot record; capture needs the copy engine (tf-kernel, same-host peers) or an NCCL group"
             )
-        self.fallback_reasons.setdefault("cuda-graph-capture", GRAPH_CAPTURE_REASON)
-        return self._portable
+        return self._portable  # an ineligible call; the transport stays selected for eligible ones
 
     def _select(self, device: torch.device):
         candidates, excluded = agreed_candidates(self.transport, device, self._channel, self.options.flag_bits)
@@ -392,20 +422,28 @@ class UlyssesCommunicator:
         )
         self._fell_back = True
         self._scatter_backend = self._portable
+        self._generation += 1
         try:
             self._release_agreed(backend)
         except UlyssesTimeoutError as exc:
             self._fail(str(exc))
             raise
 
-    def _submit(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None, barrier: bool) -> UlyssesHandle:
+    def _submit(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None, barrier: bool, finish=None) -> UlyssesHandle:
+        captured = self._capturing(x)
         group = self._pending
         if group is None:
             self._epoch += 1
-            group = TaggedGroup(epoch=self._epoch)
+            group = TaggedGroup(epoch=self._epoch, captured=captured)
         group_started = self._pending is not None
+        if group_started and group.captured != captured:
+            raise UlyssesProtocolError(
+                f"{plan.direction.value}(tag={tag!r}): its group {group.tags} started "
+                f"{'inside' if group.captured else 'outside'} a graph capture and this call is "
+                f"{'inside' if captured else 'outside'} one; a group cannot span the start or end of a capture"
+            )
         try:
-            backend = self._portable if plan.direction is Direction.GATHER else self._backend_for(x)
+            backend = self._backend_for(x, plan.direction)
         except UlyssesTimeoutError as exc:
             self._fail(str(exc))
             raise
@@ -426,12 +464,16 @@ class UlyssesCommunicator:
         else:
             self._pending = group
             self._group_backend = backend
-        return UlyssesHandle(transfer, group, tag, lambda: not self._closed, self._transfer_failed)
+        return UlyssesHandle(transfer, group, tag, lambda: not self._closed, self._transfer_failed, finish)
 
     def _start(self, backend, x, plan, tag, group_started):
         """Submit on `backend`; returns (transfer, the backend that actually ran it)."""
         try:
             return backend.start(x, plan, tag), backend
+        except UlyssesCaptureError:  # the same on every rank; the refused capture is discarded, so is its group
+            backend.abandon_group()
+            self._pending = None
+            raise
         except CopyEngineSetupError as exc:  # agreed: every rank raised it at the same call
             if group_started:
                 self._fail(f"{backend.name} setup failed after a grouped transfer started: {exc}")
@@ -466,6 +508,7 @@ class UlyssesCommunicator:
 
 
 __all__ = [
+    "UlyssesCaptureError",
     "UlyssesCommunicator",
     "UlyssesConfigError",
     "UlyssesInputError",

@@ -1,7 +1,8 @@
-"""The copy-engine scatter: pitched copies straight into peers' cached final-layout buffers, one handshake per group.
+"""The copy-engine exchange: pitched copies straight into peers' cached final-layout buffers, two handshake phases
+per group (open: every rank reached the group; close: every copy landed), with constant flag values so that a CUDA
+graph replays a captured group exactly and eager and replayed groups mix freely.
 
-Two buffers per cached target let a peer write the next group while this rank still reads the current one; the
-protocol, the output lifetime rule, eviction and the setup probe are in this folder's README.
+The protocol, the output lifetime rule, capture, eviction and the setup probe are in this folder's README.
 """
 
 from __future__ import annotations
@@ -14,9 +15,20 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .layout import Direction, UlyssesPlan, copies_to_all_peers, packed_source, plan_scatter
-from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping, agreed_step
+from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping, agreed_step, flag_dtype
 
 DEFAULT_TIMEOUT_S = 600.0  # NCCL's default; a GPU backlog or a compile on one rank must not count as a dead peer
+OPEN_BANK, CLOSE_BANK = 0, 1
+GATHER_CHOICES = (
+    "auto",
+    "copy-engine",
+    "portable",
+)  # a group's phases use alternate flag banks, so a rank's consecutive phases alternate
+
+
+class UlyssesCaptureError(RuntimeError):
+    """A call under CUDA graph capture that the copy engine cannot record (raised the same way on every rank, since
+    every rank holds the same targets after the same call sequence); the communicator stays usable."""
 
 
 def _default_timeout() -> float:
@@ -37,10 +49,13 @@ class CopyEngineOptions:
     flag_bits: int = 64
     high_priority_stream: bool = True
     cache_targets: bool = True  # False: allocate (collectively) on every call -- what the cache saves
-    handshake_per_tensor: bool = False  # True: one handshake per call instead of one per group
+    handshake_per_tensor: bool = False  # True: open and close each call on its own instead of once per group
     pitched: bool = True  # False: pack destination-major on the caller's stream, then flat copies
     handshake: str = "memops"  # "symm_barrier": SymmetricMemory.barrier() (an SM kernel) instead of stream memops
     timeout_s: float = field(default_factory=_default_timeout)
+    # Where gather_heads / gather_rows run: "auto" on the copy engine only where the portable path cannot run on
+    # the device (a gloo group with CUDA tensors, so also under capture there), else portable; or forced.
+    gather: str = "auto"
 
     LOCAL_FIELDS = ("high_priority_stream", "pitched")  # change nothing a peer can observe
 
@@ -53,6 +68,8 @@ class CopyEngineOptions:
             raise ValueError(f"flag_bits must be 32 or 64, got {self.flag_bits}")
         if self.handshake not in ("memops", "symm_barrier"):
             raise ValueError(f"handshake must be 'memops' or 'symm_barrier', got {self.handshake!r}")
+        if self.gather not in GATHER_CHOICES:
+            raise ValueError(f"gather must be one of {GATHER_CHOICES}, got {self.gather!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
@@ -78,7 +95,6 @@ class _Target:
 class _Completion:
     """Shared by every transfer of one group; the completing call fills it in."""
 
-    epoch: int = 0
     event: object = None
 
 
@@ -113,12 +129,16 @@ class CopyEngineBackend:
         self._target_bytes = 0
         self._group_keys: set[tuple] = set()  # keys used by the pending group: never evicted under it
         self._uncached: list[PeerBuffers] = []  # cache_targets=False: released at the next group's start
+        self._captured_keys: set[tuple] = set()  # targets a CUDA graph may replay into: never evicted
         self._pending: _Completion | None = None
-        self._epoch = 0
+        self._phases = 0  # phases issued (eager or captured): each one's token for the watchdog
         self.allocations = 0
         self.evictions = 0
         self.stream = None
-        self.flags = mapping.allocate_flags(options.flag_bits)  # collective and agreed
+        self.marker = prims.new_marker(flag_dtype(options.flag_bits))  # (reached, passed) of the latest phase
+        self.flags = mapping.allocate_flags(options.flag_bits)  # collective and agreed: 2 banks x world slots
+        if watchdog is not None:
+            watchdog.attach(self.marker)
         try:
             if options.handshake == "symm_barrier" and self.flags.handle is None:  # the same answer on every rank
                 raise CopyEngineSetupError(f"the symm_barrier handshake needs Symmetric Memory, not {mapping.name}")
@@ -131,25 +151,55 @@ class CopyEngineBackend:
             raise
 
     # -- the backend contract used by UlyssesCommunicator ---------------------------------------------------------
+    def capturing(self, x: torch.Tensor) -> bool:
+        """Whether this call is being recorded into a graph (a CUDA graph, or a host capture in tests)."""
+        return self.prims.capturing()
+
+    def check_capturable(self, plan: UlyssesPlan, tag: str | None, device) -> None:
+        """Raise UlyssesCaptureError unless a captured call of this plan can run on what exists: its target was
+        allocated by an eager call (allocating and evicting are collective host steps with device synchronisation,
+        impossible inside a capture)."""
+        if not self.options.cache_targets:
+            raise UlyssesCaptureError("the copy engine cannot be captured with cache_targets=False")
+        key = self._key(plan, tag, device)
+        if key not in self._targets:
+            raise UlyssesCaptureError(
+                f"{plan.direction.value}(tag={tag!r}, shape={plan.in_shape}, dtype={plan.dtype}) under CUDA graph "
+                "capture needs a copy-engine target that no eager call has allocated; run the same calls once "
+                "eagerly (a warm-up) before capturing"
+            )
+
     def start(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None) -> CopyEngineTransfer:
         if self._watchdog is not None and self._watchdog.error is not None:
             raise RuntimeError(f"the handshake watchdog stopped: {self._watchdog.error}")
+        captured = self.prims.capturing()
+        if captured:
+            self.check_capturable(plan, tag, x.device)
         packed = not self.options.pitched and plan.direction is Direction.SCATTER
-        buffers, copies = self._target_for(plan, tag, x.device, packed)
+        buffers, copies = self._target_for(plan, tag, x.device, packed, captured)
         if packed:
             x = packed_source(x, plan)
-        self.prims.submit(x, copies, self.stream)
+        opening = self._pending is None or self.options.handshake_per_tensor
+        if opening:  # after the caller's stream reached this call: every rank consumed what it received before
+            self._phase(OPEN_BANK, ready=True)
+        self.prims.submit(x, copies, self.stream, ready=not opening)
         self.prims.protect_input(x, self.stream)
         if self._pending is None:
             self._pending = _Completion()
         transfer = CopyEngineTransfer(self.prims, buffers.local, self._pending)
         if self.options.handshake_per_tensor:
-            self._handshake()
+            self._close()
         return transfer
 
     def complete_group(self) -> None:
-        if not self.options.handshake_per_tensor:  # otherwise the group's last call already ran its handshake
-            self._handshake()
+        if not self.options.handshake_per_tensor:  # otherwise the group's last call already closed itself
+            self._close()
+        self._pending = None
+        self._group_keys.clear()
+
+    def abandon_group(self) -> None:
+        """Forget a group whose capture was refused: nothing of it ever runs (a refused capture is discarded), and
+        every rank refuses at the same call."""
         self._pending = None
         self._group_keys.clear()
 
@@ -178,7 +228,11 @@ class CopyEngineBackend:
                 self._watchdog.close()
 
     # -- steps -------------------------------------------------------------------------------------------------------
-    def _target_for(self, plan: UlyssesPlan, tag, device, packed: bool) -> tuple[PeerBuffers, list]:
+    @staticmethod
+    def _key(plan: UlyssesPlan, tag, device) -> tuple:
+        return (tag, plan.direction.value, plan.out_shape, plan.dtype, str(device))
+
+    def _target_for(self, plan: UlyssesPlan, tag, device, packed: bool, captured: bool) -> tuple[PeerBuffers, list]:
         geometries = copies_to_all_peers(plan, self.rank, packed)
         if not self.options.cache_targets:
             if self._pending is None:
@@ -187,12 +241,14 @@ class CopyEngineBackend:
             self.allocations += 1
             self._uncached.append(buffers)
             return buffers, self.prims.copy_list(buffers.peers, buffers.capacity_bytes, geometries)
-        key = (tag, plan.direction.value, plan.out_shape, plan.dtype, str(device))
+        key = self._key(plan, tag, device)
         target = self._targets.get(key)
         if target is None:
             target = self._new_target(key, plan)
         else:
             self._targets.move_to_end(key)
+        if captured:
+            self._captured_keys.add(key)
         self._group_keys.add(key)
         slot = target.next_slot()
         buffers = target.slots[slot]
@@ -226,21 +282,24 @@ class CopyEngineBackend:
         self._target_bytes += nbytes
         return target
 
-    def _handshake(self) -> None:
-        self._epoch += 1
-        reached = self.prims.record_reached(self.stream)
-        if self.options.handshake == "symm_barrier":  # ablation: the seed's first, slower design
+    def _phase(self, bank: int, ready: bool) -> None:
+        """One handshake phase on the copy stream. Its flag values are constants (publish 1, wait for 1, reset to 0);
+        what makes a reused bank safe is that a rank's phases alternate banks (open, close, open, ...)."""
+        self._phases += 1
+        if self.options.handshake == "symm_barrier":  # ablation: the seed's first, slower design (an SM kernel)
+            if ready:
+                self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
-                self.flags.handle.barrier(channel=0)
-        else:
-            self.prims.handshake(
-                self.flags.peers, self.flags.local, self.rank, self._epoch, self.stream, self.options.flag_bits
-            )
+                self.flags.handle.barrier(channel=bank)
+            return
+        self.prims.phase(
+            self.flags, self.rank, bank, self.marker, self._phases, self.stream, self.options.flag_bits, ready
+        )
+
+    def _close(self) -> None:
+        self._phase(CLOSE_BANK, ready=False)  # the group's calls already waited for the caller's stream
         completion = self._pending if self._pending is not None else _Completion()
-        completion.epoch = self._epoch
         completion.event = self.prims.record_completion(self.stream)
-        if self._watchdog is not None and completion.event is not None:
-            self._watchdog.watch(self._epoch, reached, completion.event)
 
     def _probe(self) -> None:
         """One real scatter of known values through this backend, checked on every rank before it is used."""
@@ -255,9 +314,10 @@ class CopyEngineBackend:
 
         def transfer_and_check() -> None:
             copies = self.prims.copy_list(buffers.peers, buffers.capacity_bytes, copies_to_all_peers(plan, self.rank))
-            self.prims.submit(x, copies, self.stream)
+            self._phase(OPEN_BANK, ready=True)
+            self.prims.submit(x, copies, self.stream, ready=False)
             self._pending = _Completion()
-            self._handshake()
+            self._close()
             completion, self._pending = self._pending, None
             self.prims.caller_wait(completion.event)
             got = buffers.local.cpu()
@@ -278,7 +338,13 @@ class CopyEngineBackend:
         agreed_step(self.channel, f"quiesce before {what}", self.quiesce_local)
 
     def _evict_one(self) -> None:
-        victim = next((k for k in self._targets if k not in self._group_keys), None)
+        victim = next((k for k in self._targets if k not in self._group_keys and k not in self._captured_keys), None)
+        if victim is None and self._captured_keys:
+            raise UlyssesCaptureError(
+                f"the copy-engine target cache (max_targets={self.options.max_targets}, max_target_bytes="
+                f"{self.options.max_target_bytes}) is full of targets that CUDA graphs captured and may replay into; "
+                "raise the bounds, or reset() the communicator and capture again"
+            )
         if victim is None:
             raise CopyEngineSetupError(
                 f"one Ulysses group uses more than max_targets={self.options.max_targets} distinct targets or "
@@ -308,9 +374,19 @@ class CopyEngineBackend:
         return self._target_bytes
 
     @property
-    def epoch(self) -> int:
-        return self._epoch
+    def groups(self) -> int:
+        """Groups handshaken so far, the setup probe's included."""
+        return self._phases // 2
+
+    @property
+    def phases(self) -> int:
+        """Handshake phases issued so far (two per group: open and close)."""
+        return self._phases
+
+    @property
+    def captured_keys(self) -> list[tuple]:
+        return [k for k in self._targets if k in self._captured_keys]
 
     # The A/B bench times the copies and the handshake on their own.
     def prepare(self, plan: UlyssesPlan, tag: str | None, device: torch.device) -> PeerBuffers:
-        return self._target_for(plan, tag, device, packed=False)[0]
+        return self._target_for(plan, tag, device, packed=False, captured=False)[0]

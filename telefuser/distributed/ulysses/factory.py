@@ -56,7 +56,7 @@ def create_copy_engine(
     mapping = agreed_step(channel, f"{transport} mapping", lambda: make_mapping(channel, device))
 
     def local_parts():
-        watchdog = HandshakeWatchdog(channel.rank, options.timeout_s, device=device, notices=channel.notices_text)
+        watchdog = HandshakeWatchdog(channel.rank, options.timeout_s, notices=channel.notices_text)
         try:
             return CudaPrimitives(ops, device), watchdog
         except BaseException:

@@ -25,13 +25,15 @@ class TaggedGroup:
     epoch: int
     tags: list[str | None] = field(default_factory=list)
     completed: bool = False
+    captured: bool = False  # recorded into a graph: every call of the group must be
 
 
 class UlyssesHandle:
     """What `scatter_heads` / `gather_heads` return. `wait()` gives the output tensor; it may be called again."""
 
-    def __init__(self, transfer: Transfer, group: TaggedGroup, tag: str | None, is_open, on_error=None):
+    def __init__(self, transfer: Transfer, group: TaggedGroup, tag: str | None, is_open, on_error=None, finish=None):
         self._transfer = transfer
+        self._finish = finish  # the output's final view (gather_rows drops its unit head axis)
         self._group = group
         self.tag = tag
         self._is_open = is_open
@@ -54,7 +56,8 @@ class UlyssesHandle:
                 "barrier=True before waiting on any of them"
             )
         try:
-            self._output = self._transfer.result()
+            output = self._transfer.result()
+            self._output = output if self._finish is None else self._finish(output)
         except Exception as exc:
             if self._on_error is not None:
                 self._on_error(exc)

@@ -23,6 +23,7 @@ class UlyssesInputError(ValueError):
 class Direction(str, enum.Enum):
     SCATTER = "scatter"  # [B, S_local, H, D] -> [B, S_global, H/W, D]
     GATHER = "gather"  # [B, S_global, H_local, D] -> [B, S_local, H_local*W, D]
+    ALL_GATHER = "all_gather"  # [B, S_local, 1, C] -> [B, S_local*W, 1, C]: every rank's rows, in rank order
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def readable_layout(x: torch.Tensor, world_size: int, direction: Direction) -> t
     """(`x`, None) when the pitched copy reads `x` as it lies, else (a packed copy of `x`, why it was packed).
 
     `x` must already have passed `_check_common` and the divisibility rules."""
+    if direction is Direction.ALL_GATHER:  # one whole row per copy: any packed layout reads as it lies
+        return (x, None) if x.is_contiguous() else (x.contiguous(), "rows are gathered from a contiguous tensor")
     width = x.shape[2] // world_size * x.shape[3] if direction is Direction.SCATTER else x.shape[2] * x.shape[3]
     problem = layout_problem(x, width)
     if problem is None:
@@ -176,6 +179,28 @@ def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesPlan:
     )
 
 
+def check_all_gather(x: object, world_size: int) -> torch.Tensor:
+    """The value rules of a row gather input ``[B, S_local, C]``."""
+    if isinstance(x, torch.Tensor) and x.dim() != 3:
+        raise UlyssesInputError(f"gather_rows: expected a 3-D tensor [B, S, C], got {x.dim()}-D ({describe(x)})")
+    if isinstance(x, torch.Tensor):
+        _check_common(x.unsqueeze(2), world_size, "gather_rows")
+        return x
+    return _check_common(x, world_size, "gather_rows")
+
+
+def plan_all_gather(x: torch.Tensor, world_size: int) -> UlyssesPlan:
+    """Describe the gather of every rank's rows ``[B, S_local, C]`` (contiguous) into ``[B, W*S_local, C]`` on every
+    rank: the scatter's geometry with one whole row per peer. Raises UlyssesInputError."""
+    check_all_gather(x, world_size)
+    if not x.is_contiguous():
+        raise UlyssesInputError(f"gather_rows: the rows must be contiguous ({describe(x)})")
+    b, s, c = x.shape
+    return UlyssesPlan(
+        Direction.ALL_GATHER, world_size, b, s, 1, c, x.dtype, (b, s, 1, c), (b, s * world_size, 1, c), (s * c, c, c, 1)
+    )
+
+
 @dataclass(frozen=True)
 class PitchedCopy:
     """One 2-D copy per batch item, in bytes: what `cudaMemcpy2DAsync` (or a fake) executes."""
@@ -202,6 +227,7 @@ def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy
 
     Scatter: read head slice `peer` of every local row; write it at rows `[rank*S, (rank+1)*S)` of the peer's output.
     Gather: read rows `[peer*S, (peer+1)*S)` of the local heads; write them at head slice `rank` of the peer's rows.
+    Row gather: read every local row whole; write it at rows `[rank*S, (rank+1)*S)` of the peer's output.
     The source offset is relative to the input's first element (its data_ptr).
     """
     if not (0 <= rank < plan.world_size and 0 <= peer < plan.world_size):
@@ -210,9 +236,9 @@ def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy
     sb, ss, _, _ = plan.in_strides
     width = plan.row_elems * e
     s, w = plan.local_seq, plan.world_size
-    if plan.direction is Direction.SCATTER:
+    if plan.direction is not Direction.GATHER:  # a scatter sends head slice `peer`; a row gather the whole row
         return PitchedCopy(
-            src_offset=peer * plan.row_elems * e,
+            src_offset=peer * plan.row_elems * e if plan.direction is Direction.SCATTER else 0,
             src_pitch=ss * e,
             src_batch_stride=sb * e,
             dst_offset=rank * s * width,

@@ -13,7 +13,7 @@ import uuid
 
 import torch
 
-from .peer_mapping import PeerBuffers, agreed_step, flag_dtype
+from .peer_mapping import FLAG_BANKS, PeerBuffers, agreed_step, flag_dtype
 
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
@@ -75,7 +75,7 @@ class HostSharedMemoryMapping:
     def allocate_flags(self, bits: int) -> PeerBuffers:
         dtype = flag_dtype(bits)
         world = self.channel.world_size
-        buffers = self.allocate((world,), dtype)
+        buffers = self.allocate((FLAG_BANKS * world,), dtype)
         buffers.local.zero_()
         self.channel.barrier("host flags zeroed")  # nobody publishes before every rank zeroed its flags
         buffers.peers = [p.view(dtype) for p in buffers.peers]

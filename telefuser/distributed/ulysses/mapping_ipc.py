@@ -12,7 +12,7 @@ import threading
 import torch
 
 from ..agreement import first_error
-from .peer_mapping import CopyEngineSetupError, PeerBuffers, agreed_step, flag_dtype, short_error
+from .peer_mapping import FLAG_BANKS, CopyEngineSetupError, PeerBuffers, agreed_step, flag_dtype, short_error
 
 # Exported buffers of closed mappings: a peer may still write into them, so the allocator must not reuse them.
 _PARKED: list[torch.Tensor] = []
@@ -103,7 +103,7 @@ class CudaIpcMapping:
         return self._allocate(shape, dtype, zeroed=False)
 
     def allocate_flags(self, bits: int) -> PeerBuffers:
-        return self._allocate((self.channel.world_size,), flag_dtype(bits), zeroed=True)
+        return self._allocate((FLAG_BANKS * self.channel.world_size,), flag_dtype(bits), zeroed=True)
 
     @property
     def exported_buffers(self) -> int:

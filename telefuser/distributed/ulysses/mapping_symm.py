@@ -11,7 +11,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .peer_mapping import PeerBuffers, agreed_step, flag_dtype
+from .peer_mapping import FLAG_BANKS, PeerBuffers, agreed_step, flag_dtype
 
 
 class SymmetricMemoryMapping:
@@ -44,7 +44,7 @@ class SymmetricMemoryMapping:
         self._live = [t for t in self._live if t is not tensor]
 
     def allocate_flags(self, bits: int) -> PeerBuffers:
-        buffers = self.allocate((self.channel.world_size,), flag_dtype(bits))
+        buffers = self.allocate((FLAG_BANKS * self.channel.world_size,), flag_dtype(bits))
         agreed_step(self.channel, "Symmetric Memory flags zeroed", lambda: _zero_and_sync(buffers.local, self.device))
         return buffers
 

@@ -77,6 +77,9 @@ def agreed_step(channel, what: str, action: Callable[[], T], undo: Callable[[T],
     return result
 
 
+FLAG_BANKS = 2  # the handshake's phases alternate between two banks of world-size slots (copy_engine.py)
+
+
 def flag_dtype(bits: int) -> torch.dtype:
     if bits not in (32, 64):
         raise ValueError(f"handshake flags are 32 or 64 bits, got {bits}")

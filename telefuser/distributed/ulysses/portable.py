@@ -23,6 +23,8 @@ class UlyssesGroupOutOfStepError(UlyssesTimeoutError):
 def _pack(x: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
     """Destination-major send buffer: chunk p is what peer p receives."""
     s, hl, w = plan.local_seq, plan.heads_per_rank, plan.world_size
+    if plan.direction is Direction.ALL_GATHER:  # every peer gets every row (small: a model's output rows)
+        return x.unsqueeze(0).expand(w, *x.shape).contiguous()
     if plan.direction is Direction.SCATTER:
         # [B, S, W*Hl, D] -> [W, B, S, Hl, D]; one copy, also for strided q/k/v views.
         return x.unflatten(2, (w, hl)).permute(2, 0, 1, 3, 4).contiguous()
@@ -34,7 +36,7 @@ def _unpack(recv: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
     """Received buffer [W(source), B, S, Hl, D] -> the final contiguous output."""
     w, b, s, hl, d = plan.world_size, plan.batch, plan.local_seq, plan.heads_per_rank, plan.head_dim
     recv = recv.view(w, b, s, hl, d)
-    if plan.direction is Direction.SCATTER:
+    if plan.direction is not Direction.GATHER:
         return recv.transpose(0, 1).reshape(plan.out_shape)  # a view when B == 1
     return recv.permute(1, 2, 0, 3, 4).reshape(plan.out_shape)  # heads of source p land at slice p
 

@@ -24,8 +24,13 @@ def take_rows(x: torch.Tensor, rows: slice, padded: int) -> torch.Tensor:
     return x[:, rows]
 
 
-def gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Every rank's rows ``[B, S_local, C]`` of `group`, in rank order: ``[B, W*S_local, C]`` on every rank."""
+def gather_rows(x: torch.Tensor, group: dist.ProcessGroup, communicator=None) -> torch.Tensor:
+    """Every rank's rows ``[B, S_local, C]`` of `group`, in rank order: ``[B, W*S_local, C]`` on every rank.
+
+    With the group's `communicator` the gather goes through it: on the copy engine where the group cannot move
+    device tensors itself (processes sharing a GPU over gloo), which a CUDA graph can also capture."""
+    if communicator is not None:
+        return communicator.gather_rows(x).wait()
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=1)

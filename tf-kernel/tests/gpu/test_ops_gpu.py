@@ -60,7 +60,9 @@ def _run_script(code, timeout_s=180):
             timeout=timeout_s,
         )
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"subprocess timed out after {timeout_s} s (a stream wait hung?)\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+        pytest.fail(
+            f"subprocess timed out after {timeout_s} s (a stream wait hung?)\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -152,8 +154,19 @@ def _scatter_copies(v, W, r, outs, width, S):
     e = v.element_size()
     flat = []
     for p in range(W):
-        flat += [outs[p].data_ptr(), outs[p].numel() * e, p * width, v.stride(1) * e, v.stride(0) * e,
-                 r * S * width, width, S * W * width, width, S, v.shape[0]]
+        flat += [
+            outs[p].data_ptr(),
+            outs[p].numel() * e,
+            p * width,
+            v.stride(1) * e,
+            v.stride(0) * e,
+            r * S * width,
+            width,
+            S * W * width,
+            width,
+            S,
+            v.shape[0],
+        ]
     return flat
 
 
@@ -166,8 +179,12 @@ def test_copy_2d_batch_scatter_matches_torch_indexing(layout):
     if layout == "fused_v_view":
         srcs = [torch.randn(B, S, 3, H, D, device="cuda", dtype=dtype)[:, :, 2] for _ in range(W)]
     else:  # batch items 8 elements further apart than S rows: the 3-D form does not apply, one op per item
-        srcs = [torch.randn(B * (S * H * D + 8), device="cuda", dtype=dtype).as_strided(
-            (B, S, H, D), (S * H * D + 8, H * D, D, 1)) for _ in range(W)]
+        srcs = [
+            torch.randn(B * (S * H * D + 8), device="cuda", dtype=dtype).as_strided(
+                (B, S, H, D), (S * H * D + 8, H * D, D, 1)
+            )
+            for _ in range(W)
+        ]
     outs = [torch.full((B, S * W, hw, D), float("nan"), device="cuda", dtype=dtype) for _ in range(W)]
     width = hw * D * srcs[0].element_size()
     stream = _side_stream()
@@ -480,3 +497,54 @@ def test_two_process_copy_and_handshake(tmp_path, bits, epoch_base):
         pytest.fail("two-process handshake timed out (a stream wait hung?)")
     for r, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0 and f"RANK {r} OK" in out, f"rank {r} rc={p.returncode}\n{out}"
+
+
+# --------------------------------------------------------------------------------------
+# CUDA graph capture: batched copies become per-copy nodes; a phase with a host marker
+# --------------------------------------------------------------------------------------
+def test_copy_2d_batch_under_capture_records_per_copy_nodes_and_replays_exactly():
+    src = torch.randn(2, 8, 6, 16, device="cuda")  # [B, S, H, D]; copy heads 2..3 of every row, pitched
+    dst = torch.full((2, 8, 2, 16), -1.0, device="cuda")
+    e = src.element_size()
+    one = [dst.data_ptr(), dst.numel() * e, 2 * 16 * e, 6 * 16 * e, 8 * 6 * 16 * e, 0, 2 * 16 * e, 8 * 2 * 16 * e,
+           2 * 16 * e, 8, 2]  # fmt: skip
+    stream = _side_stream()
+    tf_kernel.copy_2d_batch(src, one, stream=stream)
+    _finish(stream, "eager batched copy")
+    assert torch.equal(dst, src[:, :, 2:4])
+    graph = torch.cuda.CUDAGraph()
+    capture_stream = torch.cuda.Stream()
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=capture_stream):
+        assert tf_kernel.stream_is_capturing(capture_stream)
+        tf_kernel.copy_2d_batch(src, one, stream=capture_stream)
+    assert not tf_kernel.stream_is_capturing(capture_stream)
+    for _ in range(3):
+        src.copy_(torch.randn_like(src))
+        dst.fill_(-1.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dst, src[:, :, 2:4])
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_phase_writes_its_host_marker_eagerly_and_in_a_replayed_graph(bits):
+    """A world of one (no peer to wait for): only the marker words are written, into pinned host memory."""
+    dtype = torch.int32 if bits == 32 else torch.int64
+    marker = torch.zeros(2, dtype=dtype, pin_memory=True)
+    flags = torch.zeros(2, dtype=dtype, device="cuda")
+    stream = _side_stream()
+    tf_kernel.stream_phase([0], flags.data_ptr(), rank=0, bank=1, marker_ptr=marker.data_ptr(), token=41,
+                           bits=bits, stream=stream)  # fmt: skip
+    _finish(stream, "eager phase")
+    assert marker.tolist() == [41, 41]
+    graph = torch.cuda.CUDAGraph()
+    capture_stream = torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        tf_kernel.stream_phase([0], flags.data_ptr(), rank=0, bank=0, marker_ptr=marker.data_ptr(), token=7,
+                               bits=bits, stream=capture_stream)  # fmt: skip
+    assert marker.tolist() == [41, 41]  # a capture records, it does not run
+    marker.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert marker.tolist() == [7, 7] and flags.tolist() == [0, 0]

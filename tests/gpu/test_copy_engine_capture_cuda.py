@@ -1,0 +1,40 @@
+"""The copy engine inside CUDA graphs, with 2 and 4 processes sharing the GPU (gloo control group, CUDA IPC): groups
+captured with `torch.cuda.graph` and replayed with `CUDAGraph.replay()`, the rank functions of the CPU suite
+(tests/capture_cases.py). The dead-peer case is in test_copy_engine_cuda.py (it needs its own processes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests import capture_cases as cases
+
+pytestmark = pytest.mark.tf_kernel
+
+T, DEV = os.environ.get("TELEFUSER_TEST_GPU_TRANSPORT", "ce-ipc"), "cuda"
+
+
+def test_100_replays_exact_with_a_rank_late_before_producing_and_another_before_consuming(gpu_ranks):
+    for name, wrong, groups_issued in gpu_ranks.run(cases.case_replays_exact_with_delayed_ranks, T, DEV, 100):
+        assert name == T and wrong == {} and groups_issued == 0
+
+
+def test_eager_replays_and_a_new_session_interleave_exactly(gpu_ranks):
+    for name, wrong in gpu_ranks.run(cases.case_eager_replay_and_new_session_interleaved, T, DEV):
+        assert name == T and wrong == []
+
+
+def test_what_cannot_be_recorded_is_refused_on_every_rank(gpu_ranks2):
+    results = gpu_ranks2.run(cases.case_capture_refusals, T, DEV)
+    for messages, after_replay, after_eager, failure in results:
+        assert len(messages) == 2, messages
+        assert "needs a copy-engine target that no eager call has allocated" in messages[0]
+        assert "a group cannot span the start or end of a capture" in messages[1]
+        assert after_replay == [] and after_eager == [] and failure is None
+
+
+def test_negative_control_a_captured_epoch_handshake_corrupts_replays(gpu_ranks2):
+    """The one-phase epoch handshake replayed as captured lets a rank read before a late peer delivered."""
+    corrupted = gpu_ranks2.run(cases.case_stale_epochs_corrupt, T, DEV, 100)
+    assert corrupted[0] >= 50, corrupted
