@@ -10,7 +10,7 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser clean
+.PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser services clean
 
 help:
 	@echo "make demo        the main job on CPU: a LingBot-World v2 session -> MP4 + metrics (installs into $(VENV))"
@@ -56,7 +56,7 @@ demo-attention: $(STAMP)
 # portable kernels and AVX2 BLAS/oneDNN, so a test that passes with one CPU's kernels only fails on every host.
 PORTABLE_KERNELS = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 
-test: $(STAMP) browser aiperf-env
+test: $(STAMP) browser services aiperf-env
 	$(PY) -m ruff format --check --quiet telefuser tools tests examples || \
 	  { echo "error: run '$(PY) -m ruff format telefuser tools tests examples'"; exit 1; }
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
@@ -76,6 +76,17 @@ browser:
 	  echo "installing Debian's chromium for the browser test"; \
 	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
 	  || echo "warning: could not install chromium; the browser test will skip with that reason"; }
+
+# The replica tests start their own PostgreSQL cluster and HAProxy on loopback and stop them after: Debian's packages.
+# A fresh install may start the packages' own services; those are stopped (the tests never use them).
+services:
+	@{ command -v haproxy && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
+	  echo "installing Debian's postgresql and haproxy for the replica tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  (apt-get install -y -q postgresql haproxy >/dev/null 2>&1 || \
+	    (apt-get update -q >/dev/null && apt-get install -y -q postgresql haproxy >/dev/null)) \
+	  || { echo "error: could not install postgresql and haproxy, which the replica tests need"; exit 1; }; \
+	  (service haproxy stop; service postgresql stop) >/dev/null 2>&1 || true; }
 
 # AIPerf 0.13.0 lives in its own environment (.venv-aiperf), never in the engine's: it pins many packages.
 AIPERF_VENV ?= .venv-aiperf

@@ -27,6 +27,7 @@ from telefuser.serving.stream.client_messages import BURST, MessageBudget
 from telefuser.serving.stream.envelope import CODECS, unpack
 from telefuser.serving.stream.fake import ALLOWED_KEYS, FakeSessionFactory
 from telefuser.serving.stream.limits import StreamLimitFlags
+from telefuser.serving.stream.replica import ReplicaIdentity
 from tests import hostile_values as hv
 
 PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -384,11 +385,17 @@ create_fields = hv.one_field_hostile(
 )
 
 
-@pytest.fixture(scope="module")
-def fake_client():
+# Each runs as a lone service and as one replica of several (session ids that name it, URLs from its public URL).
+AS_REPLICA = [None, ReplicaIdentity("a", "http://proxy.example/r/{replica}")]
+
+
+@pytest.fixture(scope="module", params=AS_REPLICA, ids=["standalone", "replica"])
+def fake_client(request):
     """One service for every property example (as a real one would see them), with its RSS at the start."""
     factory = FakeSessionFactory(keep_sessions=False, defaults={"resolution": "64x48", "num_frames": 45})
-    app, _ = make_app(factory, max_sessions=4, limits=StreamLimitFlags(max_session_memory_gib=0.05))
+    app, _ = make_app(
+        factory, max_sessions=4, limits=StreamLimitFlags(max_session_memory_gib=0.05), replica=request.param
+    )
     with TestClient(app) as client:
         for _ in range(5):  # warm-up: thread pool, first sessions, allocator pools
             _stream_with(client, [])
@@ -540,8 +547,9 @@ def _soak_requests(rng: random.Random, n: int):
             yield "invalid", rng.choice(invalid)
 
 
-def test_soak_1000_mixed_requests_against_the_tiny_lingbot_service(tiny_lingbot, record_property):
-    app = create_stream_app(tiny_lingbot, max_sessions=2, ack_timeout_s=2.0, codec="raw")
+@pytest.mark.parametrize("replica", AS_REPLICA, ids=["standalone", "replica"])
+def test_soak_1000_mixed_requests_against_the_tiny_lingbot_service(tiny_lingbot, record_property, replica):
+    app = create_stream_app(tiny_lingbot, max_sessions=2, ack_timeout_s=2.0, codec="raw", replica=replica)
     rng = random.Random(15)
     statuses: dict[int, int] = {}
     streamed = 0

@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.contract import VideoSpec
 from telefuser.serving.video.fake import FakeVideoRunner
-from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
+from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
 from telefuser.serving.video.limits import VideoLimitFlags
-from telefuser.serving.video.worker import Unstorable
+from telefuser.serving.video.store import QueuePolicy, open_embedded
+from telefuser.serving.video.store.base import Unstorable
 from tests import hostile_values as hv
 from tests.video_runner_args import tiny_runner_args
+from tests.video_stores import STORE_KINDS, store_site
 
 PROPERTY = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None)
 SMALL = VideoLimitFlags(max_pixels=128 * 128, max_pixel_seconds=128 * 128 * 1.0, max_job_memory_gib=0.05)
@@ -97,7 +99,7 @@ def _record(prompt="p", **changes) -> dict:
 
 def test_records_that_cannot_be_read_are_skipped_and_logged_at_restart(tmp_path, caplog):
     good = _record()
-    JobStore(tmp_path).save(good)
+    RecordFiles(tmp_path).save(good)
     poisoned = _record()  # what the old server wrote for a lone-surrogate prompt: a \ud800 escape on disk
     (tmp_path / f"{poisoned['id']}.json").write_text(json.dumps({**poisoned, "prompt": "\ud800 fox"}))
     truncated, wrong, listy = new_job_id(), _record(plan={"width": "?"}), new_job_id()
@@ -114,21 +116,18 @@ def test_records_that_cannot_be_read_are_skipped_and_logged_at_restart(tmp_path,
 
 
 def test_nothing_unencodable_is_queued_or_written(tmp_path):
-    from telefuser.serving.video.metrics import VideoMetrics
-    from telefuser.serving.video.worker import VideoQueue
-
-    store = JobStore(tmp_path)
+    files = RecordFiles(tmp_path)
     with pytest.raises(ValueError):
-        store.save(_record(prompt="\ud800"))
+        files.save(_record(prompt="\ud800"))
     with pytest.raises(ValueError):
-        store.save(_record(error={"code": "x", "message": float("nan")}))
+        files.save(_record(error={"code": "x", "message": float("nan")}))
     assert not list(tmp_path.iterdir())
-    queue = VideoQueue(FakeVideoRunner(), store, VideoMetrics(), max_queue=2)
+    store, _ = open_embedded(tmp_path, QueuePolicy(max_queue=2))
     bad = VideoJob.from_record(_record(prompt="\udfff"))
     bad.status = "queued"
     with pytest.raises(Unstorable, match="cannot be stored as UTF-8 JSON"):
-        queue.submit(bad)
-    assert queue.list_ids() == [] and not list(tmp_path.iterdir())
+        store.submit(bad)
+    assert store.page(limit=10, after=None, ascending=True) == ([], False) and not list(tmp_path.iterdir())
 
 
 class _SurrogateError(FakeVideoRunner):
@@ -277,15 +276,15 @@ extra_fields = st.sampled_from(
 )
 
 
-@pytest.fixture(scope="module")
-def video_client(tmp_path_factory):
-    out = tmp_path_factory.mktemp("videos")
-    app = create_video_app(FakeVideoRunner(step_delay_s=0.0), output_dir=out, max_seconds=1, limits=SMALL, max_queue=4)
+@pytest.fixture(scope="module", params=STORE_KINDS)
+def video_client(request, tmp_path_factory):
+    site = store_site(request.param, tmp_path_factory.mktemp("videos"), request)
+    app = site.app(FakeVideoRunner(step_delay_s=0.0), max_seconds=1, limits=SMALL, max_queue=4)
     with TestClient(app) as client:
         for _ in range(3):  # warm-up: the MP4 writer, the worker thread
             client.post("/v1/videos", json={"prompt": "warm-up", "size": "64x32", "seconds": 0.2})
         wait_idle(client)
-        client.rss_at_start, client.output_dir = hv.rss_bytes(), out
+        client.rss_at_start, client.site = hv.rss_bytes(), site
         yield client
 
 
@@ -355,7 +354,7 @@ def test_property_runs_left_the_service_healthy_restartable_and_memory_bounded(v
     listed = all_listed(video_client)
     growth_mb = (hv.rss_bytes() - video_client.rss_at_start) / 2**20
     assert growth_mb < 100, growth_mb
-    with TestClient(create_video_app(FakeVideoRunner(), output_dir=video_client.output_dir)) as restarted:
+    with TestClient(video_client.site.app(FakeVideoRunner())) as restarted:
         assert all_listed(restarted) == listed  # every record written during the properties reads back
 
 
@@ -394,8 +393,12 @@ def _soak_requests(rng: random.Random, n: int):
         yield ("valid", None) if rng.random() < 0.4 else ("invalid", rng.choice(invalid))
 
 
-def test_soak_1000_mixed_requests_against_the_tiny_minimax_service(tiny_runner, tmp_path, record_property):
-    app = create_video_app(tiny_runner, output_dir=tmp_path, max_queue=8, max_seconds=1)
+@pytest.mark.parametrize("store", STORE_KINDS)
+def test_soak_1000_mixed_requests_against_the_tiny_minimax_service(
+    tiny_runner, tmp_path, record_property, store, request
+):
+    site = store_site(store, tmp_path, request)
+    app = site.app(tiny_runner, max_queue=8, max_seconds=1)
     rng = random.Random(16)
     statuses: dict[int, int] = {}
     accepted: list[str] = []
@@ -433,12 +436,12 @@ def test_soak_1000_mixed_requests_against_the_tiny_minimax_service(tiny_runner, 
         listed = all_listed(client)
         completed = [v for v in listed if client.get(f"/v1/videos/{v}").json()["status"] == "completed"]
         resized = [v for v in completed if client.get(f"/v1/videos/{v}").json()["size"] == "96x54"]
-    with TestClient(create_video_app(tiny_runner, output_dir=tmp_path)) as client:
+    with TestClient(site.app(tiny_runner)) as client:
         assert all_listed(client) == listed  # the restart path reads every record back
     record_property("soak_seconds", round(elapsed, 1))
     record_property("rss_growth_mb", round(growth_mb, 1))
     print(
-        f"\nvideo soak: 1000 requests in {elapsed:.1f} s, RSS growth {growth_mb:.1f} MB, statuses {statuses}, "
+        f"\nvideo soak ({store} store): 1000 requests in {elapsed:.1f} s, RSS growth {growth_mb:.1f} MB, statuses {statuses}, "
         f"{len(completed)} completed"
     )
     assert sum(statuses.values()) == 1000 and len(accepted) > 300 and len(completed) >= 10 and resized

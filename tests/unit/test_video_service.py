@@ -27,7 +27,7 @@ from telefuser.pipelines.minimax_h3.shapes import align_frame_count
 from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.contract import JobCancelled, RunHooks, VideoSpec
 from telefuser.serving.video.fake import FakeVideoRunner
-from telefuser.serving.video.jobs import JobStore, VideoJob, new_job_id
+from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
 from tests.video_runner_args import tiny_runner_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,7 +317,7 @@ def test_finished_jobs_survive_a_restart_and_shutdown_cancels_the_running_one(tm
 
 
 def test_jobs_interrupted_by_a_crash_are_reported_failed(tmp_path):
-    store = JobStore(tmp_path)
+    store = RecordFiles(tmp_path)
     ids = {}
     for status in ("queued", "in_progress"):  # what a killed server leaves on disk
         job = VideoJob(

@@ -13,6 +13,7 @@ import re
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -28,6 +29,7 @@ from .envelope import CODECS
 from .limits import StreamLimitFlags, derive_stream_limits
 from .metrics import CONTENT_TYPE, StreamMetrics
 from .registry import SessionRegistry
+from .replica import ReplicaIdentity, ReplicaRouting
 from .request import parse_create_request
 from .session import SessionRuntime, StateError, StreamSettings
 from .sse_consumer import sse_stream
@@ -40,8 +42,9 @@ _STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events)$")
 
 
 def _public(path: str) -> bool:
-    """No key needed: health, and the web page with its static files (they hold no data and start no work)."""
-    return path in ("/v1/service/health", "/") or path.startswith("/static/")
+    """No key needed: health, capacity (what a proxy's check reads), and the web page with its static files (they
+    hold no data and start no work)."""
+    return path in ("/v1/service/health", "/v1/service/capacity", "/") or path.startswith("/static/")
 
 
 def create_stream_app(
@@ -58,6 +61,7 @@ def create_stream_app(
     max_body_bytes: int = 32 << 20,
     limits: StreamLimitFlags | None = None,
     api_keys: ApiKeys | None = None,
+    replica: ReplicaIdentity | None = None,
 ) -> FastAPI:
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
@@ -76,7 +80,8 @@ def create_stream_app(
         max_frames=limit_set.value("max_frames"),
         keys=tuple(bindings),
     )
-    registry = SessionRegistry(factory, settings, StreamMetrics(), limit_set)
+    identity = replica or ReplicaIdentity()
+    registry = SessionRegistry(factory, settings, StreamMetrics(), limit_set, new_id=identity.new_session_id)
     keys = api_keys or ApiKeys()
 
     @asynccontextmanager
@@ -92,6 +97,7 @@ def create_stream_app(
     app = FastAPI(title="TeleFuser stream service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.stream = registry
     app.state.api_keys = keys
+    app.state.replica = identity
 
     def stream_token_ok(path: str, token: str) -> bool:
         match = _STREAM_PATH.match(path)
@@ -104,6 +110,7 @@ def create_stream_app(
         return expected is not None and hmac.compare_digest(expected.encode(), token.encode("utf-8", "surrogatepass"))
 
     app.add_middleware(ApiKeyMiddleware, keys=keys, public=_public, query_token_ok=stream_token_ok)
+    app.add_middleware(ReplicaRouting, identity=identity)  # a 421 for another replica's session, before the key
     app.add_middleware(ServerFaultMiddleware, logger=log)  # outermost: request ids, and a 401 gets one too
     _add_service_routes(app, registry, bindings)
     _add_session_routes(app, registry)
@@ -127,6 +134,16 @@ def _add_service_routes(app: FastAPI, registry: SessionRegistry, bindings: dict[
             "delivery_mode": settings.delivery_mode,
         }
         return JSONResponse(body, status_code=503 if registry.shutting_down else 200)
+
+    @app.get("/v1/service/capacity")
+    async def capacity(request: Request) -> JSONResponse:
+        """200 while a session slot is free, else 503: what a stock proxy's health check needs to place a new
+        session on a replica that can take it."""
+        free = 0 if registry.shutting_down else max(0, settings.max_sessions - registry.slots_in_use)
+        body = {"free": free, "max_sessions": settings.max_sessions, "replica": request.app.state.replica.replica_id}
+        if free:
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
     @app.get("/v1/service/metadata")
     async def metadata(request: Request) -> dict[str, Any]:
@@ -208,15 +225,17 @@ def _add_session_routes(app: FastAPI, registry: SessionRegistry) -> None:
         return error_response(exc.status, exc.detail, headers=exc.headers)
 
     def urls(request: Request, runtime: SessionRuntime) -> dict[str, str]:
-        base = str(request.base_url).rstrip("/")
+        """Reply URLs: from --public-url when set (the proxy's address for this replica), else from the request."""
+        base = request.app.state.replica.base_url or str(request.base_url).rstrip("/")
         ws_base = ("wss" + base[5:]) if base.startswith("https") else ("ws" + base[4:])
+        prefix = urlsplit(base).path.rstrip("/")  # "/r/<replica>" behind the shipped proxy, else ""
         path = f"/v1/stream/sessions/{runtime.id}"
         query = f"?token={runtime.stream_token}" if request.app.state.api_keys.enabled else ""
         return {
             "ws_url": f"{ws_base}{path}/ws{query}",
             "sse_url": f"{base}{path}/events{query}",
-            "ws_path": f"{path}/ws{query}",
-            "sse_path": f"{path}/events{query}",
+            "ws_path": f"{prefix}{path}/ws{query}",
+            "sse_path": f"{prefix}{path}/events{query}",
         }
 
     @app.post("/v1/stream/sessions", status_code=201)

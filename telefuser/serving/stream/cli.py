@@ -17,11 +17,13 @@ from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
+from ..common.replica import replica_id
 from ..common.warmup import add_warmup_arg
 from .contract import SessionFactory
 from .envelope import CODECS
 from .limits import StreamLimitFlags
 from .replay import FollowingFactory, follow
+from .replica import ReplicaIdentity
 
 log = logging.getLogger("telefuser.serving")
 FactoryBuilder = Callable[[argparse.Namespace], SessionFactory]
@@ -69,6 +71,13 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
     g.add_argument("--idle-timeout", type=float, default=120.0, help="close sessions nobody attaches to within this")
     g.add_argument("--max-body-mib", type=float, default=32.0, help="largest create request (the image is in it)")
+    g.add_argument("--replica-id", type=replica_id, default=None, help="this replica's name; session ids carry it")
+    g.add_argument(
+        "--public-url",
+        default=None,
+        help="the URL clients reach this replica at, for the create reply's URLs; {replica} is replaced by the "
+        "replica id (behind the shipped HAProxy config: http://PROXY/r/{replica})",
+    )
     g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
     g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
     lim = add_canvas_limit_args(p, "canvas")
@@ -114,6 +123,12 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
         help="channels-last VAE weights and one compiled kernel per norm + SiLU pair: the same result up to rounding "
         "order, 1.39x on a chunk's encode + decode on an H200 (docs/perf)",
     )
+    m.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="replay every chunk's DiT forwards as CUDA graphs; the warm-up captures them (default auto: on for CUDA)",
+    )
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")
@@ -122,7 +137,15 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
     return p
 
 
+def _replica(args: argparse.Namespace) -> ReplicaIdentity:
+    try:
+        return ReplicaIdentity(args.replica_id, args.public_url)
+    except ValueError as exc:
+        raise SystemExit(f"telefuser serve-stream: {exc}") from None
+
+
 def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = None) -> int:
+    _replica(args)  # a bad --replica-id / --public-url ends the command before the model loads
     build = build_fake_factory if args.fake else (builder or build_factory)
     return run_service(args, build, serve=lambda factory: _serve(args, factory), lead=FollowingFactory, follow=follow)
 
@@ -144,6 +167,7 @@ def _serve(args: argparse.Namespace, factory: SessionFactory) -> int:
         max_body_bytes=int(args.max_body_mib * 2**20),
         limits=limits,
         api_keys=keys_from_args(args),
+        replica=_replica(args),
     )
     return serve_until_stopped(app, args, describe=f"model: {factory.metadata.get('model')}", command="serve-stream")
 

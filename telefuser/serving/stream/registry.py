@@ -13,7 +13,7 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,8 +29,17 @@ log = logging.getLogger("telefuser.serving")
 
 
 class SessionRegistry:
-    def __init__(self, factory: SessionFactory, settings: StreamSettings, metrics: StreamMetrics, limits: LimitSet):
+    def __init__(
+        self,
+        factory: SessionFactory,
+        settings: StreamSettings,
+        metrics: StreamMetrics,
+        limits: LimitSet,
+        *,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,  # a replica's ids name it (replica.py)
+    ):
         self.factory, self.settings, self.metrics, self.limits = factory, settings, metrics, limits
+        self.new_id = new_id
         # Model calls block (GPU work, or the followers' broadcast): one thread per session slot plus create/validate.
         self.executor = ThreadPoolExecutor(max_workers=settings.max_sessions + 2, thread_name_prefix="tf-stream")
         self.live: dict[str, SessionRuntime] = {}
@@ -109,7 +118,7 @@ class SessionRegistry:
         finally:
             self._reserved -= 1
         runtime = SessionRuntime(
-            uuid.uuid4().hex,
+            self.new_id(),
             model,
             prompt=request.prompt,
             config=config,

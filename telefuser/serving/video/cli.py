@@ -4,6 +4,7 @@
     telefuser serve --config tiny --device cpu                   # MiniMax H3, tiny random weights, on the CPU
     torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
+    telefuser serve ... --job-store postgresql://db/telefuser --artifacts s3://videos/jobs   # one of N replicas
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..common.warmup import add_warmup_arg
 from .contract import VideoRunner
 from .limits import VideoLimitFlags
 from .replay import FollowingRunner, follow_runner
+from .replica_args import add_replica_args, check_replica_args, open_stores
 
 log = logging.getLogger("telefuser.serving")
 RunnerBuilder = Callable[[argparse.Namespace], VideoRunner]
@@ -41,7 +43,9 @@ def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
         for k, v in (("size", args.size_default), ("seconds", args.seconds_default), ("steps", args.steps_default))
         if v is not None
     }
-    return FakeVideoRunner(model=args.served_model_name, step_delay_s=args.fake_step_delay, defaults=defaults)
+    return FakeVideoRunner(
+        model=args.served_model_name, step_delay_s=args.fake_step_delay, defaults=defaults, run_log=args.fake_run_log
+    )
 
 
 def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> argparse.ArgumentParser:
@@ -54,12 +58,14 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     g = p.add_argument_group("service")
     add_server_args(g, port=8000)
     g.add_argument(
+        "--artifacts",
         "--output-dir",
-        type=Path,
-        default=Path("outputs/videos"),
-        help="MP4s and job records; finished jobs here are served again after a restart",
+        dest="artifacts",
+        default="outputs/videos",
+        help="where MP4s go: a directory (with the embedded job store also its records; replicas may share one on a "
+        "shared filesystem) or s3://bucket/prefix (credentials from the usual AWS variables)",
     )
-    g.add_argument("--max-queue", type=int, default=16, help="jobs waiting beyond the running one; more get 429")
+    g.add_argument("--max-queue", type=int, default=16, help="jobs waiting (on all replicas); more get 429")
     g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
     g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
     g.add_argument("--max-body-mib", type=float, default=1.0, help="largest request body")
@@ -76,6 +82,8 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
     )
     g.add_argument("--fake", action="store_true", help="serve a fake model: test pattern + tone, no weights")
     g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
+    g.add_argument("--fake-run-log", type=Path, default=None, help="--fake: append a JSON line per run start and end")
+    add_replica_args(p)
     lim = add_canvas_limit_args(p, "clip")
     lim.add_argument("--max-frames", type=int, default=None, help="frames per clip (default: those of --max-seconds)")
     lim.add_argument(
@@ -136,6 +144,7 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
 
 
 def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) -> int:
+    check_replica_args(args)
     build = build_fake_runner if args.fake else (builder or build_runner)
     return run_service(
         args,
@@ -151,10 +160,12 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
     from .app import create_video_app
 
     limits = VideoLimitFlags.from_args(args)
+    job_store, artifacts = open_stores(args)  # rank 0 only: followers never touch the database or the bucket
     app = create_video_app(
         runner,
-        output_dir=args.output_dir,
-        max_queue=args.max_queue,
+        job_store=job_store,
+        artifacts=artifacts,
+        worker_id=args.replica_id,
         max_seconds=args.max_seconds,
         max_steps=args.max_steps,
         max_body_bytes=int(args.max_body_mib * 2**20),
@@ -162,7 +173,8 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
         limits=limits,
         api_keys=keys_from_args(args),
     )
-    return serve_until_stopped(app, args, describe=f"model: {runner.model}, output: {args.output_dir}", command="serve")
+    describe = f"model: {runner.model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
+    return serve_until_stopped(app, args, describe=describe, command="serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@ weights. Pictures are a seeded gradient with a moving bar; audio is a 440/660 Hz
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -31,8 +33,10 @@ class FakeVideoRunner:
         model: str = "MiniMax-H3",
         step_delay_s: float = 0.01,
         defaults: dict[str, Any] | None = None,
+        run_log: Path | None = None,
     ):
         self.model = model
+        self.run_log = run_log  # one JSON line per run start and end: the replica tests check nothing ran twice
         self.step_delay_s = float(step_delay_s)
         self.defaults = {"size": "64x64", "seconds": 0.5, "steps": 4, "seed": 0, **(defaults or {})}
         self.metadata = {
@@ -69,8 +73,10 @@ class FakeVideoRunner:
             self.calls.append(spec.as_dict())
             self.steps_run.append(0)
         started = time.perf_counter()
+        self._log_run("start", spec)
         for step in range(plan.dit_calls):
             if hooks.cancelled():
+                self._log_run("cancelled", spec)
                 raise JobCancelled(step)
             time.sleep(self.step_delay_s)
             self.steps_run[-1] = step + 1
@@ -79,6 +85,7 @@ class FakeVideoRunner:
         inference_s = time.perf_counter() - started
         mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
         width, height = spec.output_dims or (plan.width, plan.height)
+        self._log_run("end", spec)
         return RunOutcome(
             inference_time_s=inference_s,
             peak_memory_bytes=int(frames.nbytes + audio.nbytes),
@@ -99,6 +106,13 @@ class FakeVideoRunner:
 
     def close(self) -> None:
         return None
+
+    def _log_run(self, event: str, spec: VideoSpec) -> None:
+        if self.run_log is None:
+            return
+        line = json.dumps({"event": event, "prompt": spec.prompt, "pid": os.getpid(), "t": time.time()}) + "\n"
+        with open(self.run_log, "a", encoding="utf-8") as log:  # one short append per line: whole lines, any order
+            log.write(line)
 
 
 def render(plan: VideoPlan, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,9 @@
-"""Video jobs: the record of one request (`VideoJob`) and its files in the output directory (`JobStore`).
+"""Video jobs: the record of one request (`VideoJob`) and the embedded store's files of records (`RecordFiles`).
 
-Each job is `<id>.mp4` and `<id>.json`, written under a temporary name and renamed, so a reader or a crash never sees
-half a file. Nothing is stored that cannot be read back (`encode_record`, `encodable_text`), and on start `load()`
-marks jobs a stopped server left unfinished as failed; PROTOCOL.md ("Files and restarts") has the rules.
+Each record is `<id>.json`, written under a temporary name and renamed, so a reader or a crash never sees half a
+file. Nothing is stored that cannot be read back (`encode_record`, `encodable_text`), and on start `load()` marks jobs
+a stopped server left unfinished as failed; PROTOCOL.md ("Files and restarts") has the rules. Where jobs live with
+several replicas (PostgreSQL) and where their MP4s go (a directory, S3) is the `store` package's.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class VideoJob:
     cancel_reason: str | None = None  # "client" (DELETE) or "shutdown"
     cancelled_at_step: int | None = None  # denoising calls done when a running job stopped
     video_file: str | None = None
+    attempts: int = 0  # claims so far: a job whose worker was lost runs again, up to --max-attempts
+    worker: str | None = None  # the replica that runs (or last ran) it
+    expires_at: float | None = None  # when a finished job and its MP4 are deleted (--retention-hours)
     revision: int = 0  # bumped on every change; the store never overwrites a newer record with an older one
 
     def touch(self) -> None:
@@ -70,6 +74,14 @@ class VideoJob:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def snapshot(self) -> VideoJob:
+        """A deep copy: what a reader may keep while the worker changes the original."""
+        return VideoJob.from_record(self.record())
+
+    def visible(self, now: float) -> bool:
+        """False once past its retention: an expired job reads as deleted even before the sweep removes it."""
+        return self.expires_at is None or self.expires_at > now
+
     def to_object(self, *, content_url: str | None = None, record_path: str | None = None) -> dict[str, Any]:
         """The OpenAI-style video object (id, object, status, progress, ...) plus this server's extras."""
         plan = self.plan
@@ -83,7 +95,7 @@ class VideoJob:
             "progress": self.progress,
             "created_at": int(self.created_at),
             "completed_at": int(self.finished_at) if self.status == "completed" and self.finished_at else None,
-            "expires_at": None,
+            "expires_at": int(self.expires_at) if self.expires_at is not None else None,
             "model": self.model,
             "prompt": self.prompt,
             "size": size,
@@ -98,6 +110,8 @@ class VideoJob:
             "dit_calls": plan["dit_calls"],
             "num_inference_steps": self.spec["steps"],
             "seed": self.spec["seed"],
+            "attempts": self.attempts,
+            "worker": self.worker,
         }
         if self.status == "completed" and self.result:
             r = self.result
@@ -127,8 +141,9 @@ class VideoJob:
         return {"queue_s": queue, "inference_s": r.get("inference_time_s"), "mux_s": r.get("mux_s"), "total_s": total}
 
 
-class JobStore:
-    """Files of jobs under one directory; every write is atomic (temporary name, then rename)."""
+class RecordFiles:
+    """The embedded store's job records, one JSON file each under one directory; every write is atomic (temporary
+    name, then rename). One server per directory: `load()` claims what it finds unfinished."""
 
     def __init__(self, output_dir: str | Path):
         self.dir = Path(output_dir)
@@ -136,14 +151,8 @@ class JobStore:
         self._lock = threading.Lock()
         self._written: dict[str, int] = {}  # job id -> revision on disk
 
-    def video_path(self, job_id: str) -> Path:
-        return self.dir / f"{job_id}.mp4"
-
     def record_path(self, job_id: str) -> Path:
         return self.dir / f"{job_id}.json"
-
-    def partial_video_path(self, job_id: str) -> Path:
-        return self.dir / f".{job_id}.partial.mp4"  # ends in .mp4: PyAV picks the container from the name
 
     def save(self, record: dict[str, Any]) -> bool:
         """Write `record` (from `VideoJob.record()`) unless a newer revision is already on disk. A record that is not
@@ -160,24 +169,14 @@ class JobStore:
             self._written[job_id] = revision
         return True
 
-    def publish_video(self, job_id: str) -> Path:
-        """Move the finished partial file into place."""
-        final = self.video_path(job_id)
-        os.replace(self.partial_video_path(job_id), final)
-        return final
-
     def delete(self, job_id: str) -> None:
         with self._lock:
             self._written[job_id] = 1 << 62  # a late save (the worker finishing) must not resurrect it
-            for path in (self.video_path(job_id), self.partial_video_path(job_id), self.record_path(job_id)):
-                path.unlink(missing_ok=True)
-
-    def discard_partial(self, job_id: str) -> None:
-        self.partial_video_path(job_id).unlink(missing_ok=True)
+            self.record_path(job_id).unlink(missing_ok=True)
 
     def load(self) -> list[VideoJob]:
         """Every readable record, oldest first; unfinished ones become failed (the restart is why)."""
-        for leftover in list(self.dir.glob(".video_*.partial.mp4")) + list(self.dir.glob(".video_*.json.tmp")):
+        for leftover in self.dir.glob(".video_*.json.tmp"):
             leftover.unlink(missing_ok=True)
         jobs: list[VideoJob] = []
         for path in sorted(self.dir.glob("video_*.json")):

@@ -138,6 +138,8 @@
       return;
     }
     st.sessionId = reply.session_id;
+    // behind the replicas' proxy the session's routes live under its replica's prefix (/r/<replica>), as ws_path says
+    st.sessionPath = reply.ws_path.split("?")[0].replace(/\/ws$/, "");
     st.fps = reply.fps || 16;
     st.totalChunks = reply.total_chunks;
     const [w, h] = String(reply.resolution || "832x480").split("x").map(Number);
@@ -315,7 +317,7 @@
   $("session-form").addEventListener("submit", start);
   $("stop").addEventListener("click", () => { send({ type: "stop" }); log("stop requested"); });
   $("end").addEventListener("click", async () => {
-    if (st.sessionId) await authFetch(`/v1/stream/sessions/${st.sessionId}`, { method: "DELETE" });
+    if (st.sessionId) await authFetch(st.sessionPath, { method: "DELETE" });
     if (st.ws) st.ws.close();
     log("session ended");
   });
