@@ -31,6 +31,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
     plan_session,
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
+from telefuser.pipelines.lingbot_world_v2.loading import CUDA_GRAPHS, cuda_graphs_wanted
 from telefuser.runtime import DTYPE_NAMES, Runtime, add_runtime_args, torch_dtype
 
 HERE = Path(__file__).resolve().parent
@@ -94,6 +95,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)",
     )
     p.add_argument(
+        "--cuda-graphs",
+        choices=CUDA_GRAPHS,
+        default="auto",
+        help="replay every chunk's DiT forwards as CUDA graphs, each captured at its first call (default auto: on "
+        "for CUDA under Ulysses, where they measured faster; off runs them eagerly)",
+    )
+    p.add_argument(
         "--warmup",
         action="store_true",
         help="run a discarded two-chunk session first (as serve-stream does), so chunk 0 is measured warm",
@@ -132,6 +140,7 @@ def main(argv=None) -> None:
         vae_dtype=torch_dtype(args.vae_dtype),
         vae_fast=args.vae_fast,
         quantization=args.quantization,
+        cuda_graphs=cuda_graphs_wanted(args.cuda_graphs, device, runtime.world_size),
     )
     try:
         if args.warmup:
@@ -183,6 +192,7 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
             "vae_dtype": args.vae_dtype,
             "vae_fast": args.vae_fast,
             "quantization": args.quantization,
+            "cuda_graphs": args.cuda_graphs,
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",
         },

@@ -4,6 +4,11 @@ All entry points take and return ``[B, S, H, D]`` (sequence-major, the Ulysses l
 on Hopper its cuDNN backend is the fastest one measured on the lent H200 (see docs). flash-attn-4, SageAttention and
 cuDNN's FP8 attention (``cudnn_fp8``: nvidia-cudnn-frontend on SM90+, see attention_fp8.py) are used when importable
 and asked for; asking for a missing one is an error, never a silent fallback.
+
+Inside a compiled region (`ops.regions`) attention is the opaque custom op ``telefuser::attention``: the backend
+choice, SDPA's kernel priority and the optional kernels run eagerly inside it, and a KV window's length or a packed
+sequence's documents reach it as CPU tensors (`kv_rows`, `documents`), so neither recompiles the region. FP8 attention
+is traced there instead (its quantization fuses into the region) around its own kernel op (`attention_fp8.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention_fp8 import fp8_attention, fp8_attention_available
+from .opaque import fresh_output
 
 ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "identity")
 
@@ -60,9 +66,38 @@ def check_attention_impl(impl: str) -> str:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    impl: str = "sdpa",
+    causal: bool = False,
+    kv_rows: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Softmax attention on [B, S, H, D] tensors; returns [B, S_q, H, D] (contiguous)."""
+    """Softmax attention on [B, S, H, D] tensors; returns [B, S_q, H, D] (contiguous).
+
+    `kv_rows` (CPU int64 ``[1]``): attend to the first kv_rows rows of k and v only (a KV window's filled prefix).
+    `documents` (CPU int64 ``[n, 2]``): (start, stop) row ranges that attend only within themselves; None, or one
+    range, means the whole sequence."""
+    if not torch.compiler.is_compiling():
+        return _attention(q, k, v, impl, causal, kv_rows, documents)
+    if impl == "cudnn_fp8" and kv_rows is None and documents is None:
+        return fp8_attention(q, k, v, causal=causal)  # traced: the quantization fuses into the region
+    return torch.ops.telefuser.attention(q, k, v, impl, causal, kv_rows, documents)
+
+
+def _attention(q, k, v, impl: str, causal: bool, kv_rows, documents) -> torch.Tensor:
+    if kv_rows is not None:
+        rows = int(kv_rows)
+        k, v = k[:, :rows], v[:, :rows]
+    if documents is None or len(documents) == 1:
+        return _one_sequence(q, k, v, impl, causal)
+    parts = [_one_sequence(q[:, a:b], k[:, a:b], v[:, a:b], impl, causal) for a, b in documents.tolist()]
+    return torch.cat(parts, dim=1)
+
+
+def _one_sequence(q, k, v, impl: str, causal: bool) -> torch.Tensor:
     if impl == "identity":
         return q.contiguous()
     if impl == "sdpa":
@@ -80,3 +115,21 @@ def attention(
     if impl == "cudnn_fp8":
         return fp8_attention(q, k, v, causal=causal)
     raise ValueError(f"unknown attention implementation {impl!r}")
+
+
+@torch.library.custom_op("telefuser::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    impl: str,
+    causal: bool,
+    kv_rows: torch.Tensor | None,
+    documents: torch.Tensor | None,
+) -> torch.Tensor:
+    return fresh_output(_attention(q, k, v, impl, causal, kv_rows, documents), q, k, v)
+
+
+@_attention_op.register_fake
+def _(q, k, v, impl, causal, kv_rows, documents):
+    return q.new_empty(q.shape)

@@ -252,10 +252,41 @@ def fp8_attention_quantized(
     scale_o: torch.Tensor,
     *,
     causal: bool = False,
+    kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The cuDNN FP8 kernel alone: e4m3 ``[B, S, H, D]`` Q/K/V, each ``[S, H, D]``-contiguous per batch entry (any
     batch stride: a window buffer's prefix qualifies), and their fp32 ``[1]`` descales (see `quantize_fp8`) -> e4m3
-    O ``[B, S_q, H_q, D]`` contiguous, ``O ~= result / scale_o``."""
+    O ``[B, S_q, H_q, D]`` contiguous, ``O ~= result / scale_o``. `kv_rows` (CPU int64 ``[1]``): attend to the first
+    kv_rows rows of K and V only. Inside a compiled region this is the opaque op ``telefuser::cudnn_fp8_sdpa``."""
+    if torch.compiler.is_compiling():
+        return torch.ops.telefuser.cudnn_fp8_sdpa(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal, kv_rows)
+    if kv_rows is not None:
+        rows = int(kv_rows)
+        k8, v8 = k8[:, :rows], v8[:, :rows]
+    return _cudnn_fp8_sdpa(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal)
+
+
+@torch.library.custom_op("telefuser::cudnn_fp8_sdpa", mutates_args=())
+def _cudnn_fp8_sdpa_op(
+    q8: torch.Tensor,
+    k8: torch.Tensor,
+    v8: torch.Tensor,
+    descale_q: torch.Tensor,
+    descale_k: torch.Tensor,
+    descale_v: torch.Tensor,
+    scale_o: torch.Tensor,
+    causal: bool,
+    kv_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    return fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal=causal, kv_rows=kv_rows)
+
+
+@_cudnn_fp8_sdpa_op.register_fake
+def _(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal, kv_rows):
+    return q8.new_empty(q8.shape)
+
+
+def _cudnn_fp8_sdpa(q8, k8, v8, descale_q, descale_k, descale_v, scale_o, causal: bool) -> torch.Tensor:
     cudnn = _import_cudnn()
     _check_device(q8)
     for name, t in (("q", q8), ("k", k8), ("v", v8)):
@@ -305,8 +336,9 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
     """Softmax attention on ``[B, S, H, D]`` CUDA tensors in FP8 (e4m3) through cuDNN, per-tensor dynamic scales;
     returns ``[B, S_q, H, D]`` in q's dtype, contiguous. See the module docstring for the recipe."""
-    _import_cudnn()  # the clearest error first
-    _check_device(q)
+    if not torch.compiler.is_compiling():  # checked eagerly; a compiled region meets the kernel op's own checks
+        _import_cudnn()  # the clearest error first
+        _check_device(q)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"expected [B, S, H, D] tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
@@ -320,20 +352,29 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
 
 
 def fp8_attention_known_scales(
-    q: torch.Tensor, k8: torch.Tensor, descale_k: torch.Tensor, v: torch.Tensor, amax_v: torch.Tensor
+    q: torch.Tensor,
+    k8: torch.Tensor,
+    descale_k: torch.Tensor,
+    v: torch.Tensor,
+    amax_v: torch.Tensor,
+    *,
+    kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FP8 attention over a cache that keeps K in e4m3 and knows a bound on V (a LingBot KV window, `KVWindow`):
     Q ``[B, S_q, H, D]`` (bf16/fp16) is quantized per call as in `fp8_attention`; K ``[B, S_kv, H, D]`` is already
     e4m3 (``K ~= k8 * descale_k``); V (bf16/fp16, any strides) is cast with ``scale = 448 / amax_v`` in one pass,
     with no reduction over its rows, where ``amax_v >= max |V|`` (fp32 ``[1]``; a bound that is too low clips at
-    448). Returns ``[B, S_q, H, D]`` in q's dtype, contiguous."""
-    _import_cudnn()
-    _check_device(q)
+    448). `kv_rows` (CPU int64 ``[1]``): K and V are whole window buffers of which the first kv_rows rows are
+    attended (V is cast whole: once the window is full, that is every row anyway). Returns ``[B, S_q, H, D]`` in q's
+    dtype, contiguous."""
+    if not torch.compiler.is_compiling():
+        _import_cudnn()
+        _check_device(q)
     if not (q.dtype == v.dtype) or not q.dtype.is_floating_point:
         raise ValueError(f"q and v must share one floating dtype, got {q.dtype}, {v.dtype}")
     q8, _, descale_q = quantize_fp8(q)
     scale_v = FP8_MAX / amax_v.float().clamp_min(_TINY)
     v8 = cast_fp8(v, scale_v).contiguous()
     scale_o = scale_v * O_HEADROOM  # |O| <= max |V| <= amax_v, as in fp8_attention
-    o8 = fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, scale_v.reciprocal(), scale_o)
+    o8 = fp8_attention_quantized(q8, k8, v8, descale_q, descale_k, scale_v.reciprocal(), scale_o, kv_rows=kv_rows)
     return _dequantize(o8, scale_o.reciprocal(), q.dtype)

@@ -10,6 +10,9 @@ call of a session is checked that way against bf16 SDPA on the same queries, the
 e4m3 rounding is the CPU test's subject) and values; and the session's outputs against a bf16 session. Negative
 control: a V bound 10x too low (a bound that is not one clips V) fails the per-call check. It cannot fail the
 session-level one: a small random model's outputs barely depend on its attention (that control moved them by 3%).
+
+These checks hook the reference path (the session's `window` and `fp8_scales` called per layer), so the module runs
+with fusion off; the compiled block regions are held to this path in tests/gpu/test_compiled_regions_cuda.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ cudnn = pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend (import name 
 
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 from telefuser.ops.attention_fp8 import FP8, fp8_attention_available
+from telefuser.ops.fusion import fusion_enabled, set_fusion
 
 GRID_HW = (16, 24)  # 96 tokens per frame: a 384-row window
 TPF = GRID_HW[0] * GRID_HW[1] // 4
@@ -34,6 +38,14 @@ def _usable():
     ok, why = fp8_attention_available()
     if not ok:
         pytest.skip(why)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _reference_path():
+    before = fusion_enabled()
+    set_fusion(False)
+    yield
+    set_fusion(before)
 
 
 @pytest.fixture(scope="module")

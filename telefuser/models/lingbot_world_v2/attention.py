@@ -3,12 +3,18 @@
 Self-attention runs the V-first exchange with separate steps (V, then Q and K each projected and normed over all
 heads); RoPE, the padding-row cut and the window follow on this rank's heads over every row. Linears run in their
 weight dtype; the caller keeps the residual stream in fp32.
+
+Two entry points share that work: `forward(x, layer, ctx)` is the reference (the session's `window` and the
+communicator called directly, as on the CPU), `attend(x, layer_state, chunk)` is what a compiled block region and a
+CUDA graph run: tensors and constants only, the window written to device-data slots, the exchange and the attention
+kernels as opaque custom ops.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,11 +22,12 @@ from torch import nn
 from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
-from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
+from ...distributed.ulysses.compiled_ops import ExchangeKey, exchange_key
+from ...distributed.ulysses.schedule import PHASE_ATTENTION, Exchange, gather_heads, phase, v_first
 from ...ops.attention import attention
 from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
 from ...ops.fp8 import linear_dtype
-from .kv_cache import KVWindow, WindowPlan
+from .kv_cache import KVWindow, LayerState, WindowPlan, write_window
 from .norms import RMSNorm
 from .rope import apply_rope
 
@@ -36,6 +43,37 @@ class ChunkContext:
     commit: bool
     communicator: UlyssesCommunicator | None = None
     attn_impl: str = "sdpa"
+
+    def inputs(self) -> ChunkInputs:
+        """The same chunk as a block region takes it (the slots as device data, the window length as a CPU tensor)."""
+        cos, sin = self.rope
+        return ChunkInputs(
+            cos,
+            sin,
+            self.plan.slot_rows(cos.device),
+            window_rows(self.plan),
+            self.chunk_rows,
+            exchange_key(self.communicator),
+            self.attn_impl,
+        )
+
+
+class ChunkInputs(NamedTuple):
+    """What every block region of one forward shares: tensors and constants only. Nothing here changes the compiled
+    code from chunk to chunk: the slots are device data, the window length a CPU tensor that only the attention op
+    reads (`window_rows`), the rest is fixed for a chunk shape and a model."""
+
+    cos: torch.Tensor  # RoPE for the chunk's rows (all ranks' rows, in order) [n, D/2]
+    sin: torch.Tensor
+    slots: torch.Tensor  # int64 [n] on the device: the buffer row of each chunk row (WindowPlan.slot_rows)
+    kv_rows: torch.Tensor  # int64 [1] on the CPU: keys attended, buffer rows [:kv_rows]
+    chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it
+    exchange: ExchangeKey | None  # names the communicator (distributed.ulysses.compiled_ops), None dense
+    attn_impl: str
+
+
+def window_rows(plan: WindowPlan) -> torch.Tensor:
+    return torch.tensor([plan.total], dtype=torch.int64)
 
 
 # RMSNorm over n channels leaves |x_i| / rms(x) <= sqrt(n), the learned weight multiplies by at most max |w|, RoPE
@@ -74,20 +112,8 @@ class _ProjectedAttention(nn.Module):
 class CausalSelfAttention(_ProjectedAttention):
     def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext, *, kv_only: bool = False) -> torch.Tensor | None:
         """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype); with `kv_only`, None: the chunk's K/V
-        reach the window and the attention, whose output nobody reads, is skipped."""
-        b, s, _ = x.shape
-        heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
-        comm = ctx.communicator
-        q, k, v = v_first(  # V before Q's projection, Q's scatter before K's projection
-            comm,
-            lambda: heads(run_linear(self.v, x)),
-            q=lambda: heads(self.norm_q(run_linear(self.q, x))),
-            k=lambda: heads(self.norm_k(run_linear(self.k, x))),
-        )
-        padded_rows, n = q.shape[1], ctx.chunk_rows
-        q, k, v = q[:, :n], k[:, :n], v[:, :n]  # padding rows neither ask nor answer
-        cos, sin = ctx.rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        reach the window and the attention, whose output nobody reads, is skipped. The reference path."""
+        q, k, v, padded_rows = self._exchange_rope(x, ctx.communicator, ctx.rope, ctx.chunk_rows)
         keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
         if kv_only:
             return None
@@ -97,6 +123,43 @@ class CausalSelfAttention(_ProjectedAttention):
                 o = fp8_attention_known_scales(q.to(values.dtype), keys, descale_k, values, amax_v).to(v.dtype)
             else:
                 o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
+        return self._gather_out(o, padded_rows, ctx.communicator)
+
+    def attend(
+        self, x: torch.Tensor, layer: LayerState, chunk: ChunkInputs, *, kv_only: bool = False
+    ) -> torch.Tensor | None:
+        """`forward` for a compiled region or a CUDA graph: the same result from the layer's tensors and the chunk's
+        inputs (the window written to `chunk.slots`, attention over its first `chunk.kv_rows` rows)."""
+        q, k, v, padded_rows = self._exchange_rope(x, chunk.exchange, (chunk.cos, chunk.sin), chunk.chunk_rows)
+        write_window(layer, k, v, chunk.slots)
+        if kv_only:
+            return None
+        with phase(PHASE_ATTENTION):
+            if layer.key_scale is not None:
+                o = fp8_attention_known_scales(
+                    q.to(layer.v.dtype), layer.k, layer.key_descale, layer.v, layer.value_amax, kv_rows=chunk.kv_rows
+                )
+            else:
+                o = attention(q.to(layer.k.dtype), layer.k, layer.v, impl=chunk.attn_impl, kv_rows=chunk.kv_rows)
+        return self._gather_out(o.to(v.dtype), padded_rows, chunk.exchange)
+
+    def _exchange_rope(self, x: torch.Tensor, comm: Exchange, rope, chunk_rows: int):
+        b, s, _ = x.shape
+        heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
+        q, k, v = v_first(  # V before Q's projection, Q's scatter before K's projection
+            comm,
+            lambda: heads(run_linear(self.v, x)),
+            q=lambda: heads(self.norm_q(run_linear(self.q, x))),
+            k=lambda: heads(self.norm_k(run_linear(self.k, x))),
+            anchor=x,
+        )
+        padded_rows, n = q.shape[1], chunk_rows
+        q, k, v = q[:, :n], k[:, :n], v[:, :n]  # padding rows neither ask nor answer
+        cos, sin = rope
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, padded_rows
+
+    def _gather_out(self, o: torch.Tensor, padded_rows: int, comm: Exchange) -> torch.Tensor:
+        n = o.shape[1]
         if padded_rows > n:
             o = F.pad(o, (0, 0, 0, 0, 0, padded_rows - n))
         o = gather_heads(comm, o.contiguous())

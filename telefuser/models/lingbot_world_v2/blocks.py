@@ -1,6 +1,7 @@
 """The causal DiT block (Wan I2V block + camera injection) and the output head, with the checkpoint's names.
 
 Residual stream in fp32; the camera scale/shift applies after self-attention and before cross-attention.
+`block_region` runs a block as one compiled region on CUDA (`ops.regions`): one compiled function for every block.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, run_linear
+from collections.abc import Callable
+
+from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, ChunkInputs, run_linear
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
+from .kv_cache import LayerState
 from ...ops.fp8 import linear_dtype
 from ...ops.fusion import cuda_fused
+from ...ops.regions import compiled_region
 from .norms import FP32LayerNorm, layer_norm_modulate, layer_norm_to
 
 
@@ -68,13 +73,31 @@ class LingBotBlock(nn.Module):
         kv_only: bool = False,
     ) -> torch.Tensor | None:
         """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; camera: this block's (scale, shift) or None.
-        With `kv_only` the block commits its K/V and returns None: nothing after the window is needed."""
+        With `kv_only` the block commits its K/V and returns None: nothing after the window is needed. The reference
+        path (the session called directly)."""
+        attend = lambda normed: self.self_attn(normed, layer, ctx, kv_only=kv_only)  # noqa: E731
+        return self._run(x, t_mod, camera, attend, ctx.session.cross(layer), ctx.attn_impl)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        t_mod: torch.Tensor,
+        camera: tuple[torch.Tensor, torch.Tensor] | None,
+        layer: LayerState,
+        chunk: ChunkInputs,
+        *,
+        kv_only: bool = False,
+    ) -> torch.Tensor | None:
+        """`forward` from the layer's tensors and the chunk's inputs: what `block_region` compiles and a CUDA graph
+        captures."""
+        attend = lambda normed: self.self_attn.attend(normed, layer, chunk, kv_only=kv_only)  # noqa: E731
+        return self._run(x, t_mod, camera, attend, (layer.cross_k, layer.cross_v), chunk.attn_impl)
+
+    def _run(self, x, t_mod, camera, self_attention: Callable, cross_kv, attn_impl: str) -> torch.Tensor | None:
         mod = (self.modulation.float() + t_mod).unsqueeze(1)  # [B, 1, 6, dim]: the same for every row
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.unbind(2)
         dtype = linear_dtype(self.ffn[0])  # the linears' dtype; the residual stream stays fp32
-        y = self.self_attn(
-            layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype), layer, ctx, kv_only=kv_only
-        )
+        y = self_attention(layer_norm_modulate(x, self.norm1.eps, scale_msa, shift_msa, dtype))
         if y is None:
             return None
         x = gated_residual(x, y, gate_msa)
@@ -85,12 +108,16 @@ class LingBotBlock(nn.Module):
             if isinstance(self.norm3, FP32LayerNorm)
             else x
         )
-        x = residual_add(x, self.cross_attn(normed, ctx.session.cross(layer), ctx.attn_impl))
+        x = residual_add(x, self.cross_attn(normed, cross_kv, attn_impl))
         y = run_linear(
             self.ffn[2],
             self.ffn[1](run_linear(self.ffn[0], layer_norm_modulate(x, self.norm2.eps, scale_mlp, shift_mlp, dtype))),
         )
         return gated_residual(x, y, gate_mlp)
+
+
+# One compiled function for every block of every model: region(block, x, t_mod, camera, layer_state, chunk, kv_only=)
+block_region = compiled_region(LingBotBlock.run)
 
 
 class LingBotHead(nn.Module):

@@ -3,10 +3,15 @@
 A chunk is denoised by read-only `forward_chunk` calls, then `commit_chunk` writes its clean K/V. Under Ulysses each
 rank embeds and runs its rows and the output rows are gathered, so every rank (called with identical inputs) returns
 the full prediction.
+
+On CUDA every block runs as one compiled region (`blocks.block_region`); with `enable_cuda_graphs` the forwards of
+sessions made afterwards are captured and replayed as CUDA graphs on pooled buffers (graphs.py). On the CPU, and with
+``TELEFUSER_FUSION=0`` without graphs, the blocks run their reference path.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,14 +22,18 @@ from torch import nn
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
+from ...distributed.ulysses.compiled_ops import exchange_key
 from ...ops.attention import check_attention_impl
 from ...ops.fp8 import linear_dtype, quantize_blocks
+from ...ops.fusion import fusion_enabled
+from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
-from .attention import ChunkContext, key_scale, run_linear
-from .blocks import LingBotBlock, LingBotHead
+from .attention import ChunkContext, ChunkInputs, key_scale, run_linear, window_rows
+from .blocks import LingBotBlock, LingBotHead, block_region
 from .config import MODULATION_PARAMS, LingBotWorldV2Config
 from .embeddings import patchify, sinusoidal_embedding, unpatchify
-from .kv_cache import KVWindow, SessionError
+from .graphs import ChunkData, ChunkGraphs
+from .kv_cache import KVWindow, LayerState, SessionError, WindowBuffers
 from .rope import chunk_rope
 
 MAX_TIMESTEP = 1000.0
@@ -66,6 +75,8 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
+        self.graphs: ChunkGraphs | None = None  # enable_cuda_graphs()
+        self._rope_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (its text K/V are computed
@@ -96,6 +107,21 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         parallel.check_heads(self.config.num_heads)
         self.open_ulysses(mesh, communicator_factory)
         return self
+
+    def enable_cuda_graphs(self, enabled: bool = True) -> "LingBotWorldV2DiT":
+        """Capture and replay the forwards of sessions made from now on, on CUDA, as CUDA graphs (graphs.py): their
+        buffers come from a pool that outlives them. Call it once the model is loaded, quantized and parallelized.
+        ``enabled=False`` drops the pool (sessions still open keep their buffers)."""
+        self.graphs = ChunkGraphs() if enabled else None
+        return self
+
+    def reset_parallel(self) -> bool:
+        """`UlyssesOwner.reset_parallel`; after a reset, graphs captured on the former transport are dropped (the
+        pooled buffers stay) and captured again at their next call."""
+        reset = super().reset_parallel()
+        if reset and self.graphs is not None:
+            self.graphs.forget_captures()
+        return reset
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -132,23 +158,36 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         for block in self.blocks:
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
+        key_scales = (
+            [key_scale(block.self_attn.norm_k, cfg.dim) for block in self.blocks]
+            if self.attn_impl == "cudnn_fp8"
+            else None
+        )
+        local_heads = cfg.num_heads // world
+        entry = None
+        if self.graphs is not None and self.graphs.takes(device):
+            shape = (batch, cfg.local_attn_size * tokens_per_frame, local_heads, cfg.head_dim)
+            pool_key = (shape, dtype, key_scales is not None, world, device, text.shape[1])
+            entry = self.graphs.acquire(
+                pool_key,
+                lambda: WindowBuffers.allocate(cfg.num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype),
+            )
         return KVWindow(
             batch=batch,
             num_layers=cfg.num_layers,
             tokens_per_frame=tokens_per_frame,
             local_attn_size=cfg.local_attn_size,
             sink_size=cfg.sink_size,
-            local_heads=cfg.num_heads // world,
+            local_heads=local_heads,
             head_dim=cfg.head_dim,
             ulysses_degree=world,
             cross_kv=cross_kv,
             device=device,
             dtype=dtype,
-            key_scales=(
-                [key_scale(block.self_attn.norm_k, cfg.dim) for block in self.blocks]
-                if self.attn_impl == "cudnn_fp8"
-                else None
-            ),
+            key_scales=key_scales,
+            buffers=None if entry is None else entry.buffers,
+            pool_entry=entry,
+            on_close=None if entry is None else functools.partial(self.graphs.release, entry),
         )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
@@ -199,11 +238,10 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self._forward(session, latents, t, camera, update_cache=True, kv_only=True)
 
     def _forward(self, session, latents, t, camera, *, update_cache: bool, kv_only: bool) -> torch.Tensor | None:
-        cfg = self.config
         session.check_open()
         frames, grid_h, grid_w = self._check_chunk(session, latents, t, camera)
         t = t.to(latents.device, non_blocking=True)  # a host tensor is checked above and welcome
-        rank, world = self._ulysses_coordinates()
+        _, world = self._ulysses_coordinates()
         if session.ulysses_degree != world:
             raise SessionError(
                 f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
@@ -215,9 +253,61 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
                 "make a new session"
             )
         plan = session.plan(frames)
-        n = plan.new_rows
-        rows, padded = rank_rows(n, rank, world)
+        if camera is not None and not isinstance(camera, CameraModulation):
+            camera = self.camera_modulation(camera)
+        grid = (frames, grid_h, grid_w)
+        cos, sin = self._chunk_rope(session.frame_offset, grid, latents.device)
+        if session.pool_entry is not None or region_compiles(latents):
+            per_block = camera.per_block if camera is not None else None
+            data = ChunkData(latents, t, cos, sin, plan.slot_rows(latents.device), per_block)
+            program = functools.partial(self._run_regions, session.layer_states(), grid, window_rows(plan), kv_only)
+            if session.pool_entry is not None and self.graphs is not None:
+                graph_key = (kv_only, plan.total, fusion_enabled(), self.attn_impl, exchange_key(self.communicator))
+                out = self.graphs.run(session.pool_entry, graph_key, data, program, camera)
+            else:
+                out = program(data)
+            session.note_written(plan, commit=update_cache)
+        else:
+            out = self._run_reference(session, plan, latents, t, (cos, sin), camera, grid, update_cache, kv_only)
+        if update_cache:
+            session.advance(plan, frames)
+        return out
 
+    def _run_reference(self, session, plan, latents, t, rope, camera, grid, commit: bool, kv_only: bool):
+        """The forward with the session and the communicator called directly (the CPU path, and fusion off)."""
+        x, t_emb, t_mod = self._embed(latents, t, plan.new_rows)
+        per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
+        ctx = ChunkContext(
+            session=session,
+            plan=plan,
+            commit=commit,
+            chunk_rows=plan.new_rows,
+            rope=rope,
+            communicator=self.communicator,
+            attn_impl=self.attn_impl,
+        )
+        last = len(self.blocks) - 1
+        for layer, (block, block_camera) in enumerate(zip(self.blocks, per_block)):
+            x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
+        return None if kv_only else self._head_out(x, t_emb, plan.new_rows, grid)
+
+    def _run_regions(self, layers: list[LayerState], grid, kv_rows: torch.Tensor, kv_only: bool, data: ChunkData):
+        """The forward from `data`, the session buffers' `layers` and constants: one region per block (compiled on
+        CUDA), the program a CUDA graph captures (graphs.py)."""
+        n = data.slots.shape[0]
+        x, t_emb, t_mod = self._embed(data.latents, data.t, n)
+        chunk = ChunkInputs(data.cos, data.sin, data.slots, kv_rows, n, exchange_key(self.communicator), self.attn_impl)
+        per_block = data.camera if data.camera is not None else (None,) * len(self.blocks)
+        last = len(self.blocks) - 1
+        for layer, (block, block_camera, state) in enumerate(zip(self.blocks, per_block, layers, strict=True)):
+            x = block_region(block, x, t_mod, block_camera, state, chunk, kv_only=kv_only and layer == last)
+        return None if kv_only else self._head_out(x, t_emb, n, grid)
+
+    def _embed(self, latents: torch.Tensor, t: torch.Tensor, n: int):
+        """This rank's rows of the chunk embedded ``[B, S_local, dim]`` fp32, the time embedding and its projection."""
+        cfg = self.config
+        rank, world = self._ulysses_coordinates()
+        rows, padded = rank_rows(n, rank, world)
         tokens = take_rows(patchify(latents, cfg.patch_size), rows, padded)
         x = F.linear(
             tokens.to(self.patch_embedding.weight.dtype),
@@ -228,32 +318,22 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             self.time_embedding[2], F.silu(run_linear(self.time_embedding[0], sinusoidal_embedding(cfg.freq_dim, t)))
         ).float()
         t_mod = run_linear(self.time_projection[1], F.silu(t_emb)).float().unflatten(1, (MODULATION_PARAMS, cfg.dim))
-        if camera is not None and not isinstance(camera, CameraModulation):
-            camera = self.camera_modulation(camera)
-        per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
+        return x, t_emb, t_mod
 
-        ctx = ChunkContext(
-            session=session,
-            plan=plan,
-            commit=update_cache,
-            chunk_rows=n,
-            rope=chunk_rope(
-                session.frame_offset, frames, grid_h, grid_w, cfg.head_dim, theta=cfg.rope_theta, device=latents.device
-            ),
-            communicator=self.communicator,
-            attn_impl=self.attn_impl,
-        )
-        last = len(self.blocks) - 1
-        for layer, (block, block_camera) in enumerate(zip(self.blocks, per_block)):
-            x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
-        if update_cache:
-            session.advance(plan, frames)
-        if kv_only:
-            return None
+    def _head_out(self, x: torch.Tensor, t_emb: torch.Tensor, n: int, grid: tuple[int, int, int]) -> torch.Tensor:
         out = self.head(x, t_emb)
-        if world > 1:
-            out = gather_rows(out, self.ulysses_group)
-        return unpatchify(out[:, :n], (frames, grid_h, grid_w), cfg.patch_size).contiguous()
+        if self._ulysses_coordinates()[1] > 1:
+            out = gather_rows(out, self.ulysses_group, communicator=self.communicator)
+        return unpatchify(out[:, :n], grid, self.config.patch_size).contiguous()
+
+    def _chunk_rope(self, frame_offset: int, grid, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE of the chunk's rows; a chunk's forwards share it (computed once per chunk)."""
+        key = (frame_offset, grid, str(device))
+        if self._rope_cache is None or self._rope_cache[0] != key:
+            cfg = self.config
+            rope = chunk_rope(frame_offset, *grid, cfg.head_dim, theta=cfg.rope_theta, device=device)
+            self._rope_cache = (key, rope)
+        return self._rope_cache[1]
 
     def _camera_tokens(self, camera: torch.Tensor) -> torch.Tensor:
         return patchify(camera, self.config.patch_size) if camera.dim() == 5 else camera

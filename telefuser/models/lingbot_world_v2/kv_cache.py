@@ -3,11 +3,18 @@
 The buffers are allocated once and never move. Each holds the sink rows, then a ring of the other rows, so a chunk
 (read-only step or commit) copies only its own rows, into the slots of the rows it evicts or after the committed ones,
 and attends to a prefix of the buffer: no scratch, no roll. The layout and the rules are in this folder's README.
+
+For a compiled block region (and a CUDA graph) the window is tensors only: `LayerState` holds a layer's buffers,
+`WindowPlan.slot_rows` gives the chunk's slots as device data, and `write_window` copies the chunk's rows there
+through the opaque custom op ``telefuser::kv_window_write``. A session may adopt `WindowBuffers` that outlive it
+(graphs.py pools them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -68,11 +75,125 @@ class WindowPlan:
                 runs.append((self.sink_rows, appended + first, evicted - first))
         return tuple(runs)
 
+    def slot_rows(self, device: torch.device | str) -> torch.Tensor:
+        """`slots` as device data: the buffer row of each chunk row, int64 ``[new_rows]`` (for `write_window`)."""
+        return torch.cat([torch.arange(row, row + rows, device=device) for row, _, rows in self.slots])
+
 
 @dataclass
 class LayerKV:
     k: torch.Tensor
     v: torch.Tensor
+
+
+class LayerState(NamedTuple):
+    """One layer's session tensors, all a block region reads or writes of the session (no layer index, no plan)."""
+
+    k: torch.Tensor  # [B, capacity, H_local, D] window keys (e4m3 for FP8 keys)
+    v: torch.Tensor  # [B, capacity, H_local, D] window values
+    cross_k: torch.Tensor  # [B, text_len, H, D] the prompt's keys
+    cross_v: torch.Tensor
+    key_scale: torch.Tensor | None  # FP8 keys: the static scale, its reciprocal, the running max |V| (fp32 [1])
+    key_descale: torch.Tensor | None
+    value_amax: torch.Tensor | None
+
+
+@torch.library.custom_op("telefuser::kv_window_write", mutates_args=("k_cache", "v_cache"))
+def _kv_window_write(
+    k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        if cache.element_size() == 1:  # e4m3: move the bytes (index_copy_ has no float8 kernels)
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache.index_copy_(1, slots, new)
+
+
+@_kv_window_write.register_fake
+def _(k_new, v_new, k_cache, v_cache, slots):
+    return None
+
+
+def write_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+    """Copy the chunk's K/V ``[B, new_rows, H_local, D]`` into the buffer rows `slots` (`WindowPlan.slot_rows`): the
+    only copy. FP8 keys are cast once, here, and the layer's running max |V| grows with the rows it is given (no host
+    sync). In a compiled region the cast and the max fuse into it; the copy is an opaque op."""
+    if layer.key_scale is not None:
+        k_new = cast_fp8(k_new, layer.key_scale)
+        torch.maximum(layer.value_amax, v_new.abs().amax().float().reshape(1), out=layer.value_amax)
+    torch.ops.telefuser.kv_window_write(k_new, v_new, layer.k, layer.v, slots)
+
+
+@dataclass
+class WindowBuffers:
+    """A session's device memory: every layer's window K/V, the prompt's K/V per layer and, for FP8 keys, the scales
+    and running max |V|. A session allocates its own, or adopts a set that outlives it (graphs.py), whose addresses
+    a captured CUDA graph keeps."""
+
+    self_kv: list[LayerKV]
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    key_scales: list[torch.Tensor] | None = None
+    key_descales: list[torch.Tensor] | None = None
+    value_amax: list[torch.Tensor] | None = None
+    _layers: list[LayerState] | None = field(default=None, repr=False)
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        shape: tuple[int, int, int, int],
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        key_scales: list[torch.Tensor] | None,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> WindowBuffers:
+        """Zeroed window buffers of `shape` ``[B, capacity, H_local, D]`` for `num_layers` layers, around the given
+        prompt K/V (kept as they are; empty for a window without text) and key scales."""
+        key_dtype = FP8 if key_scales is not None else dtype
+        self_kv = [
+            LayerKV(torch.zeros(shape, device=device, dtype=key_dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(num_layers)
+        ]
+        buffers = cls(self_kv, cross_kv)
+        if key_scales is not None:
+            buffers.key_scales = [s.to(device, torch.float32).reshape(1) for s in key_scales]
+            buffers.key_descales = [s.reciprocal() for s in buffers.key_scales]
+            buffers.value_amax = [torch.zeros(1, device=device) for _ in key_scales]
+        return buffers
+
+    def layer_states(self) -> list[LayerState]:
+        """Every layer's tensors as a block region takes them (made once)."""
+        if self._layers is None:
+            fp8 = self.key_scales is not None
+            self._layers = [
+                LayerState(
+                    kv.k,
+                    kv.v,
+                    *(self.cross_kv[i] if self.cross_kv else (None, None)),
+                    self.key_scales[i] if fp8 else None,
+                    self.key_descales[i] if fp8 else None,
+                    self.value_amax[i] if fp8 else None,
+                )
+                for i, kv in enumerate(self.self_kv)
+            ]
+        return self._layers
+
+    def load(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], key_scales: list[torch.Tensor] | None) -> None:
+        """Start a new session in these buffers: its prompt K/V and key scales copied in place, the windows and the
+        running max |V| zeroed, so it begins exactly as a freshly allocated one."""
+        if (key_scales is None) != (self.key_scales is None) or len(cross_kv) != len(self.cross_kv):
+            raise SessionError("pooled session buffers do not fit this session (FP8 keys or layer count differ)")
+        for (k, v), (ck, cv) in zip(cross_kv, self.cross_kv):
+            ck.copy_(k)
+            cv.copy_(v)
+        for kv in self.self_kv:
+            kv.k.zero_()
+            kv.v.zero_()
+        if key_scales is not None:
+            for scale, own, descale, amax in zip(key_scales, self.key_scales, self.key_descales, self.value_amax):
+                own.copy_(scale.reshape(1))
+                torch.reciprocal(own, out=descale)
+                amax.zero_()
 
 
 class KVWindow:
@@ -105,6 +226,9 @@ class KVWindow:
         device: torch.device,
         dtype: torch.dtype,
         key_scales: list[torch.Tensor] | None = None,
+        buffers: WindowBuffers | None = None,
+        pool_entry: object | None = None,
+        on_close: Callable[[], None] | None = None,
     ):
         if local_attn_size < 1:
             raise SessionError(
@@ -124,16 +248,21 @@ class KVWindow:
         self.sink_rows = sink_size * tokens_per_frame
         if key_scales is not None and len(key_scales) != num_layers:
             raise SessionError(f"{len(key_scales)} key scales for {num_layers} layers")
-        self.key_scales = None if key_scales is None else [s.to(device, torch.float32).reshape(1) for s in key_scales]
-        self.key_descales = None if key_scales is None else [s.reciprocal() for s in self.key_scales]
-        self.value_amax = None if key_scales is None else [torch.zeros(1, device=device) for _ in range(num_layers)]
         shape = (batch, self.capacity, local_heads, head_dim)
-        key_dtype = FP8 if key_scales is not None else dtype
-        self.self_kv: list[LayerKV] | None = [
-            LayerKV(torch.zeros(shape, device=device, dtype=key_dtype), torch.zeros(shape, device=device, dtype=dtype))
-            for _ in range(num_layers)
-        ]
-        self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = cross_kv
+        if buffers is None:
+            buffers = WindowBuffers.allocate(num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype)
+        else:
+            if tuple(buffers.self_kv[0].k.shape) != shape or buffers.self_kv[0].v.dtype != dtype:
+                raise SessionError(f"pooled session buffers hold {tuple(buffers.self_kv[0].k.shape)}, not {shape}")
+            buffers.load(cross_kv, key_scales)
+        self.self_kv: list[LayerKV] | None = buffers.self_kv
+        self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = buffers.cross_kv
+        self.key_scales, self.key_descales = buffers.key_scales, buffers.key_descales
+        self.value_amax = buffers.value_amax
+        self.pool_entry = pool_entry  # where pooled buffers came from (graphs.py), or None
+        self._buffers: WindowBuffers | None = buffers
+        self._on_close = on_close
+        self._slots: tuple[tuple, torch.Tensor] | None = None
         self.committed = 0  # rows in the window
         self.ring_head = 0  # ring slot of the oldest non-sink row (buffer row sink_rows + ring_head)
         # Oldest non-sink rows that read-only steps of the chunk in progress have overwritten with its own K/V (its
@@ -167,9 +296,15 @@ class KVWindow:
         return self.local_attn_size - self.sink_size
 
     def close(self) -> None:
-        """Drop every buffer (local; safe to call twice)."""
+        """Drop every buffer (local; safe to call twice); pooled buffers go back to their pool."""
+        if self.closed:
+            return
         self.self_kv, self.cross_kv = None, None
         self.key_scales = self.key_descales = self.value_amax = None
+        self._buffers = None
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     def __enter__(self) -> "KVWindow":
         return self
@@ -214,16 +349,31 @@ class KVWindow:
             raise SessionError(
                 f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {plan.new_rows}"
             )
-        if self.fp8_keys:  # K cast once, here; V's range grows with every row it is given (no host sync)
-            k_new = cast_fp8(k_new, self.key_scales[layer])
-            amax = self.value_amax[layer]
-            torch.maximum(amax, v_new.abs().amax().float().reshape(1), out=amax)
-        for row, first, rows in plan.slots:
-            cache.k[:, row : row + rows].copy_(k_new[:, first : first + rows])
-            cache.v[:, row : row + rows].copy_(v_new[:, first : first + rows])
+        write_window(self.layer_state(layer), k_new, v_new, self._slot_rows(plan, k_new.device))
+        self.note_written(plan, commit=commit)
+        return cache.k[:, : plan.total], cache.v[:, : plan.total]
+
+    def _slot_rows(self, plan: WindowPlan, device: torch.device) -> torch.Tensor:
+        # every layer of a forward writes the same slots: made once per plan
+        if self._slots is None or self._slots[0] != (plan, device):
+            self._slots = ((plan, device), plan.slot_rows(device))
+        return self._slots[1]
+
+    def layer_state(self, layer: int) -> LayerState:
+        """`layer`'s tensors for a block region."""
+        return self.layer_states()[layer]
+
+    def layer_states(self) -> list[LayerState]:
+        """Every layer's tensors for the block regions (the buffers', so a pooled set gives the same to every session
+        that adopts it)."""
+        self.check_open()
+        return self._buffers.layer_states()
+
+    def note_written(self, plan: WindowPlan, *, commit: bool) -> None:
+        """A read-only step wrote the chunk's rows over the rows it evicts: until the commit, only a chunk that evicts
+        at least as many can be served (`plan`)."""
         if not commit:
             self.overwritten = max(self.overwritten, plan.evicted)
-        return cache.k[:, : plan.total], cache.v[:, : plan.total]
 
     def advance(self, plan: WindowPlan, frames: int) -> None:
         """After a committed forward: the window holds plan.total rows, the ring's oldest row moves past the evicted

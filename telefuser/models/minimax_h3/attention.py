@@ -1,7 +1,9 @@
 """Joint self-attention over the packed sequence, with the V-first Ulysses exchange.
 
 Fused QKV; V leaves while one step applies per-head RMSNorm and partial RoPE to Q and K; attention runs per document.
-Under TP the projection holds this rank's heads only (tp.py).
+Under TP the projection holds this rank's heads only (tp.py). In a compiled block region the context carries the
+communicator's exchange key and the documents as a CPU tensor (`AttentionContext`), so the exchange and the attention
+run as opaque custom ops and a new layout changes no compiled code.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
-from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, v_first
+from ...distributed.ulysses.compiled_ops import ExchangeKey
+from ...distributed.ulysses.schedule import PHASE_ATTENTION, gather_heads, phase, v_first_fused
 from ...ops.attention import attention
 from ...ops.qk_prep import norm_rope
 
@@ -21,16 +23,20 @@ from ...ops.qk_prep import norm_rope
 @dataclass
 class AttentionContext:
     """What one forward's attention calls share. `documents` are (start, stop) ranges of the full sequence that
-    attend only within themselves (the valid rows, then the padding); None means one document."""
+    attend only within themselves (the valid rows, then the padding), as a list or an int64 ``[n, 2]`` CPU tensor (in
+    a compiled region); None means one document. `communicator`: the communicator, or its exchange key (in a compiled
+    region, `distributed.ulysses.compiled_ops.exchange_key`), or None."""
 
     rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for this rank's rows
-    documents: list[tuple[int, int]] | None = None
-    communicator: UlyssesCommunicator | None = None
+    documents: list[tuple[int, int]] | torch.Tensor | None = None
+    communicator: UlyssesCommunicator | ExchangeKey | None = None
     attn_impl: str = "sdpa"
 
 
 def attend_documents(q, k, v, documents, impl: str) -> torch.Tensor:
     """Attention within each document of [B, S, H, D]; equal to masking keys of other documents."""
+    if isinstance(documents, torch.Tensor):  # a compiled region: one opaque call splits them
+        return attention(q, k, v, impl=impl, documents=documents)
     if documents is None or len(documents) == 1:
         return attention(q, k, v, impl=impl)
     parts = [attention(q[:, a:b], k[:, a:b], v[:, a:b], impl=impl) for a, b in documents]
@@ -47,10 +53,11 @@ class JointAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(b, s, 3, -1, self.head_dim).unbind(2)  # strided views
-        q, k, v = v_first(ctx.communicator, lambda: v, qk=lambda: self._norm_rope(q, k, ctx.rope))
-        with record_function(PHASE_ATTENTION):
+        # V leaves as a strided view of the fused projection while Q and K are normed and rotated
+        q, k, v = v_first_fused(
+            ctx.communicator, self.qkv_proj(x), self.head_dim, lambda q, k: self._norm_rope(q, k, ctx.rope)
+        )
+        with phase(PHASE_ATTENTION):
             o = attend_documents(q, k, v, ctx.documents, ctx.attn_impl)
         return self.out_proj(gather_heads(ctx.communicator, o).flatten(2))
 

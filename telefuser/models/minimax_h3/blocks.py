@@ -1,4 +1,7 @@
-"""The DiT's blocks: SwiGLU MLP, text token refiner, AdaLN-modulated joint block, final layer (checkpoint names)."""
+"""The DiT's blocks: SwiGLU MLP, text token refiner, AdaLN-modulated joint block, final layer (checkpoint names).
+
+`block_region` runs a joint block as one compiled region on CUDA (`ops.regions`), AdaLN tables or projection included.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.fusion import cuda_fused
+from ...ops.regions import compiled_region
 from .attention import AttentionContext, JointAttention
 from .config import ADALN_MODALITIES, ADALN_PARAMS_PER_MODALITY, FINAL_ADALN_PARAMS, MiniMaxH3Config
 from .modulation import AdaLNProjection, gated_residual, modulate, norm_modulate
@@ -86,13 +90,18 @@ class MiniMaxH3Block(nn.Module):
         adaln: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """x: [B, S, hidden]; cond: [M, time_embed_dim]; rows: [B, S] AdaLN table rows (timestep x modality).
-        `adaln`: this block's six tables, precomputed as ``self.adaln_proj(cond)`` (adaln_tables.AdaLNTables); cond unused."""
+        `adaln`: this block's six tables, precomputed as ``self.adaln_proj(cond)`` (adaln_tables.AdaLNTables); then
+        cond is unused."""
         tables = self.adaln_proj(cond) if adaln is None else adaln
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = tables
         h = self.attn(norm_modulate(x, self.norm1.weight, self.norm1.eps, shift_msa, scale_msa, rows), ctx)
         x = gated_residual(x, gate_msa, h, rows)
         h = self.mlp(norm_modulate(x, self.norm2.weight, self.norm2.eps, shift_mlp, scale_mlp, rows))
         return gated_residual(x, gate_mlp, h, rows)
+
+
+# One compiled function for every joint block: region(block, x, cond, rows, ctx, adaln)
+block_region = compiled_region(MiniMaxH3Block.forward)
 
 
 class FinalLayer(nn.Module):

@@ -2,6 +2,7 @@
 
 Attention spans every modality; AdaLN modulation is picked per token by its modality and that modality's timestep.
 `enable_parallel` applies TP (tp.py), then Ulysses: each rank embeds its rows and the output rows are gathered.
+On CUDA each joint block runs as one compiled region (`blocks.block_region`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from torch.func import functional_call
 
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
+from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
 from ...ops.attention import check_attention_impl
 from ...ops.fp8 import quantize_blocks
+from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
 from .attention import AttentionContext
-from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner
+from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner, block_region
 from .adaln_tables import AdaLNTables, TimestepKey, timestep_key
 from .config import MiniMaxH3Config
 from .embeddings import Rope3D, TimestepEmbedder
@@ -160,23 +163,24 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         adaln_rows = table_rows(tags, timesteps)
 
         hidden = self._embed_rows(layout, rows, video, audio, text)
+        compiled = region_compiles(hidden)  # a compiled region takes the exchange key and the documents as a tensor
         ctx = AttentionContext(
             rope=self.rope(layout.positions[rows].to(video.device)),
-            documents=layout.documents,
-            communicator=self.communicator,
+            documents=torch.tensor(layout.documents, dtype=torch.int64) if compiled else layout.documents,
+            communicator=exchange_key(self.communicator) if compiled else self.communicator,
             attn_impl=self.attn_impl,
         )
 
         def run_blocks(h: torch.Tensor) -> torch.Tensor:
             for block, table in zip(self.blocks, block_tables):
-                h = block(h, cond, adaln_rows, ctx, table)
+                h = block_region(block, h, cond, adaln_rows, ctx, table)
             return h
 
         hidden = run_blocks(hidden) if block_hook is None else block_hook(hidden, run_blocks, tags)
         video_out, audio_out = self.final_layer(hidden, cond, timesteps, final_table)
         out = torch.cat([video_out, audio_out], dim=-1)
         if world > 1:
-            out = gather_rows(out, self.ulysses_group)
+            out = gather_rows(out, self.ulysses_group, communicator=self.communicator)
         patch_dim = self.config.video_patch_dim
         video_velocity = unpatchify_video(
             out[:, layout.video, :patch_dim], (channels, lt, lh, lw), self.config.patch_size

@@ -34,6 +34,21 @@ T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 DIT_SUBDIR = "transformers"
 DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
+CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs of run_i2v.py and serve-stream
+
+
+def cuda_graphs_wanted(choice: str, device, ulysses_degree: int = 1) -> bool:
+    """--cuda-graphs: ``on`` replays steady chunks as CUDA graphs on a CUDA device
+    (`LingBotWorldV2DiT.enable_cuda_graphs`), ``off`` runs every forward eagerly, ``auto`` (the default) replays them
+    under Ulysses on CUDA only: with one compiled region per block a single-GPU forward keeps the host ahead of the
+    device and graphs measured level there, while under Ulysses they measured faster (docs/perf). ``on`` elsewhere is
+    an error."""
+    if choice not in CUDA_GRAPHS:
+        raise ValueError(f"cuda graphs must be one of {CUDA_GRAPHS}, got {choice!r}")
+    cuda = torch.device(device).type == "cuda"
+    if choice == "on" and not cuda:
+        raise ValueError(f"--cuda-graphs on needs a CUDA device, got {device}")
+    return cuda and (choice == "on" or (choice == "auto" and ulysses_degree > 1))
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
@@ -74,6 +89,7 @@ def build_lingbot_pipeline(
     vae_dtype: torch.dtype = torch.float32,
     vae_fast: bool = False,
     quantization: str = "none",
+    cuda_graphs: bool = False,
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
@@ -83,6 +99,8 @@ def build_lingbot_pipeline(
     same result up to rounding order).
     `camera_factory` defaults to the model package's camera features.
     `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
+    `cuda_graphs` replays every chunk's forwards as CUDA graphs on a CUDA device (`cuda_graphs_wanted` decides it from
+    the command line); a warm-up session then captures them all.
     """
     device = torch.device(device)
     if config not in ("tiny", "official"):
@@ -96,6 +114,8 @@ def build_lingbot_pipeline(
     )
     if quantization != "none":
         model.quantize(quantization)
+    if cuda_graphs and device.type == "cuda":
+        model.enable_cuda_graphs()
     if paths is not None and is_diffusers_layout(Path(checkpoint)):
         vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
         tokenizer = load_tokenizer(paths["tokenizer"])

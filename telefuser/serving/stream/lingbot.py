@@ -154,6 +154,7 @@ class LingBotSessionFactory:
 def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
     """`telefuser serve-stream` without --fake: the LingBot pipeline on this rank (Ulysses over the torchrun world)."""
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.pipelines.lingbot_world_v2.loading import cuda_graphs_wanted
     from telefuser.runtime import Runtime, torch_dtype
 
     runtime = Runtime.from_args(args)
@@ -168,6 +169,7 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         quantization=getattr(args, "quantization", "none"),
         vae_dtype=torch_dtype(getattr(args, "vae_dtype", "float32")),
         vae_fast=getattr(args, "vae_fast", False),
+        cuda_graphs=cuda_graphs_wanted(getattr(args, "cuda_graphs", "auto"), device, world),
     )
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
@@ -187,8 +189,15 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         dtype=dtype,
         ulysses_degree=world,
     )
-    if warmup_wanted(args, device):  # every rank: the DiT is collective
+    if warmup_wanted(args, device):  # every rank: the DiT is collective; with CUDA graphs it also captures them
         seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])
         factory.warmup_s = round(seconds, 3)
-        log.info("warm-up session (2 chunks at %s) took %.1f s", defaults["resolution"], seconds)
+        graphs = getattr(pipeline.dit, "graphs", None)
+        log.info(
+            "warm-up session (%d chunks at %s) took %.1f s%s",
+            pipeline.warm_up_chunks(),
+            defaults["resolution"],
+            seconds,
+            f", {graphs.captures} CUDA graphs captured" if graphs is not None else "",
+        )
     return factory

@@ -1,0 +1,180 @@
+"""Steady LingBot chunks as CUDA graphs (`torch.cuda.CUDAGraph`), on session buffers that outlive sessions.
+
+Once a session's window length is known, every forward of a chunk (its denoising steps and its KV commit) launches
+the same kernels on the same buffers; only data changes: the latents, the timestep, the RoPE angles, the camera
+modulation, the ring slots the chunk's K/V go to (device data: `WindowPlan.slot_rows`) and the running max |V| of an
+FP8 session (device state). So each forward kind (read-only or commit) and window length is captured once per buffer
+set and then replayed: the host enqueues one graph instead of the forward's kernels and compiled-code wrappers.
+
+- **Pool.** A graph keeps the addresses it was captured with, so the session buffers it reads and writes (every
+  layer's window K/V, the prompt's K/V, the FP8 scales: `WindowBuffers`) come from a pool of this object's and go back
+  to it when the session closes; the next session of the same shape adopts them (`WindowBuffers.load`: its prompt
+  copied in, windows zeroed) and replays the graphs already captured for them. Each entry also holds the static
+  copies of the forward's inputs and the captured graphs.
+- **Capture.** The first call of a (kind, window length) on an entry runs eagerly on the entry's static inputs, and
+  its result is the call's result: torch.compile's kernels, cuDNN's plans and the Ulysses communicator's eager group at these shapes exist
+  afterwards. Then the same call is captured (capture runs no kernel, so the session's state is unchanged) on the
+  entry's static inputs; later calls copy their inputs there and replay. A service's warm-up session therefore
+  captures every graph a client will replay.
+- **Exactness.** A replay runs the kernels of the eager call on the same buffers: its outputs, and every buffer it
+  writes, are bit-identical to the eager forward's (tests/gpu/test_lingbot_graphs_cuda.py checks whole sessions).
+
+All captures share one memory pool: forwards run one at a time (one stream; the services serialise chunks), and a
+graph's outputs and static inputs stay referenced here, so no capture reuses them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .kv_cache import WindowBuffers
+
+
+class ChunkData(NamedTuple):
+    """A forward's device inputs: what changes between replays of one graph (copied into its static twin)."""
+
+    latents: torch.Tensor  # [B, in_dim, F, h, w]
+    t: torch.Tensor  # [B] on the device
+    cos: torch.Tensor  # RoPE of the chunk's rows
+    sin: torch.Tensor
+    slots: torch.Tensor  # int64 [n]: the buffer row of each chunk row
+    camera: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None  # every block's (scale, shift), or None
+
+
+def signature(data: ChunkData) -> tuple:
+    """Shapes and dtypes of every input (None kept): inputs of one signature share static buffers."""
+    leaves, spec = tree_flatten(data, is_leaf=lambda x: x is None)
+    return (str(spec), tuple(None if t is None else (tuple(t.shape), t.dtype) for t in leaves))
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    output: torch.Tensor | None
+
+
+@dataclass
+class _Static:
+    data: ChunkData
+    camera_source: Callable[[], object | None] = lambda: None  # weakref to the camera modulation copied in
+
+
+@dataclass
+class PoolEntry:
+    """One set of session buffers and what was captured on it."""
+
+    key: Hashable
+    buffers: WindowBuffers
+    statics: dict[tuple, _Static] = field(default_factory=dict)
+    graphs: dict[Hashable, _Captured] = field(default_factory=dict)
+    in_use: bool = False
+
+
+class ChunkGraphs:
+    """The pool of session buffers of one model and the graphs captured on them (see the module docstring)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: list[PoolEntry] = []
+        self._mempool = None
+        self.captures = 0  # graphs captured so far (tests and benches read it)
+        self.replays = 0
+
+    # -- the pool ----------------------------------------------------------------------------------------------------
+    def takes(self, device: torch.device) -> bool:
+        """Whether sessions on `device` get pooled buffers and graphs: CUDA devices."""
+        return device.type == "cuda"
+
+    def acquire(self, key: Hashable, allocate: Callable[[], WindowBuffers]) -> PoolEntry:
+        """A free entry of `key` (the session's shapes), or a new one with `allocate()`'s buffers."""
+        with self._lock:
+            for entry in self._entries:
+                if entry.key == key and not entry.in_use:
+                    entry.in_use = True
+                    return entry
+        entry = PoolEntry(key, allocate(), in_use=True)
+        with self._lock:
+            self._entries.append(entry)
+        return entry
+
+    def release(self, entry: PoolEntry) -> None:
+        entry.in_use = False
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every free entry, its buffers and graphs (entries in use stay)."""
+        with self._lock:
+            self._entries = [e for e in self._entries if e.in_use]
+
+    def forget_captures(self) -> None:
+        """Drop every captured graph (the buffers stay): the next call of each key captures again."""
+        with self._lock:
+            for entry in self._entries:
+                entry.graphs.clear()
+
+    # -- capture and replay --------------------------------------------------------------------------------------------
+    def run(
+        self,
+        entry: PoolEntry,
+        key: Hashable,
+        data: ChunkData,
+        program: Callable[[ChunkData], torch.Tensor | None],
+        camera_source: object | None,
+    ) -> torch.Tensor | None:
+        """``program(data)``: eagerly and then captured the first time `key` meets this entry, replayed after.
+        `program` may read `data` and the entry's buffers only (everything else it uses must be the same for every
+        call of `key`). `camera_source` is the object `data.camera` came from: the same object is not copied again."""
+        sig = signature(data)
+        key = (sig, key)
+        static = entry.statics.get(sig)
+        captured = entry.graphs.get(key)
+        if captured is None:
+            # Eagerly on the static inputs first: anything compiled or autotuned for their exact layout (Inductor
+            # autotunes a kernel at its first launch, which a capture cannot record) happens here, not in the capture.
+            static = self._fill(entry, data, camera_source)
+            output = program(static.data)
+            entry.graphs[key] = self._capture(static.data, program)
+            return output
+        self._copy_in(static, data, camera_source)
+        captured.graph.replay()
+        self.replays += 1
+        return None if captured.output is None else captured.output.clone()
+
+    def _fill(self, entry: PoolEntry, data: ChunkData, camera_source) -> _Static:
+        sig = signature(data)
+        static = entry.statics.get(sig)
+        if static is None:
+            static = entry.statics[sig] = _Static(tree_map(lambda t: torch.empty_like(t), data))
+        self._copy_in(static, data, camera_source)
+        return static
+
+    @staticmethod
+    def _copy_in(static: _Static, data: ChunkData, camera_source) -> None:
+        fresh_camera = camera_source is None or static.camera_source() is not camera_source
+        for name, value in data._asdict().items():
+            if value is None or (name == "camera" and not fresh_camera):
+                continue
+            for dst, src in zip(tree_flatten(getattr(static.data, name))[0], tree_flatten(value)[0]):
+                dst.copy_(src)
+        if data.camera is not None and camera_source is not None:
+            static.camera_source = weakref.ref(camera_source)
+
+    def _capture(self, data: ChunkData, program: Callable) -> _Captured:
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a service's other threads may touch CUDA meanwhile (they never use this stream)
+        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
+            output = program(data)
+        self.captures += 1
+        return _Captured(graph, output)

@@ -1,0 +1,93 @@
+"""A scripted LingBot-World v2 session for the compiled-region and CUDA-graph tests.
+
+Ten 3-frame chunks through a 10-frame window with 2 sink frames (tiny config; 6 tokens per frame by default): the
+window grows (3, 6, 9 frames of keys), fills in the middle of chunk 3, then stays full while the ring's head moves 3
+frames a chunk through its 8, so chunk 8 wraps past the ring's end. Each chunk runs two read-only denoising steps and the commit,
+like the pipeline (each with its own latents), under a camera modulation computed once per chunk. Every input comes
+from one seed, so two runs see the same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config
+
+GRID_HW = (4, 6)  # latent h, w -> 2 x 3 = 6 tokens per frame
+CHUNKS = 10
+CHUNK_FRAMES = 3
+STEPS = (900.0, 500.0)  # read-only steps per chunk; then the commit at t = 0
+
+
+def session_config(**overrides) -> LingBotWorldV2Config:
+    return LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2, **overrides)
+
+
+@dataclass
+class SessionRecord:
+    outputs: list[torch.Tensor]  # every read-only step's prediction, in order
+    keys: list[torch.Tensor]  # every layer's window buffers after the last commit (copies)
+    values: list[torch.Tensor]
+    value_amax: list[torch.Tensor] | None  # FP8 keys: every layer's running max |V|
+    window_lengths: list[int]  # keys attended by each chunk
+    ring_heads: list[int]  # the ring's head before each chunk
+
+
+def tokens_per_frame(grid_hw: tuple[int, int]) -> int:
+    return grid_hw[0] * grid_hw[1] // 4  # the patch (1, 2, 2)
+
+
+def run_session(
+    model, *, device="cpu", dtype=None, seed: int = 1, chunks: int = CHUNKS, grid_hw: tuple[int, int] = GRID_HW
+) -> SessionRecord:
+    config = model.config
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randn(1, 5, config.text_dim, generator=g)
+    tpf = tokens_per_frame(grid_hw)
+    session = model.new_session(
+        1, text.to(device, model.compute_dtype), tokens_per_frame=tpf, device=device, dtype=dtype
+    )
+    outputs, lengths, heads = [], [], []
+    try:
+        for _ in range(chunks):
+            lengths.append(session.plan(CHUNK_FRAMES).total)
+            heads.append(session.ring_head)
+            camera = torch.randn(1, CHUNK_FRAMES * tpf, config.camera_feature_dim, generator=g)
+            modulation = model.camera_modulation(camera.to(device, model.compute_dtype))
+            for t in STEPS:
+                latents = torch.randn(1, config.in_dim, CHUNK_FRAMES, *grid_hw, generator=g).to(device)
+                outputs.append(
+                    model.forward_chunk(
+                        session, latents, torch.tensor([t], device=device), modulation, update_cache=False
+                    )
+                )
+            latents = torch.randn(1, config.in_dim, CHUNK_FRAMES, *grid_hw, generator=g).to(device)
+            model.commit_chunk(session, latents, torch.zeros(1, device=device), modulation)
+        keys = [kv.k.clone() for kv in session.self_kv]
+        values = [kv.v.clone() for kv in session.self_kv]
+        amax = [a.clone() for a in session.value_amax] if session.fp8_keys else None
+    finally:
+        session.close()
+    return SessionRecord(outputs, keys, values, amax, lengths, heads)
+
+
+def covers_the_window(record: SessionRecord, config: LingBotWorldV2Config, grid_hw=GRID_HW) -> bool:
+    """The script met every window length and wrapped the ring (so a test over it covers them)."""
+    tpf = tokens_per_frame(grid_hw)
+    capacity = config.local_attn_size * tpf
+    ring = capacity - config.sink_size * tpf
+    rows = CHUNK_FRAMES * tpf
+    grew = record.window_lengths[:4] == [rows, 2 * rows, 3 * rows, capacity]
+    wrapped = any(head + rows > ring for head in record.ring_heads[4:])
+    return grew and wrapped
+
+
+def exactly_equal(a: SessionRecord, b: SessionRecord) -> bool:
+    """Every output and every buffer the sessions wrote, bit for bit."""
+    pairs = [*zip(a.outputs, b.outputs), *zip(a.keys, b.keys), *zip(a.values, b.values)]
+    if a.value_amax is not None or b.value_amax is not None:
+        pairs += list(zip(a.value_amax or [], b.value_amax or []))
+    same_bytes = lambda x, y: torch.equal(x.view(torch.uint8), y.view(torch.uint8))  # noqa: E731 - e4m3 too
+    return len(a.outputs) == len(b.outputs) and all(same_bytes(x, y) for x, y in pairs)
