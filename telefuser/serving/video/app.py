@@ -223,10 +223,11 @@ def create_video_app(
 
     def queue_state() -> dict[str, Any]:
         counts = store.counts()
+        running = worker.running  # until the job's end is recorded and counted, not only until its claim is released
         return {
             "queue_depth": counts["queued"],
             "max_queue": store.policy.max_queue,
-            "running": store.held_by(worker.worker_id),
+            "running": running.job.id if running is not None else None,
             "replica": worker.worker_id,
             "jobs": counts,
         }
