@@ -18,6 +18,7 @@ AIPerf succeeded, no request failed, completed == planned and every video passed
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -107,6 +108,17 @@ def scrape(url: str) -> dict:
     return parse_prometheus(body.decode()) if status == 200 else {}
 
 
+def wait_idle(url: str, timeout_s: float = 60.0) -> None:
+    """Until the service runs no job: a worker counts a job's end in its metrics just after recording it, so a client
+    that saw the last job complete can scrape a moment too early."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status, body = http_get(f"{url}/v1/service/health")
+        if status == 200 and json.loads(body).get("running") is None:
+            return
+        time.sleep(0.05)
+
+
 def check_jobs(url: str, artifact_dir: Path) -> tuple[list[dict], list[str]]:
     """Re-download every job's content and probe it."""
     problems: list[str] = []
@@ -176,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         run["aiperf_rc"], run["aiperf_wall_s"] = rc, round(aiperf_s, 3)
         if rc != 0:
             problems.append(f"aiperf exited with {rc} (see {artifact_dir / 'aiperf_console.log'})")
+        wait_idle(url)
         deltas = video_service_deltas(before, scrape(url))
         jobs, job_problems = check_jobs(url, artifact_dir)
         problems += job_problems
