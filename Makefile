@@ -20,6 +20,8 @@ help:
 	@echo "make test-gpu    GPU tests on a CUDA host (PYTHON=python3 uses that interpreter's torch)"
 	@echo "make bench-stream-1min  AIPerf one-minute lossless LingBot-World v2 stream replay (tiny model on CPU)"
 	@echo "make bench-batch       AIPerf MiniMax H3 /v1/videos batch run (tiny model on CPU)"
+	@echo "make images-check    build both images with podman and smoke-test them (~7 min, ~24 GB disk; not CI)"
+	@echo "make deploy-check    the multi-replica deployment from the images, checked across replicas (not CI)"
 	@echo "make clean       remove $(VENV), .venv-aiperf, build outputs and demo outputs"
 
 $(STAMP): pyproject.toml
@@ -119,6 +121,15 @@ test-gpu: build-sm90
 
 build-sm90:
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
+
+# On demand, never in CI: podman builds of docker/ (root, Debian; installs podman, runc and debootstrap if missing).
+# KEEP=1 keeps the images, so that a deploy-check after an images-check reuses them. docker/README.md has the results.
+.PHONY: images-check deploy-check
+images-check:
+	bash docker/images-check.sh
+
+deploy-check:
+	bash docker/deploy-check.sh
 
 clean:
 	rm -rf $(VENV) $(AIPERF_VENV) outputs build dist *.egg-info
