@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-GPU run behind docs/perf/2026-12-02-h200-capture (issue 24): steady state without the host.
 #   OUT=/tmp/h200 bash tools/validation/h200_graphs_run.sh [step ...]      (default: every step, in order)
-# Steps: setup, tests, forward_fp8, capture, forward_bf16, ulysses_forward, session, minimax, official.
+# Steps: setup, tests, forward_fp8, capture, forward_bf16, ulysses_forward, session, minimax, official (and the
+# reruns regions_fp8_check, graph_fp8 after fixes).
 # Each step logs to $OUT/<step>.log and has its own time limit, so one slow step cannot eat the others' time.
 set -u
 OUT=${OUT:?set OUT to a folder for the logs}
@@ -33,6 +34,9 @@ for step in "${steps[@]}"; do
         tests/gpu/test_lingbot_fp8_window_cuda.py tests/unit/test_fusion.py
       run tests_graphs 200 $PY -m pytest -s -q -p no:cacheprovider tests/gpu/test_lingbot_graphs_cuda.py ;;
     forward_fp8) run forward_fp8 420 $PY $bench forward --variants fp8 --output "$OUT/forward_fp8.json" ;;
+    regions_fp8_check) run regions_fp8_check 150 $PY -m pytest -s -q -p no:cacheprovider \
+      tests/gpu/test_compiled_regions_cuda.py -k match_the_reference ;;
+    graph_fp8) run graph_fp8 300 $PY $bench forward --variants fp8 --paths regions,graph --output "$OUT/graph_fp8.json" ;;
     forward_bf16) run forward_bf16 300 $PY $bench forward --variants bf16 --output "$OUT/forward_bf16.json" ;;
     capture)
       for w in 2 4; do
@@ -41,7 +45,7 @@ for step in "${steps[@]}"; do
       done ;;
     ulysses_forward)
       for w in 2 4; do
-        run ulysses_forward_u$w 300 $PY -m torch.distributed.run --standalone --nproc-per-node=$w $bench forward \
+        run ulysses_forward_u$w 200 $PY -m torch.distributed.run --standalone --nproc-per-node=$w $bench forward \
           --ulysses $w --layers 8 --variants fp8 --resolutions 832x480 --output "$OUT/ulysses_forward_u$w.json"
       done ;;
     session) run session 420 $PY $bench session --layers 8 --output "$OUT/session.json" ;;
