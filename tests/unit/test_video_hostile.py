@@ -40,10 +40,7 @@ def post_json_text(client, text):
 
 def wait_idle(client, timeout=20.0) -> None:
     deadline = time.monotonic() + timeout
-    while (
-        client.get("/v1/service/health").json()["running"] is not None
-        or client.get("/v1/service/health").json()["queue_depth"]
-    ):
+    while (health := client.get("/v1/service/health").json())["running"] is not None or health["queue_depth"]:
         assert time.monotonic() < deadline, "the worker did not go idle"
         time.sleep(0.01)
 

@@ -223,11 +223,13 @@ def create_video_app(
 
     def queue_state() -> dict[str, Any]:
         counts = store.counts()
-        running = worker.running  # until the job's end is recorded and counted, not only until its claim is released
+        # The worker's own claim covers the job until its end is recorded and counted; the store's covers the moment
+        # between a claim and the worker taking it up. Either way the job is neither queued nor finished.
+        running = worker.running
         return {
             "queue_depth": counts["queued"],
             "max_queue": store.policy.max_queue,
-            "running": running.job.id if running is not None else None,
+            "running": running.job.id if running is not None else store.held_by(worker.worker_id),
             "replica": worker.worker_id,
             "jobs": counts,
         }

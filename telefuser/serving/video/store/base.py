@@ -138,6 +138,10 @@ class JobStore(Protocol):
         """Jobs by status, in the whole store."""
         ...
 
+    def held_by(self, worker: str) -> str | None:
+        """The job `worker` holds now (claimed and not yet finished), if any."""
+        ...
+
     def record_location(self, job_id: str) -> str | None:
         """Where the job's full record (with the pipeline's metrics) can be read, if it is a file."""
         ...

@@ -110,6 +110,10 @@ class EmbeddedJobStore:
                     by_status[job.status] += 1
         return by_status
 
+    def held_by(self, worker: str) -> str | None:
+        with self._cond:
+            return next((job_id for job_id, claim in self._held.items() if claim.worker == worker), None)
+
     def record_location(self, job_id: str) -> str | None:
         return str(self.files.record_path(job_id))
 

@@ -190,6 +190,10 @@ class PostgresJobStore:
             rows = conn.execute(f"SELECT status, count(*) FROM video_jobs WHERE {VISIBLE} GROUP BY status").fetchall()
         return dict.fromkeys(JOB_STATES, 0) | dict(rows)
 
+    def held_by(self, worker: str) -> str | None:
+        row = self._one("SELECT id FROM video_jobs WHERE lease_until IS NOT NULL AND worker = %s LIMIT 1", (worker,))
+        return row["id"] if row else None
+
     def record_location(self, job_id: str) -> str | None:
         return None  # the record is the row
 
