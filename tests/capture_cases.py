@@ -218,6 +218,16 @@ def case_capture_refusals(ctx, transport, device):
     return messages, after_replay, fwd.check(inputs), comm.failure
 
 
+def check_refusals(results: list) -> None:
+    """What case_capture_refusals returns on every rank: both refusals, the same everywhere, nothing broken."""
+    for messages, after_replay, after_eager, failure in results:
+        assert len(messages) == 2, messages
+        assert "needs a copy-engine target that no eager call has allocated" in messages[0]
+        assert "a group cannot span the start or end of a capture" in messages[1]
+        assert after_replay == [] and after_eager == [] and failure is None
+    assert all(r[0] == results[0][0] for r in results)  # the same refusal on every rank
+
+
 def _epoch_handshake(backend, epoch: int) -> Callable[[], None]:
     """The pre-graph protocol, one phase with a monotonic epoch (publish it, wait GEQ), as a negative control: a
     capture fixes the epoch, so from the second replay on the waits pass on the flags of the replay before."""

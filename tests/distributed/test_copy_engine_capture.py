@@ -20,13 +20,7 @@ def test_eager_replays_and_a_new_session_interleave_exactly(ranks2):
 
 
 def test_what_cannot_be_recorded_is_refused_on_every_rank(ranks2):
-    results = ranks2.run(cases.case_capture_refusals, T, DEV)
-    for messages, after_replay, after_eager, failure in results:
-        assert len(messages) == 2, messages
-        assert "needs a copy-engine target that no eager call has allocated" in messages[0]
-        assert "a group cannot span the start or end of a capture" in messages[1]
-        assert after_replay == [] and after_eager == [] and failure is None
-    assert results[0][0] == results[1][0]  # the same refusal on every rank
+    cases.check_refusals(ranks2.run(cases.case_capture_refusals, T, DEV))
 
 
 def test_negative_control_a_captured_epoch_handshake_corrupts_replays(ranks2):
