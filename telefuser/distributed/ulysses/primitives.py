@@ -81,7 +81,11 @@ class HostPrimitives:
         return [(peers[peer], capacity, pc) for peer, pc in geometries]
 
     def submit(self, src: torch.Tensor, copies: list, stream, ready: bool = True) -> None:
-        self._run(lambda: [self.copy_2d(src, dst, capacity, pc, stream) for dst, capacity, pc in copies])
+        def copy_all() -> None:
+            for dst, capacity, pc in copies:
+                self.copy_2d(src, dst, capacity, pc, stream)
+
+        self._run(copy_all)
 
     def record_completion(self, stream) -> None:
         return None
