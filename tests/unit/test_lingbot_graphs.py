@@ -98,3 +98,40 @@ def test_warm_up_captures_every_graph_a_session_replays():
     assert captured == 2 * 3  # window lengths 4, 8 and 10 frames (tiny window 10, 4-frame chunks)
     assert graphs.captures == captured and graphs.replays - replays == forwards
     pipe.close()
+
+
+def _chunk_data(camera_shapes):
+    from telefuser.models.lingbot_world_v2.graphs import ChunkData
+
+    g = torch.Generator().manual_seed(5)
+    camera = tuple((torch.randn(s, generator=g), torch.randn(s, generator=g)) for s in camera_shapes)
+    return ChunkData(
+        torch.randn(1, 4, 2, 3, 3, generator=g),
+        torch.tensor([500.0]),
+        torch.randn(6, 8, generator=g),
+        torch.randn(6, 8, generator=g),
+        torch.arange(6),
+        camera,
+    )
+
+
+def test_replay_inputs_are_copied_in_and_a_camera_of_another_shape_is_refused():
+    """The per-replay signature reads the first camera pair only; every pair is checked when a new modulation is
+    copied in, so a block whose modulation has another shape is refused instead of broadcast into the static copy."""
+    graphs = EmulatedGraphs()
+    entry = graphs.acquire("k", lambda: None)
+    source = type("Modulation", (), {})  # what a session passes: the object its camera pairs came from
+    program = lambda d: d.latents * 2 + d.camera[-1][0].sum()
+    first = _chunk_data([(1, 6, 8)] * 3)
+    eager = graphs.run(entry, "fwd", first, program, camera_source=source())
+    second = _chunk_data([(1, 6, 8)] * 3)._replace(latents=torch.randn(1, 4, 2, 3, 3) + 1)
+    replayed = graphs.run(entry, "fwd", second, program, camera_source=source())
+    assert graphs.replays == 1
+    assert torch.equal(replayed, program(second)) and not torch.equal(replayed, eager)
+    odd = _chunk_data([(1, 6, 8), (1, 6, 8), (1, 1, 8)])
+    try:
+        graphs.run(entry, "fwd", odd, program, camera_source=source())
+    except ValueError as e:
+        assert "camera modulation of shape (1, 1, 8), captured (1, 6, 8)" in str(e)
+    else:
+        raise AssertionError("a camera modulation of another shape was copied in")

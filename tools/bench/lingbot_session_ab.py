@@ -19,7 +19,10 @@ models, so the variants differ only in what they name:
   `ops.attention_fp8`), the session keeping its keys in FP8 as ``--attn-impl cudnn_fp8`` does; in the default list
   only where the frontend is installed;
 * ``fp8+fp8-attn-requant+fast-vae``: the same over a bf16 window, quantized whole on every call (the path before
-  the FP8-key window; not in the default list).
+  the FP8-key window; not in the default list);
+* ``<variant>+graphs`` (for ``reuse+fast-vae``, ``fp8+fast-vae`` and ``fp8+fp8-attn+fast-vae``): that variant with
+  its steady forwards replayed as CUDA graphs (`LingBotWorldV2DiT.enable_cuda_graphs`; the warm-up session captures
+  them). Not in the default list; on a CUDA device only. Its session must equal its twin's without graphs bit for bit.
 
 After a warm-up session per variant, --rounds rounds each run one session per variant, the order rotating, so every
 variant sees the same clocks. The table gives steady compute FPS, the steady chunk mean and each phase's mean, and
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import statistics
@@ -60,7 +64,11 @@ VARIANTS = (
     "fp8+fp8-attn+bf16-vae",
     "fp8+fp8-attn+fast-vae",
     "fp8+fp8-attn-requant+fast-vae",
+    "reuse+fast-vae+graphs",
+    "fp8+fast-vae+graphs",
+    "fp8+fp8-attn+fast-vae+graphs",
 )
+GRAPHS = "+graphs"
 VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-identical sessions
     "recompute": "fp32",
     "reuse": "fp32",
@@ -72,6 +80,9 @@ VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-ident
     "fp8+fp8-attn+bf16-vae": "bf16",
     "fp8+fp8-attn+fast-vae": "fast",
     "fp8+fp8-attn-requant+fast-vae": "fast",
+    "reuse+fast-vae+graphs": "fast",
+    "fp8+fast-vae+graphs": "fast",
+    "fp8+fp8-attn+fast-vae+graphs": "fast",
 }
 
 
@@ -122,11 +133,41 @@ class AttentionImplDiT:
         return self._with_impl(self.dit.commit_chunk, *args, **kwargs)
 
 
+class GraphedDiT:
+    """The same DiT with its steady forwards replayed as CUDA graphs for the sessions made through it: the graph pool
+    is this object's, lent to the model for each call (no second copy of the weights)."""
+
+    def __init__(self, dit):
+        from telefuser.models.lingbot_world_v2.graphs import ChunkGraphs
+
+        self.dit, self.graphs = dit, ChunkGraphs()
+
+    def __getattr__(self, name):
+        return getattr(self.dit, name)
+
+    def _with_graphs(self, method, *args, **kwargs):
+        model = self.dit.dit if isinstance(self.dit, AttentionImplDiT) else self.dit
+        saved, model.graphs = model.graphs, self.graphs
+        try:
+            return method(*args, **kwargs)
+        finally:
+            model.graphs = saved
+
+    def new_session(self, *args, **kwargs):
+        return self._with_graphs(self.dit.new_session, *args, **kwargs)
+
+    def forward_chunk(self, *args, **kwargs):
+        return self._with_graphs(self.dit.forward_chunk, *args, **kwargs)
+
+    def commit_chunk(self, *args, **kwargs):
+        return self._with_graphs(self.dit.commit_chunk, *args, **kwargs)
+
+
 def default_variants() -> list[str]:
     from telefuser.ops.attention import available_attention_impls
 
     fp8_attention = "cudnn_fp8" in available_attention_impls()
-    return [v for v in VARIANTS if (fp8_attention or "fp8-attn" not in v) and "requant" not in v]
+    return [v for v in VARIANTS if (fp8_attention or "fp8-attn" not in v) and "requant" not in v and GRAPHS not in v]
 
 
 def parse_args(argv=None):
@@ -147,6 +188,8 @@ def parse_args(argv=None):
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown or not args.variants:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.device == "cpu" and any(GRAPHS in v for v in args.variants):
+        p.error("--variants: the +graphs variants replay CUDA graphs and need a CUDA device")
     return args
 
 
@@ -190,7 +233,16 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
             AttentionImplDiT(fp8_dit, "cudnn_fp8", per_call_quantization=True), vaes["fast"]
         ),
     }
+    for name in VARIANTS:
+        if name.endswith(GRAPHS):
+            made[name] = functools.partial(graphed, made[name.removesuffix(GRAPHS)])
     return {name: made[name]() for name in args.variants}, vaes
+
+
+def graphed(make_twin) -> WorldSessionPipeline:
+    pipe = make_twin()
+    pipe.dit = GraphedDiT(pipe.dit)
+    return pipe
 
 
 def fp8_copy(dit):
@@ -296,10 +348,13 @@ def main(argv=None) -> int:
             for p in results[0]["summary"]["phase_mean_seconds"]
         }
         baseline = first_with_vae[VARIANT_VAE[name]]
+        twin = name.removesuffix(GRAPHS)
+        if name.endswith(GRAPHS) and twin in runs:
+            baseline = twin  # a replay runs the eager forward's kernels: the same session, FP8 included
         other = runs[baseline][0]
         exact = (
             None
-            if baseline == name or name.startswith("fp8") or baseline.startswith("fp8")
+            if baseline == name or (baseline != twin and (name.startswith("fp8") or baseline.startswith("fp8")))
             else bool(
                 torch.equal(results[0]["latents"], other["latents"])
                 and np.array_equal(results[0]["frames"], other["frames"])
@@ -315,7 +370,14 @@ def main(argv=None) -> int:
             "sessions": [{"summary": x["summary"], "chunks": x["chunks"]} for x in results],
         }
     phase_names = list(rows[0][3])
-    head = ["variant", "steady FPS", "chunk s", *phase_names, "chunk0/steady", "output vs same-VAE baseline"]
+    head = [
+        "variant",
+        "steady FPS",
+        "chunk s",
+        *phase_names,
+        "chunk0/steady",
+        "output vs baseline (same VAE; +graphs: its twin)",
+    ]
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, fps, chunk, phases, first, exact in rows:
         cells = [

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from .kv_cache import WindowBuffers
 
@@ -48,10 +48,24 @@ class ChunkData(NamedTuple):
     camera: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None  # every block's (scale, shift), or None
 
 
+def _described(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.dtype)
+
+
 def signature(data: ChunkData) -> tuple:
-    """Shapes and dtypes of every input (None kept): inputs of one signature share static buffers."""
-    leaves, spec = tree_flatten(data, is_leaf=lambda x: x is None)
-    return (str(spec), tuple(None if t is None else (tuple(t.shape), t.dtype) for t in leaves))
+    """Shapes and dtypes of every input: inputs of one signature share static buffers. Every block's camera
+    modulation has one shape (one projection of the same tokens), so the first pair stands for all of them; `_copy_in`
+    checks each pair when it copies a new modulation. Written out field by field: it runs on every replay."""
+    camera = data.camera
+    camera_sig = None if camera is None else (len(camera), _described(camera[0][0]), _described(camera[0][1]))
+    return (
+        _described(data.latents),
+        _described(data.t),
+        _described(data.cos),
+        _described(data.sin),
+        _described(data.slots),
+        camera_sig,
+    )
 
 
 @dataclass
@@ -160,13 +174,18 @@ class ChunkGraphs:
 
     @staticmethod
     def _copy_in(static: _Static, data: ChunkData, camera_source) -> None:
-        fresh_camera = camera_source is None or static.camera_source() is not camera_source
-        for name, value in data._asdict().items():
-            if value is None or (name == "camera" and not fresh_camera):
-                continue
-            for dst, src in zip(tree_flatten(getattr(static.data, name))[0], tree_flatten(value)[0]):
+        own = static.data
+        for dst, src in ((own.latents, data.latents), (own.t, data.t), (own.cos, data.cos), (own.sin, data.sin)):
+            dst.copy_(src)
+        own.slots.copy_(data.slots)
+        if data.camera is None or (camera_source is not None and static.camera_source() is camera_source):
+            return  # the chunk's modulation is copied once, not once per forward
+        for dst_pair, src_pair in zip(own.camera, data.camera, strict=True):
+            for dst, src in zip(dst_pair, src_pair, strict=True):
+                if dst.shape != src.shape:  # copy_ would broadcast a smaller one silently
+                    raise ValueError(f"camera modulation of shape {tuple(src.shape)}, captured {tuple(dst.shape)}")
                 dst.copy_(src)
-        if data.camera is not None and camera_source is not None:
+        if camera_source is not None:
             static.camera_source = weakref.ref(camera_source)
 
     def _capture(self, data: ChunkData, program: Callable) -> _Captured:
