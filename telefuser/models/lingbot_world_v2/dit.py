@@ -77,6 +77,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.ulysses_group: dist.ProcessGroup | None = None
         self.graphs: ChunkGraphs | None = None  # enable_cuda_graphs()
         self._rope_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._slots_cache: tuple[tuple, torch.Tensor] | None = None
 
     # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (its text K/V are computed
@@ -259,7 +260,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         cos, sin = self._chunk_rope(session.frame_offset, grid, latents.device)
         if session.pool_entry is not None or region_compiles(latents):
             per_block = camera.per_block if camera is not None else None
-            data = ChunkData(latents, t, cos, sin, plan.slot_rows(latents.device), per_block)
+            data = ChunkData(latents, t, cos, sin, self._slot_rows(plan, latents.device), per_block)
             program = functools.partial(self._run_regions, session.layer_states(), grid, window_rows(plan), kv_only)
             if session.pool_entry is not None and self.graphs is not None:
                 graph_key = (kv_only, plan.total, fusion_enabled(), self.attn_impl, exchange_key(self.communicator))
@@ -325,6 +326,13 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         if self._ulysses_coordinates()[1] > 1:
             out = gather_rows(out, self.ulysses_group, communicator=self.communicator)
         return unpatchify(out[:, :n], grid, self.config.patch_size).contiguous()
+
+    def _slot_rows(self, plan, device) -> torch.Tensor:
+        """`WindowPlan.slot_rows`; a chunk's forwards share one plan, so they share its tensor (never written)."""
+        key = (plan, str(device))
+        if self._slots_cache is None or self._slots_cache[0] != key:
+            self._slots_cache = (key, plan.slot_rows(device))
+        return self._slots_cache[1]
 
     def _chunk_rope(self, frame_offset: int, grid, device) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE of the chunk's rows; a chunk's forwards share it (computed once per chunk)."""

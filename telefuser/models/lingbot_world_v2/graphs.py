@@ -38,7 +38,9 @@ from .kv_cache import WindowBuffers
 
 
 class ChunkData(NamedTuple):
-    """A forward's device inputs: what changes between replays of one graph (copied into its static twin)."""
+    """A forward's device inputs: what changes between replays of one graph (copied into its static twin). `cos`,
+    `sin`, `slots` and `camera` are per-chunk tensors that nobody writes after handing them over: the same object is
+    not copied again for the chunk's next forward."""
 
     latents: torch.Tensor  # [B, in_dim, F, h, w]
     t: torch.Tensor  # [B] on the device
@@ -74,10 +76,15 @@ class _Captured:
     output: torch.Tensor | None
 
 
+def _dead() -> None:
+    return None
+
+
 @dataclass
 class _Static:
     data: ChunkData
-    camera_source: Callable[[], object | None] = lambda: None  # weakref to the camera modulation copied in
+    camera_source: Callable[[], object | None] = _dead  # weakref to the camera modulation copied in
+    sources: dict[str, Callable[[], object | None]] = field(default_factory=dict)  # weakrefs to cos, sin, slots
 
 
 @dataclass
@@ -175,9 +182,13 @@ class ChunkGraphs:
     @staticmethod
     def _copy_in(static: _Static, data: ChunkData, camera_source) -> None:
         own = static.data
-        for dst, src in ((own.latents, data.latents), (own.t, data.t), (own.cos, data.cos), (own.sin, data.sin)):
-            dst.copy_(src)
-        own.slots.copy_(data.slots)
+        own.latents.copy_(data.latents)
+        own.t.copy_(data.t)
+        for name in ("cos", "sin", "slots"):  # a chunk's forwards pass the same (cached, never written) tensors
+            source = getattr(data, name)
+            if static.sources.get(name, _dead)() is not source:
+                getattr(own, name).copy_(source)
+                static.sources[name] = weakref.ref(source)
         if data.camera is None or (camera_source is not None and static.camera_source() is camera_source):
             return  # the chunk's modulation is copied once, not once per forward
         for dst_pair, src_pair in zip(own.camera, data.camera, strict=True):
