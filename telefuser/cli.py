@@ -13,6 +13,7 @@ def _info(args: argparse.Namespace) -> int:
 
     from . import __version__
     from .ops.attention import available_attention_impls
+    from .ops.attention_sage import sage_sm90_build_info
 
     info = {
         "telefuser": __version__,
@@ -22,6 +23,8 @@ def _info(args: argparse.Namespace) -> int:
         "cuda_available": torch.cuda.is_available(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "attention_impls": available_attention_impls(),
+        # SageAttention2's SM90 build (sage_sm90): present, importable, and whether its launches follow torch's stream
+        "sage_sm90_build": sage_sm90_build_info(),
     }
     try:
         import tf_kernel

@@ -2,13 +2,15 @@
 
 All entry points take and return ``[B, S, H, D]`` (sequence-major, the Ulysses layout). torch SDPA is always there;
 on Hopper its cuDNN backend is the fastest one measured on the lent H200 (see docs). flash-attn-4, SageAttention and
-cuDNN's FP8 attention (``cudnn_fp8``: nvidia-cudnn-frontend on SM90+, see attention_fp8.py) are used when importable
-and asked for; asking for a missing one is an error, never a silent fallback.
+cuDNN's FP8 attention (``cudnn_fp8``: nvidia-cudnn-frontend on SM90+, see attention_fp8.py) and SageAttention2's SM90
+kernel (``sage_sm90``: INT8 Q·K / FP8 P·V, built from source, see attention_sage.py) are used when importable and asked
+for; asking for a missing one is an error, never a silent fallback. ``sage`` is PyPI's Triton ``sageattention`` 1.0.6.
 
 Inside a compiled region (`ops.regions`) attention is the opaque custom op ``telefuser::attention``: the backend
 choice, SDPA's kernel priority and the optional kernels run eagerly inside it, and a KV window's length or a packed
 sequence's documents reach it as CPU tensors (`kv_rows`, `documents`), so neither recompiles the region. FP8 attention
-is traced there instead (its quantization fuses into the region) around its own kernel op (`attention_fp8.py`).
+and ``sage_sm90`` are traced there instead (their quantization fuses into the region) around their own kernel ops
+(`attention_fp8.py`, `attention_sage.py`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention_fp8 import fp8_attention, fp8_attention_available
+from .attention_sage import sage_sm90_attention, sage_sm90_available
 from .opaque import fresh_output
 
-ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "identity")
+ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "sage_sm90", "identity")
 
 
 # torch's default SDPA order tries flash first; on Hopper cuDNN is much faster (574 vs 364 TFLOP/s at a Wan 14B shape,
@@ -51,6 +54,8 @@ def available_attention_impls() -> list[str]:
         found.append("sage")
     if fp8_attention_available()[0]:
         found.append("cudnn_fp8")
+    if sage_sm90_available()[0]:
+        found.append("sage_sm90")
     return found
 
 
@@ -60,6 +65,8 @@ def check_attention_impl(impl: str) -> str:
     if impl not in available_attention_impls():
         if impl == "cudnn_fp8":
             raise RuntimeError(f"attention implementation {impl!r} was asked for but {fp8_attention_available()[1]}")
+        if impl == "sage_sm90":
+            raise RuntimeError(f"attention implementation {impl!r} was asked for but {sage_sm90_available()[1]}")
         package = {"flash_attn_4": "flash-attn-4", "sage": "sageattention"}[impl]
         raise RuntimeError(f"attention implementation {impl!r} was asked for but {package} is not installed")
     return impl
@@ -84,6 +91,8 @@ def attention(
         return _attention(q, k, v, impl, causal, kv_rows, documents)
     if impl == "cudnn_fp8" and kv_rows is None and documents is None:
         return fp8_attention(q, k, v, causal=causal)  # traced: the quantization fuses into the region
+    if impl == "sage_sm90" and kv_rows is None and documents is None:
+        return sage_sm90_attention(q, k, v, causal=causal)  # traced likewise
     return torch.ops.telefuser.attention(q, k, v, impl, causal, kv_rows, documents)
 
 
@@ -114,6 +123,8 @@ def _one_sequence(q, k, v, impl: str, causal: bool) -> torch.Tensor:
         return sageattn(q, k, v, tensor_layout="NHD", is_causal=causal).contiguous()
     if impl == "cudnn_fp8":
         return fp8_attention(q, k, v, causal=causal)
+    if impl == "sage_sm90":
+        return sage_sm90_attention(q, k, v, causal=causal)
     raise ValueError(f"unknown attention implementation {impl!r}")
 
 

@@ -156,8 +156,10 @@ def test_the_fp8_bench_variants_option_picks_a_subset_in_a_fixed_order():
     bench = load_script("tools/bench/fp8_dit_bench.py")
     assert bench.parse_args(["--model", "minimax"]).variants == ["bf16", "fp8"]
     args = bench.parse_args(["--model", "minimax", "--fp8-attention"])
-    assert args.variants == list(bench.VARIANTS)
-    args = bench.parse_args(["--model", "minimax", "--variants", "bf16+fp8-attn"])
-    assert args.variants == ["bf16", "bf16+fp8-attn"] and args.fp8_attention  # the reference always runs
+    assert args.variants == ["bf16", "bf16+fp8-attn", "fp8", "fp8+fp8-attn"]
+    assert bench.parse_args(["--model", "minimax", "--fp8-attention", "--sage"]).variants == list(bench.VARIANTS)
+    args = bench.parse_args(["--model", "minimax", "--variants", "fp8+sage,bf16+fp8-attn"])
+    assert args.variants == ["bf16", "bf16+fp8-attn", "fp8+sage"]  # the reference always runs; VARIANTS' order
+    assert [bench.attention_of(v) for v in args.variants] == ["sdpa", "cudnn_fp8", "sage_sm90"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--model", "minimax", "--variants", "int4"])

@@ -10,7 +10,9 @@ the speed-up, and the FP8 output against bf16: relative L2 and cosine (the gate:
 
 --fp8-attention adds ``bf16+fp8-attn`` (bf16 GEMMs, attention in FP8: ``cudnn_fp8``, cuDNN frontend,
 `ops.attention_fp8`) and ``fp8+fp8-attn`` (both in FP8); they need a Hopper GPU and nvidia-cudnn-frontend and face
-the same gate. --variants picks a subset of bf16, bf16+fp8-attn, fp8, fp8+fp8-attn (bf16, the reference, always runs).
+the same gate. --sage adds ``bf16+sage`` and ``fp8+sage``: attention through SageAttention2's SM90 kernel
+(``sage_sm90``, INT8 QK / FP8 PV, `ops.attention_sage`), which needs its SM90 build. --variants picks a subset of
+those (bf16, the reference, always runs).
 
 --sequential keeps one copy: bf16 runs its warm-up and --iters calls, then the same model is quantized in place and
 FP8 runs the same. The official MiniMax H3 DiT and its activations at 768p 5 s do not fit twice on one 141 GB GPU
@@ -31,8 +33,13 @@ import torch
 
 from telefuser.runtime import Runtime
 
+VARIANTS = ("bf16", "bf16+fp8-attn", "bf16+sage", "fp8", "fp8+fp8-attn", "fp8+sage")  # a sequential run's order
+ATTENTION = {"fp8-attn": "cudnn_fp8", "sage": "sage_sm90"}  # a variant's suffix -> its attention implementation
 
-VARIANTS = ("bf16", "bf16+fp8-attn", "fp8", "fp8+fp8-attn")  # the order a sequential run takes
+
+def attention_of(variant: str) -> str:
+    suffix = variant.partition("+")[2]
+    return ATTENTION.get(suffix, "sdpa")
 
 
 def minimax_call(config_name: str, layers: int | None, device, dtype):
@@ -116,26 +123,27 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None)
     p.add_argument("--sequential", action="store_true", help="one copy of the model: bf16 first, then FP8 in place")
     p.add_argument("--fp8-attention", action="store_true", help="add bf16+fp8-attn and fp8+fp8-attn (cuDNN FP8)")
+    p.add_argument("--sage", action="store_true", help="add bf16+sage and fp8+sage (SageAttention2 SM90)")
     p.add_argument("--variants", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
     if args.variants is None:
-        args.variants = list(VARIANTS) if args.fp8_attention else ["bf16", "fp8"]
+        extra = {"fp8-attn": args.fp8_attention, "sage": args.sage}
+        args.variants = [v for v in VARIANTS if "+" not in v or extra[v.partition("+")[2]]]
     else:
         chosen = {v.strip() for v in args.variants.split(",") if v.strip()}
         if chosen - set(VARIANTS):
             p.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {', '.join(VARIANTS)}")
         args.variants = [v for v in VARIANTS if v in chosen | {"bf16"}]
-    args.fp8_attention = any("fp8-attn" in v for v in args.variants)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.fp8_attention:
-        from telefuser.ops.attention import check_attention_impl
+    from telefuser.ops.attention import check_attention_impl
 
-        check_attention_impl("cudnn_fp8")  # a clear error before any model time is spent
+    for impl in {attention_of(v) for v in args.variants}:
+        check_attention_impl(impl)  # a clear error before any model time is spent
     runtime = Runtime.launch(device=args.device)
     device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
     build = minimax_call if args.model == "minimax" else lingbot_call
@@ -150,7 +158,7 @@ def main(argv=None) -> int:
                 if name.startswith("fp8") and not quantized:
                     model.quantize("fp8")
                     quantized = True
-                model.attn_impl = "cudnn_fp8" if name.endswith("fp8-attn") else "sdpa"
+                model.attn_impl = attention_of(name)
                 call = prepare(model)
                 outputs[name] = call()  # warm-up: allocator, kernels, compilation
                 for _ in range(args.iters):
@@ -168,13 +176,10 @@ def main(argv=None) -> int:
                 other.attn_impl = impl
                 return other
 
-            models = {
-                "bf16": lambda: model,
-                "bf16+fp8-attn": lambda: with_attention(model, "cudnn_fp8"),
-                "fp8": lambda: fp8,
-                "fp8+fp8-attn": lambda: with_attention(fp8, "cudnn_fp8"),
+            calls = {
+                name: prepare(with_attention(fp8 if name.startswith("fp8") else model, attention_of(name)))
+                for name in args.variants
             }
-            calls = {name: prepare(models[name]()) for name in args.variants}
             for name, call in calls.items():  # warm-up: allocator, kernels, compilation
                 outputs[name] = call()
             for _ in range(args.iters):

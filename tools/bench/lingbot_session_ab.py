@@ -1,7 +1,7 @@
 """LingBot-World v2 whole sessions (condition, DiT, KV commit, decode, convert), variants side by side in one run.
 
-    python tools/bench/lingbot_session_ab.py                                   # official sizes on the GPU
-    python tools/bench/lingbot_session_ab.py --config tiny --device cpu --resolution 128x96 --rounds 1
+    python -m tools.bench.lingbot_session_ab                                   # official sizes on the GPU
+    python -m tools.bench.lingbot_session_ab --config tiny --device cpu --resolution 128x96 --rounds 1
 
 One pipeline (random weights, said so) is built once; every variant is a `WorldSessionPipeline` over the same
 models, so the variants differ only in what they name:
@@ -20,6 +20,8 @@ models, so the variants differ only in what they name:
   only where the frontend is installed;
 * ``fp8+fp8-attn-requant+fast-vae``: the same over a bf16 window, quantized whole on every call (the path before
   the FP8-key window; not in the default list);
+* ``fp8+sage+fast-vae``: FP8 GEMMs with attention through SageAttention2's SM90 kernel (``sage_sm90``, the window
+  kept INT8/FP8 as ``--attn-impl sage_sm90`` does); in the default list only where its SM90 build is installed;
 * ``<variant>+graphs`` (for ``reuse+fast-vae``, ``fp8+fast-vae`` and ``fp8+fp8-attn+fast-vae``): that variant with
   its steady forwards replayed as CUDA graphs (`LingBotWorldV2DiT.enable_cuda_graphs`; the warm-up session captures
   them). Not in the default list; on a CUDA device only. Its session must equal its twin's without graphs bit for bit.
@@ -64,6 +66,7 @@ VARIANTS = (
     "fp8+fp8-attn+bf16-vae",
     "fp8+fp8-attn+fast-vae",
     "fp8+fp8-attn-requant+fast-vae",
+    "fp8+sage+fast-vae",
     "reuse+fast-vae+graphs",
     "fp8+fast-vae+graphs",
     "fp8+fp8-attn+fast-vae+graphs",
@@ -80,6 +83,7 @@ VARIANT_VAE = {  # variants with the same VAE and a bf16 DiT must give bit-ident
     "fp8+fp8-attn+bf16-vae": "bf16",
     "fp8+fp8-attn+fast-vae": "fast",
     "fp8+fp8-attn-requant+fast-vae": "fast",
+    "fp8+sage+fast-vae": "fast",
     "reuse+fast-vae+graphs": "fast",
     "fp8+fast-vae+graphs": "fast",
     "fp8+fp8-attn+fast-vae+graphs": "fast",
@@ -166,8 +170,16 @@ class GraphedDiT:
 def default_variants() -> list[str]:
     from telefuser.ops.attention import available_attention_impls
 
-    fp8_attention = "cudnn_fp8" in available_attention_impls()
-    return [v for v in VARIANTS if (fp8_attention or "fp8-attn" not in v) and "requant" not in v and GRAPHS not in v]
+    available = available_attention_impls()
+    fp8_attention, sage = "cudnn_fp8" in available, "sage_sm90" in available
+    return [
+        v
+        for v in VARIANTS
+        if (fp8_attention or "fp8-attn" not in v)
+        and (sage or "sage" not in v)
+        and "requant" not in v
+        and GRAPHS not in v
+    ]
 
 
 def parse_args(argv=None):
@@ -229,6 +241,7 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
         "fp8+fast-vae": lambda: pipeline(fp8_dit, vaes["fast"]),
         "fp8+fp8-attn+bf16-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vae16),
         "fp8+fp8-attn+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "cudnn_fp8"), vaes["fast"]),
+        "fp8+sage+fast-vae": lambda: pipeline(AttentionImplDiT(fp8_dit, "sage_sm90"), vaes["fast"]),
         "fp8+fp8-attn-requant+fast-vae": lambda: pipeline(
             AttentionImplDiT(fp8_dit, "cudnn_fp8", per_call_quantization=True), vaes["fast"]
         ),

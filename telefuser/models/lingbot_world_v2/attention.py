@@ -26,6 +26,7 @@ from ...distributed.ulysses.compiled_ops import ExchangeKey, exchange_key
 from ...distributed.ulysses.schedule import PHASE_ATTENTION, Exchange, gather_heads, phase, v_first
 from ...ops.attention import attention
 from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
+from ...ops.attention_sage import block_scales, default_granularity, quantize_queries, sage_sm90_quantized
 from ...ops.fp8 import linear_dtype
 from .kv_cache import KVWindow, LayerState, WindowPlan, write_window
 from .norms import RMSNorm
@@ -76,6 +77,19 @@ def window_rows(plan: WindowPlan) -> torch.Tensor:
     return torch.tensor([plan.total], dtype=torch.int64)
 
 
+def sage_window_attention(q: torch.Tensor, layer: LayerState, kv_rows: torch.Tensor) -> torch.Tensor:
+    """``sage_sm90`` attention of the chunk's queries ``[B, S_q, H, D]`` (bf16/fp16) over the first `kv_rows` rows of
+    a window kept in the kernel's layout (kv_cache.py): only Q is quantized here (traced into a block region); the
+    session's per-head key scale is laid out over the window's blocks, which the kernel op cuts to the rows attended."""
+    granularity = default_granularity()
+    q8, q_scale = quantize_queries(q, granularity)
+    k_scale = block_scales(layer.key_int8_scale, layer.k.shape[1], granularity)
+    return sage_sm90_quantized(
+        q8, q_scale, layer.k, k_scale, layer.v, layer.value_scale, out_dtype=q.dtype, granularity=granularity,
+        kv_rows=kv_rows,
+    )  # fmt: skip
+
+
 # RMSNorm over n channels leaves |x_i| / rms(x) <= sqrt(n), the learned weight multiplies by at most max |w|, RoPE
 # rotates channel pairs (a pair's norm, and so each channel, stays within the bound); the margin covers the three
 # bf16 roundings on the way (each <= 2^-8 relatively).
@@ -118,7 +132,9 @@ class CausalSelfAttention(_ProjectedAttention):
         if kv_only:
             return None
         with record_function(PHASE_ATTENTION):
-            if ctx.session.fp8_keys:  # e4m3 keys, V's bound known: no pass over the window to quantize it
+            if ctx.session.sage_window:  # INT8 keys and e4m3 values quantized when written: only Q here
+                o = sage_window_attention(q.to(v.dtype), ctx.session.layer_state(layer), window_rows(ctx.plan))
+            elif ctx.session.fp8_keys:  # e4m3 keys, V's bound known: no pass over the window to quantize it
                 descale_k, amax_v = ctx.session.fp8_scales(layer)
                 o = fp8_attention_known_scales(q.to(values.dtype), keys, descale_k, values, amax_v).to(v.dtype)
             else:
@@ -135,7 +151,9 @@ class CausalSelfAttention(_ProjectedAttention):
         if kv_only:
             return None
         with phase(PHASE_ATTENTION):
-            if layer.key_scale is not None:
+            if layer.key_mean is not None:
+                o = sage_window_attention(q.to(v.dtype), layer, chunk.kv_rows)
+            elif layer.key_scale is not None:
                 o = fp8_attention_known_scales(
                     q.to(layer.v.dtype), layer.k, layer.key_descale, layer.v, layer.value_amax, kv_rows=chunk.kv_rows
                 )

@@ -164,14 +164,17 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             if self.attn_impl == "cudnn_fp8"
             else None
         )
+        sage_window = self.attn_impl == "sage_sm90"  # the window kept quantized for that kernel (kv_cache.py)
         local_heads = cfg.num_heads // world
         entry = None
         if self.graphs is not None and self.graphs.takes(device):
             shape = (batch, cfg.local_attn_size * tokens_per_frame, local_heads, cfg.head_dim)
-            pool_key = (shape, dtype, key_scales is not None, world, device, text.shape[1])
+            pool_key = (shape, dtype, key_scales is not None, sage_window, world, device, text.shape[1])
             entry = self.graphs.acquire(
                 pool_key,
-                lambda: WindowBuffers.allocate(cfg.num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype),
+                lambda: WindowBuffers.allocate(
+                    cfg.num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype, sage_window=sage_window
+                ),
             )
         return KVWindow(
             batch=batch,
@@ -186,6 +189,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             device=device,
             dtype=dtype,
             key_scales=key_scales,
+            sage_window=sage_window,
             buffers=None if entry is None else entry.buffers,
             pool_entry=entry,
             on_close=None if entry is None else functools.partial(self.graphs.release, entry),
@@ -252,6 +256,11 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             raise SessionError(
                 f"the session keeps its keys in FP8 for attention 'cudnn_fp8'; the model now runs {self.attn_impl!r}: "
                 "make a new session"
+            )
+        if session.sage_window != (self.attn_impl == "sage_sm90"):
+            raise SessionError(
+                f"the session's window {'is' if session.sage_window else 'is not'} quantized for attention 'sage_sm90'; "
+                f"the model now runs {self.attn_impl!r}: make a new session"
             )
         plan = session.plan(frames)
         if camera is not None and not isinstance(camera, CameraModulation):

@@ -8,6 +8,14 @@ For a compiled block region (and a CUDA graph) the window is tensors only: `Laye
 `WindowPlan.slot_rows` gives the chunk's slots as device data, and `write_window` copies the chunk's rows there
 through the opaque custom op ``telefuser::kv_window_write``. A session may adopt `WindowBuffers` that outlive it
 (graphs.py pools them).
+
+A session made for ``sage_sm90`` attention (`sage_window`) keeps its window the way SageAttention2's SM90 kernel reads
+it (ops/attention_sage.py): keys in INT8 ``[B, capacity, H, D]``, values in e4m3, transposed and permuted to
+``[B, H, D, capacity rounded up to 128]``, both quantized once, when written, with numbers the session fixes at its
+first write and keeps in device memory: the keys' smoothing mean (per head and channel), one INT8 key scale per head
+and one e4m3 value scale per channel. One mean for every key keeps softmax exact (a per-chunk mean would not: it
+shifts each chunk's scores by a different ``q . mean``); one key scale per head serves ring slots that do not align
+with the kernel's 128-key blocks (it is replicated over all of them). A chunk's call then quantizes only its queries.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from ...ops.attention_fp8 import FP8, cast_fp8
+from ...ops.attention_sage import K_BLOCK, value_columns, window_first_stats, window_quantize
 
 
 class SessionError(RuntimeError):
@@ -96,6 +105,12 @@ class LayerState(NamedTuple):
     key_scale: torch.Tensor | None  # FP8 keys: the static scale, its reciprocal, the running max |V| (fp32 [1])
     key_descale: torch.Tensor | None
     value_amax: torch.Tensor | None
+    # A sage_sm90 window (k int8, v e4m3 [B, H_local, D, padded capacity]): the session's numbers, fixed at its first
+    # write: key mean fp32 [B, H, D], INT8 key scale fp32 [B, H], e4m3 value scale fp32 [B, H, D], set flag fp32 [1]
+    key_mean: torch.Tensor | None = None
+    key_int8_scale: torch.Tensor | None = None
+    value_scale: torch.Tensor | None = None
+    stats_set: torch.Tensor | None = None
 
 
 @torch.library.custom_op("telefuser::kv_window_write", mutates_args=("k_cache", "v_cache"))
@@ -113,10 +128,46 @@ def _(k_new, v_new, k_cache, v_cache, slots):
     return None
 
 
+@torch.library.custom_op("telefuser::kv_window_write_sage", mutates_args=("k_cache", "v_cache"))
+def _kv_window_write_sage(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    columns: torch.Tensor,
+) -> None:
+    # int8 keys by row; e4m3 values [B, H, D, n] by kernel column (the bytes: index_copy_ has no float8 kernels)
+    k_cache.index_copy_(1, slots, k_new)
+    v_cache.view(torch.uint8).index_copy_(3, columns, v_new.view(torch.uint8))
+
+
+@_kv_window_write_sage.register_fake
+def _(k_new, v_new, k_cache, v_cache, slots, columns):
+    return None
+
+
+def _write_sage_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+    # The session's numbers: the first write's (its chunk's statistics), kept by every later write. Device state, so
+    # a captured graph replays the same choice; each write recomputes the chunk's statistics (a pass over its rows)
+    # and discards them once the numbers are set.
+    mean, k_scale, v_scale = window_first_stats(k_new, v_new)
+    keep = layer.stats_set > 0
+    for own, new in ((layer.key_mean, mean), (layer.key_int8_scale, k_scale), (layer.value_scale, v_scale)):
+        own.copy_(torch.where(keep, own, new))
+    layer.stats_set.fill_(1.0)
+    k8, v8 = window_quantize(k_new, v_new, layer.key_mean, layer.key_int8_scale, layer.value_scale)
+    torch.ops.telefuser.kv_window_write_sage(k8, v8.contiguous(), layer.k, layer.v, slots, value_columns(slots))
+
+
 def write_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
     """Copy the chunk's K/V ``[B, new_rows, H_local, D]`` into the buffer rows `slots` (`WindowPlan.slot_rows`): the
     only copy. FP8 keys are cast once, here, and the layer's running max |V| grows with the rows it is given (no host
-    sync). In a compiled region the cast and the max fuse into it; the copy is an opaque op."""
+    sync); a sage_sm90 window quantizes keys and values here with the session's numbers. In a compiled region the
+    casts and the reductions fuse into it; the copy is an opaque op."""
+    if layer.key_mean is not None:
+        _write_sage_window(layer, k_new, v_new, slots)
+        return
     if layer.key_scale is not None:
         k_new = cast_fp8(k_new, layer.key_scale)
         torch.maximum(layer.value_amax, v_new.abs().amax().float().reshape(1), out=layer.value_amax)
@@ -134,6 +185,7 @@ class WindowBuffers:
     key_scales: list[torch.Tensor] | None = None
     key_descales: list[torch.Tensor] | None = None
     value_amax: list[torch.Tensor] | None = None
+    sage_stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # LayerState's
     _layers: list[LayerState] | None = field(default=None, repr=False)
 
     @classmethod
@@ -146,9 +198,15 @@ class WindowBuffers:
         *,
         device: torch.device,
         dtype: torch.dtype,
+        sage_window: bool = False,
     ) -> WindowBuffers:
         """Zeroed window buffers of `shape` ``[B, capacity, H_local, D]`` for `num_layers` layers, around the given
-        prompt K/V (kept as they are; empty for a window without text) and key scales."""
+        prompt K/V (kept as they are; empty for a window without text) and key scales; with `sage_window`, the
+        sage_sm90 layout (the module docstring)."""
+        if sage_window:
+            if key_scales is not None:
+                raise SessionError("a window is either FP8-keyed (cudnn_fp8) or quantized for sage_sm90, not both")
+            return cls._allocate_sage(num_layers, shape, cross_kv, device)
         key_dtype = FP8 if key_scales is not None else dtype
         self_kv = [
             LayerKV(torch.zeros(shape, device=device, dtype=key_dtype), torch.zeros(shape, device=device, dtype=dtype))
@@ -160,6 +218,33 @@ class WindowBuffers:
             buffers.key_descales = [s.reciprocal() for s in buffers.key_scales]
             buffers.value_amax = [torch.zeros(1, device=device) for _ in key_scales]
         return buffers
+
+    @classmethod
+    def _allocate_sage(cls, num_layers: int, shape, cross_kv, device: torch.device) -> WindowBuffers:
+        b, capacity, h, d = shape
+        padded = -(-capacity // K_BLOCK) * K_BLOCK  # the kernel reads V in whole 128-key blocks
+        self_kv = [
+            LayerKV(
+                torch.zeros(shape, device=device, dtype=torch.int8),
+                torch.zeros((b, h, d, padded), device=device, dtype=FP8),
+            )
+            for _ in range(num_layers)
+        ]
+        buffers = cls(self_kv, cross_kv)
+        buffers.sage_stats = [
+            (
+                torch.zeros((b, h, d), device=device),
+                torch.ones((b, h), device=device),
+                torch.ones((b, h, d), device=device),
+                torch.zeros(1, device=device),
+            )
+            for _ in range(num_layers)
+        ]
+        return buffers
+
+    @property
+    def sage_window(self) -> bool:
+        return self.sage_stats is not None
 
     def layer_states(self) -> list[LayerState]:
         """Every layer's tensors as a block region takes them (made once)."""
@@ -173,16 +258,28 @@ class WindowBuffers:
                     self.key_scales[i] if fp8 else None,
                     self.key_descales[i] if fp8 else None,
                     self.value_amax[i] if fp8 else None,
+                    *(self.sage_stats[i] if self.sage_window else (None,) * 4),
                 )
                 for i, kv in enumerate(self.self_kv)
             ]
         return self._layers
 
-    def load(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], key_scales: list[torch.Tensor] | None) -> None:
-        """Start a new session in these buffers: its prompt K/V and key scales copied in place, the windows and the
-        running max |V| zeroed, so it begins exactly as a freshly allocated one."""
-        if (key_scales is None) != (self.key_scales is None) or len(cross_kv) != len(self.cross_kv):
-            raise SessionError("pooled session buffers do not fit this session (FP8 keys or layer count differ)")
+    def load(
+        self,
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        key_scales: list[torch.Tensor] | None,
+        sage_window: bool = False,
+    ) -> None:
+        """Start a new session in these buffers: its prompt K/V and key scales copied in place, the windows, the
+        running max |V| and a sage window's numbers reset, so it begins exactly as a freshly allocated one."""
+        if (
+            (key_scales is None) != (self.key_scales is None)
+            or sage_window != self.sage_window
+            or len(cross_kv) != len(self.cross_kv)
+        ):
+            raise SessionError(
+                "pooled session buffers do not fit this session (FP8 keys, sage_sm90 window or layer count differ)"
+            )
         for (k, v), (ck, cv) in zip(cross_kv, self.cross_kv):
             ck.copy_(k)
             cv.copy_(v)
@@ -194,6 +291,11 @@ class WindowBuffers:
                 own.copy_(scale.reshape(1))
                 torch.reciprocal(own, out=descale)
                 amax.zero_()
+        for mean, k_scale, v_scale, stats_set in self.sage_stats or ():
+            mean.zero_()
+            k_scale.fill_(1.0)
+            v_scale.fill_(1.0)
+            stats_set.zero_()
 
 
 class KVWindow:
@@ -209,7 +311,10 @@ class KVWindow:
     chunk's keys are cast once, when they are written, with a scale from a bound that no key can exceed (see
     `attention.key_scale`), and every later read uses them as they are. V stays in `dtype`; each layer keeps a running
     max |V| over every row it was given (`fp8_scales`), so the attention casts V with no pass over the window to find
-    its range."""
+    its range.
+
+    With `sage_window` (a session for ``sage_sm90`` attention) the buffers are INT8 keys and transposed e4m3 values
+    quantized when written, with the session's numbers (the module docstring); a call quantizes only its queries."""
 
     def __init__(
         self,
@@ -226,6 +331,7 @@ class KVWindow:
         device: torch.device,
         dtype: torch.dtype,
         key_scales: list[torch.Tensor] | None = None,
+        sage_window: bool = False,
         buffers: WindowBuffers | None = None,
         pool_entry: object | None = None,
         on_close: Callable[[], None] | None = None,
@@ -250,11 +356,15 @@ class KVWindow:
             raise SessionError(f"{len(key_scales)} key scales for {num_layers} layers")
         shape = (batch, self.capacity, local_heads, head_dim)
         if buffers is None:
-            buffers = WindowBuffers.allocate(num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype)
+            buffers = WindowBuffers.allocate(
+                num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype, sage_window=sage_window
+            )
         else:
-            if tuple(buffers.self_kv[0].k.shape) != shape or buffers.self_kv[0].v.dtype != dtype:
+            if tuple(buffers.self_kv[0].k.shape) != shape or (
+                not buffers.sage_window and buffers.self_kv[0].v.dtype != dtype
+            ):
                 raise SessionError(f"pooled session buffers hold {tuple(buffers.self_kv[0].k.shape)}, not {shape}")
-            buffers.load(cross_kv, key_scales)
+            buffers.load(cross_kv, key_scales, sage_window)
         self.self_kv: list[LayerKV] | None = buffers.self_kv
         self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = buffers.cross_kv
         self.key_scales, self.key_descales = buffers.key_scales, buffers.key_descales
@@ -274,6 +384,11 @@ class KVWindow:
     @property
     def closed(self) -> bool:
         return self.self_kv is None
+
+    @property
+    def sage_window(self) -> bool:
+        """The window is kept quantized for ``sage_sm90`` attention (INT8 keys, transposed e4m3 values)."""
+        return self._buffers is not None and self._buffers.sage_window
 
     @property
     def fp8_keys(self) -> bool:
@@ -342,7 +457,8 @@ class KVWindow:
         into the slots of `plan.slots`, the only copy, and the result is the buffer's prefix (views into the layer's
         buffers, in ring order, not time order). A read-only step overwrites the rows the chunk evicts and leaves
         every row it keeps bit-identical; `commit` overwrites the same slots with the clean K/V, which then belong to
-        the window (`advance` moves the ring)."""
+        the window (`advance` moves the ring). A sage_sm90 window returns its K prefix and its whole V buffer (kernel
+        layout; attend through `LayerState` and the plan's total)."""
         self.check_open()
         cache = self.self_kv[layer]
         if k_new.shape[1] != plan.new_rows:
@@ -351,7 +467,7 @@ class KVWindow:
             )
         write_window(self.layer_state(layer), k_new, v_new, self._slot_rows(plan, k_new.device))
         self.note_written(plan, commit=commit)
-        return cache.k[:, : plan.total], cache.v[:, : plan.total]
+        return cache.k[:, : plan.total], (cache.v if self.sage_window else cache.v[:, : plan.total])
 
     def _slot_rows(self, plan: WindowPlan, device: torch.device) -> torch.Tensor:
         # every layer of a forward writes the same slots: made once per plan

@@ -34,7 +34,10 @@ class AttentionContext:
 
 
 def attend_documents(q, k, v, documents, impl: str) -> torch.Tensor:
-    """Attention within each document of [B, S, H, D]; equal to masking keys of other documents."""
+    """Attention within each document of [B, S, H, D]; equal to masking keys of other documents. Every impl, the
+    quantizing ones (``cudnn_fp8``, ``sage_sm90``) included, runs one call per document, so each document's keys get
+    their own scales and, for ``sage_sm90``, their own smoothing mean (one mean per query's key set keeps softmax
+    exact)."""
     if isinstance(documents, torch.Tensor):  # a compiled region: one opaque call splits them
         return attention(q, k, v, impl=impl, documents=documents)
     if documents is None or len(documents) == 1:
