@@ -10,15 +10,16 @@ STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 browser services clean
+.PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 build-sage browser services clean
 
 help:
 	@echo "make demo        the main job on CPU: a LingBot-World v2 session -> MP4 + metrics (installs into $(VENV))"
 	@echo "make demo-attention  one DiT attention layer under Ulysses against dense (2 and 4 CPU ranks)"
 	@echo "make test        run the test suite on CPU (installs into $(VENV)), then the numerics tests on portable kernels"
 	@echo "make build-sm90  build and install tf-kernel for SM90 (PYTHON=/path/to/python with CUDA torch)"
+	@echo "make build-sage SAGE_SRC=path  build SageAttention2's SM90 kernels for --attn-impl sage_sm90 (optional)"
 	@echo "make test-gpu    GPU tests on a CUDA host (PYTHON=python3 uses that interpreter's torch)"
-	@echo "make bench-stream-1min  AIPerf one-minute lossless LingBot-World v2 stream replay (tiny model on CPU)"
+	@echo "make bench-stream-1min  AIPerf one-minute lossless LingBot-World v2 stream session (tiny model on CPU)"
 	@echo "make bench-batch       AIPerf MiniMax H3 /v1/videos batch run (tiny model on CPU)"
 	@echo "make images-check    build both images with podman and smoke-test them (~7 min, ~24 GB disk; not CI)"
 	@echo "make deploy-check    the multi-replica deployment from the images, checked across replicas (not CI)"
@@ -105,14 +106,14 @@ BENCH_DEPS = aiperf-env $(if $(filter $(PY),$(BENCH_PY)),$(STAMP))
 aiperf-env:
 	PYTHON=$(PYTHON) tools/aiperf/setup_env.sh
 
-# The one-minute lossless LingBot-World v2 replay (957 frames = 60 chunks) and a MiniMax H3 /v1/videos run, each
+# The one-minute lossless LingBot-World v2 session (957 frames = 60 chunks) and a MiniMax H3 /v1/videos run, each
 # checked after the run. Defaults: tiny config on CPU; on a GPU host: BENCH_PY=python3 BENCH_DEVICE= BENCH_NPROC=4
 # BENCH_MODEL_CONFIG=official BENCH_CHECKPOINT=/path.
 bench-stream-1min: $(BENCH_DEPS)
-	$(BENCH_PY) tools/aiperf/run_stream_bench.py --bench-config tools/aiperf/configs/stream_lingbot_world_v2_1min.yaml $(BENCH_ARGS)
+	$(BENCH_PY) -m tools.aiperf.run_stream_bench --bench-config tools/aiperf/configs/stream_lingbot_world_v2_1min.yaml $(BENCH_ARGS)
 
 bench-batch: $(BENCH_DEPS)
-	$(BENCH_PY) tools/aiperf/run_batch_bench.py --bench-config tools/aiperf/configs/batch_minimax_h3.yaml $(BENCH_ARGS)
+	$(BENCH_PY) -m tools.aiperf.run_batch_bench --bench-config tools/aiperf/configs/batch_minimax_h3.yaml $(BENCH_ARGS)
 
 # On a CUDA host (the lent H200: PYTHON=python3): build tf-kernel for that interpreter, then its GPU tests and ours.
 test-gpu: build-sm90
@@ -121,6 +122,16 @@ test-gpu: build-sm90
 
 build-sm90:
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
+
+# SageAttention2 (sage_sm90) from a checkout of its source (SAGE_SRC=path, release 2.2.0), for SM90 only. Its kernels
+# launch without a stream argument: --default-stream per-thread puts them on the per-thread stream, which
+# telefuser joins to torch's current stream (ops/attention_sage.py refuses a build on the legacy stream).
+SAGE_JOBS ?= $(shell nproc)
+build-sage:
+	@test -n "$(SAGE_SRC)" || { echo "set SAGE_SRC to a SageAttention 2.2.0 source checkout"; exit 2; }
+	cd $(SAGE_SRC) && TORCH_CUDA_ARCH_LIST=9.0 NVCC_APPEND_FLAGS="--default-stream per-thread" MAX_JOBS=$(SAGE_JOBS) \
+		EXT_PARALLEL=4 $(PYTHON) -m pip install --no-build-isolation --no-deps .
+	$(PYTHON) -m telefuser.cli info | grep -A6 sage_sm90_build
 
 # On demand, never in CI: podman builds of docker/ (root, Debian; installs podman, runc and debootstrap if missing).
 # KEEP=1 keeps the images, so that a deploy-check after an images-check reuses them. docker/README.md has the results.

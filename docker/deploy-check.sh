@@ -100,7 +100,7 @@ sys.exit(f"{sys.argv[1]} says: {text[-500:]}")
 PY
 log "every service answers, $((SECONDS - step)) s after compose up"
 
-checks="python3 $REPO/tools/validation/service_checks.py"
+checks="env PYTHONPATH=$REPO python3 -m tools.validation.service_checks"
 $checks video --create "http://$BIND:$VIDEO_A_PORT" --poll "http://$BIND:$VIDEO_B_PORT"
 $checks video --create "http://$BIND:$VIDEO_PROXY_PORT"
 $checks stream --url "http://$BIND:$STREAM_PROXY_PORT" --replicas a,b

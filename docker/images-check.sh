@@ -74,6 +74,6 @@ video_port=$(free_port)
 start_service telefuser-check-video "$video_port" serve --fake --artifacts /tmp/videos
 stream_port=$(free_port)
 start_service telefuser-check-stream "$stream_port" serve-stream --fake
-python3 "$REPO/tools/validation/service_checks.py" video --create "http://127.0.0.1:$video_port"
-python3 "$REPO/tools/validation/service_checks.py" stream --url "http://127.0.0.1:$stream_port"
+PYTHONPATH="$REPO" python3 -m tools.validation.service_checks video --create "http://127.0.0.1:$video_port"
+PYTHONPATH="$REPO" python3 -m tools.validation.service_checks stream --url "http://127.0.0.1:$stream_port"
 log "podman store: $(du -shx "$PODMAN_STATE/storage" | cut -f1) at the end"

@@ -2,7 +2,7 @@
 
     add_runtime_args(parser)                  # --ulysses-degree [--tp-degree] --device --dtype
     runtime = Runtime.from_args(args)         # torchrun's world -> mesh (or none on one rank), device, dtype
-    model = runtime.parallelize(dense_model)  # once: TP, then Ulysses
+    model = runtime.parallelize(model)        # once: the model spec's plan, TP then Ulysses
     ...
     runtime.close()                           # ends the process group
 
@@ -133,10 +133,18 @@ class Runtime:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def parallelize(self, model):
-        from .distributed.mesh import parallelize
+    def parallelize(self, model, *, communicator_factory=None):
+        """Apply this launch's layout to `model`, once: its spec's plan (TP, then Ulysses), the spec found by the
+        model's class in the registry. Nothing on one rank. Returns the model.
 
-        return parallelize(model, self.mesh)
+        Called on an empty (meta) model before its checkpoint is read, each TP rank then reads only its slices; on
+        a dense model with weights, the plan slices them. `communicator_factory` (group -> communicator) picks the
+        Ulysses transport for benches and validation; the default is the communicator's own choice."""
+        if self.mesh is None or self.mesh.world_size == 1:
+            return model
+        from .models.registry import spec_for_model
+
+        return spec_for_model(model).parallelize(model, self.mesh, communicator_factory=communicator_factory)
 
     def close(self) -> None:
         import torch.distributed as dist

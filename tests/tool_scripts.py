@@ -1,4 +1,5 @@
-"""Import a script under tools/ (not a package) as a module, so that its main() and helpers can be tested."""
+"""Import a script by its path as a module, so that its main() and helpers can be tested (examples/ is not a package;
+the tools are: import them as `tools.bench.<name>`)."""
 
 from __future__ import annotations
 

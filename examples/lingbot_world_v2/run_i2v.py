@@ -20,20 +20,19 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from telefuser.media import write_mp4
-from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
-from telefuser.ops.fp8 import QUANTIZATIONS
+from telefuser.models.registry import get_spec
+from telefuser.ops.attention import check_attention_impl
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
     ControlTrace,
-    build_lingbot_pipeline,
     format_summary,
     load_control_trace,
     plan_session,
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
-from telefuser.pipelines.lingbot_world_v2.loading import CUDA_GRAPHS, cuda_graphs_wanted
-from telefuser.runtime import DTYPE_NAMES, Runtime, add_runtime_args, torch_dtype
+from telefuser.runtime import Runtime, add_runtime_args
 
+MODEL = get_spec("lingbot_world_v2")
 HERE = Path(__file__).resolve().parent
 DEFAULT_IMAGE = HERE / "assets" / "reference.png"
 DEFAULT_CONTROLS = HERE / "assets" / "controls.json"
@@ -65,42 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--frame-policy", choices=FRAME_POLICIES, default="truncate")
-    p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=None,
-        help="folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
-        "(transformers/ or the folder itself)",
-    )
-    p.add_argument(
-        "--config", choices=["tiny", "official"], default="tiny", help="random-weight sizes without --checkpoint"
-    )
-    p.add_argument(
-        "--vae-dtype",
-        choices=DTYPE_NAMES,
-        default="float32",
-        help="VAE dtype for the condition encode and the decode (default float32, as the reference)",
-    )
-    p.add_argument(
-        "--vae-fast",
-        action="store_true",
-        help="channels-last VAE weights and one compiled kernel per norm + SiLU pair: the same result up to rounding "
-        "order, 1.39x on a chunk's encode + decode on an H200 (docs/perf)",
-    )
-    p.add_argument(
-        "--quantization",
-        choices=QUANTIZATIONS,
-        default="none",
-        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 e4m3 (opt-in; see telefuser/ops/fp8.py)",
-    )
-    p.add_argument(
-        "--cuda-graphs",
-        choices=CUDA_GRAPHS,
-        default="auto",
-        help="replay every chunk's DiT forwards as CUDA graphs, each captured at its first call (default auto: on "
-        "for CUDA under Ulysses, where they measured faster; off runs them eagerly)",
-    )
+    MODEL.add_flags(p.add_argument_group(f"model: {MODEL.name}"))
     p.add_argument(
         "--warmup",
         action="store_true",
@@ -129,19 +93,7 @@ def main(argv=None) -> None:
     runtime = Runtime.from_args(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
-    pipe = build_lingbot_pipeline(
-        config=args.config,
-        checkpoint=args.checkpoint,
-        device=device,
-        dtype=dtype,
-        mesh=mesh,
-        seed=args.seed,
-        attn_impl=args.attn_impl,
-        vae_dtype=torch_dtype(args.vae_dtype),
-        vae_fast=args.vae_fast,
-        quantization=args.quantization,
-        cuda_graphs=cuda_graphs_wanted(args.cuda_graphs, device, runtime.world_size),
-    )
+    pipe = MODEL.build_pipeline(args, runtime, seed=args.seed)
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)

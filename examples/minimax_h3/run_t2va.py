@@ -16,15 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-
 from telefuser.media import write_mp4
-from telefuser.models.minimax_h3 import QKV_LAYOUTS
-from telefuser.ops.attention import ATTENTION_IMPLS, check_attention_impl
-from telefuser.ops.fp8 import QUANTIZATIONS
-from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, build_minimax_h3_pipeline, plan_shape
+from telefuser.models.registry import get_spec
+from telefuser.ops.attention import check_attention_impl
+from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, plan_shape
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
 from telefuser.runtime import Runtime, add_runtime_args
 
+MODEL = get_spec("minimax_h3")
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching softly while a crow calls overhead."
 
 
@@ -38,14 +37,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--flow-shift", type=float, default=DEFAULT_VIDEO_FLOW_SHIFT)
     p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
-    p.add_argument("--attn-impl", default="sdpa", choices=[i for i in ATTENTION_IMPLS if i != "identity"])
-    p.add_argument(
-        "--quantization",
-        choices=QUANTIZATIONS,
-        default="none",
-        help="fp8: the joint blocks' QKV, output and SwiGLU GEMMs in FP8 (opt-in; see telefuser/ops/fp8.py)",
-    )
-    p.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
     p.add_argument(
         "--calibrate-feature-cache",
         type=Path,
@@ -53,27 +44,7 @@ def parse_args() -> argparse.Namespace:
         metavar="JSON",
         help="compute every step and write AdaTaylorCache params (audio-row ratios) to JSON",
     )
-    p.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
-    p.add_argument(
-        "--offload-text-encoder",
-        action="store_true",
-        help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
-    )
-    p.add_argument(
-        "--offload-adaln",
-        action="store_true",
-        help="keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each request's "
-        "tables are computed from them one block at a time (exact)",
-    )
-    p.add_argument(
-        "--qkv-layout",
-        choices=list(QKV_LAYOUTS),
-        default=None,
-        help="fused QKV row order of a re-exported single-file DiT (the released shards need no flag)",
-    )
-    p.add_argument(
-        "--config", choices=["tiny", "official"], default="tiny", help="random-weight sizes without --checkpoint"
-    )
+    MODEL.add_flags(p.add_argument_group(f"model: {MODEL.name}"))
     p.add_argument("--output", type=Path, default=Path("outputs/minimax_h3/t2va.mp4"))
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, tp=True)
@@ -92,22 +63,7 @@ def main() -> None:
     plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
     FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
     runtime = Runtime.from_args(args)
-    mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
-
-    pipe = build_minimax_h3_pipeline(
-        config=args.config,
-        checkpoint=args.checkpoint,
-        device=device,
-        dtype=dtype,
-        mesh=mesh,
-        seed=args.seed,
-        attn_impl=args.attn_impl,
-        show_progress=not args.no_progress,
-        offload_text_encoder=args.offload_text_encoder,
-        offload_adaln=args.offload_adaln,
-        qkv_layout=args.qkv_layout,
-        quantization=args.quantization,
-    )
+    pipe = MODEL.build_pipeline(args, runtime, seed=args.seed, show_progress=not args.no_progress)
     feature_cache = None
     if args.enable_feature_cache:
         feature_cache = "ada_taylor"
@@ -125,7 +81,7 @@ def main() -> None:
             audio_flow_shift=args.audio_flow_shift,
             feature_cache=feature_cache,
         )
-        if rank == 0:
+        if runtime.rank == 0:
             if args.calibrate_feature_cache:
                 result.feature_cache.save(
                     args.calibrate_feature_cache,

@@ -150,11 +150,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def parallelize(model, mesh: ParallelMesh | None):
-    """Apply a launch's layout to a dense model, once: its `enable_parallel` (TP, unless its loader already sliced
-    for it, then Ulysses). Nothing on one rank. Returns the model."""
-    if mesh is not None and mesh.world_size > 1:
-        model.enable_parallel(mesh)
-    return model

@@ -11,20 +11,21 @@ from ..distributed.ulysses import UlyssesCommunicator
 
 
 class UlyssesOwner:
-    """The model's ``__init__`` sets `communicator` and `ulysses_group` to None; its ``enable_parallel`` does its own
+    """The model's ``__init__`` sets `communicator` and `ulysses_group` to None; its spec's parallel plan does its own
     checks, then calls `open_ulysses`. `_ulysses_coordinates()` is (rank, world size) in the group, (0, 1) dense."""
 
     communicator: UlyssesCommunicator | None
     ulysses_group: dist.ProcessGroup | None
 
     def open_ulysses(
-        self, mesh: ParallelMesh, communicator_factory: Callable[[dist.ProcessGroup], UlyssesCommunicator]
+        self, mesh: ParallelMesh, communicator_factory: Callable[[dist.ProcessGroup], UlyssesCommunicator] | None = None
     ) -> None:
-        """Close the current communicator, then open one over `mesh.ulysses_group` when its degree is above 1."""
+        """Close the current communicator, then open one over `mesh.ulysses_group` when its degree is above 1 (a
+        `UlyssesCommunicator` choosing its own transport unless `communicator_factory` makes another)."""
         self.close()
         if mesh.config.ulysses_degree > 1:
             self.ulysses_group = mesh.ulysses_group
-            self.communicator = communicator_factory(mesh.ulysses_group)
+            self.communicator = (communicator_factory or UlyssesCommunicator)(mesh.ulysses_group)
 
     def close(self) -> None:
         """Release the Ulysses communicator (local, no collective); the model then runs without sequence split."""

@@ -26,6 +26,7 @@ import pytest
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.models.lingbot_world_v2 import build_random_lingbot_dit
 from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.regions import compile_regions_on
 from tests.conftest import get_pool
@@ -88,7 +89,7 @@ def _minimax_parity(ctx, ulysses, tp):
         torch.tensor([600.0, 40.0]),
     )
     dense_model = build_random_minimax_h3_dit(config, seed=0)
-    model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+    model = MINIMAX_H3.parallelize(copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator)
     with torch.no_grad(), compile_regions_on("cpu", backend="aot_eager"):
         dense = dense_model(*inputs)
         with count_compiled() as stats:

@@ -8,6 +8,7 @@ import torch
 
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+from telefuser.models.minimax_h3.spec import MINIMAX_H3
 
 CALLS = [(0.0, 0.0), (250.0, 610.5), (875.25, 990.0)]
 
@@ -15,7 +16,7 @@ CALLS = [(0.0, 0.0), (250.0, 610.5), (875.25, 990.0)]
 def _tp2_exactness(ctx):
     mesh = build_mesh(ParallelConfig(ulysses_degree=1, tp_degree=2))
     config = MiniMaxH3Config.tiny()
-    model = build_random_minimax_h3_dit(config, seed=0).enable_parallel(mesh)
+    model = MINIMAX_H3.parallelize(build_random_minimax_h3_dit(config, seed=0), mesh)
     g = torch.Generator().manual_seed(1)
     video = torch.randn(1, config.latents_dim, 2, 4, 6, generator=g)
     audio = torch.randn(1, config.audio_latents_dim, 6, generator=g)

@@ -1,9 +1,10 @@
 """MiniMax H3 DiT under Ulysses and TP x Ulysses against the dense model in the same process.
 
-Every rank builds the same seeded tiny model and the same inputs, runs it dense, then enables parallelism on a copy
-(or loads a checkpoint with TP slicing) and compares the full velocities every rank returns. The checkpoint cases
-write the files from reference tensors (release names, or diffusers' `save_pretrained`), load them dense and
-TP-sliced, and check that a TP rank read only its share of the bytes (``get_slice``).
+Every rank builds the same seeded tiny model and the same inputs, runs it dense, then applies the model spec's plan
+to a copy (or loads a checkpoint into a model parallelized before the read) and compares the full velocities every
+rank returns. The checkpoint cases write the files from reference tensors (release names, or diffusers'
+`save_pretrained`), load them dense and TP-sliced, and check that a TP rank read only its share of the bytes
+(``get_slice``).
 
 Tolerance: fp32 on CPU. Ulysses moves exact copies of rows and heads, so only the summation order of GEMMs over
 fewer rows and of attention over fewer heads can differ; TP adds all-reduces of partial out_proj/fc2 sums, another
@@ -15,6 +16,7 @@ row or shard shows up as O(1).
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ from telefuser.models.minimax_h3 import (
     build_random_minimax_h3_dit,
     load_minimax_h3_dit,
 )
+from telefuser.models.minimax_h3.spec import MINIMAX_H3
+from telefuser.runtime import Runtime
 from tests.minimax_h3_reference import reference_dit_from_release, release_dit_tensors, write_release_transformer
 from tests.ulysses_reference import recording_communicator
 
@@ -56,20 +60,20 @@ def _parity(ctx, ulysses, tp, checkpoint_dir, layout="release"):
     inputs = _inputs(config)
     if checkpoint_dir is None:
         dense_model = build_random_minimax_h3_dit(config, seed=0)
-        model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+        model = MINIMAX_H3.parallelize(copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator)
         read_share = None
     else:
         if ctx.rank == 0:
             _write_checkpoint(config, checkpoint_dir, layout)
         dist.barrier()
         dense_model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32)
-        model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32, mesh=mesh)
+        runtime = Runtime(mesh, torch.device("cpu"), torch.float32)
+        parallelize = partial(runtime.parallelize, communicator_factory=recording_communicator)
+        model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32, parallelize=parallelize)
         # the parameters this rank keeps, plus the rope table the release ships (diffusers recomputes it)
         local_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         rope_bytes = model.rope.inv_freq.numel() * 4 if layout == "release" else 0
         read_share = (model.checkpoint_bytes_read, local_bytes + rope_bytes, dense_model.checkpoint_bytes_read)
-        model.close()
-        model.enable_parallel(mesh, communicator_factory=recording_communicator)
     with torch.no_grad():
         dense = dense_model(*inputs)
         parallel = model(*inputs)

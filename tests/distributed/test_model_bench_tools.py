@@ -14,6 +14,7 @@ checked in-process.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -22,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from telefuser.profiling import flop_rates
-from tests.tool_scripts import load_script
 from tests.torchrun_launch import run_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,17 +31,17 @@ TIMEOUT_S = 150  # one torchrun job; they take 5-20 s on 2 cores
 
 @pytest.fixture(scope="module")
 def minimax_bench():
-    return load_script("tools/bench/minimax_h3_dit_bench.py")
+    return importlib.import_module("tools.bench.minimax_h3_dit_bench")
 
 
 @pytest.fixture(scope="module")
 def lingbot_bench():
-    return load_script("tools/bench/lingbot_world_bench.py")
+    return importlib.import_module("tools.bench.lingbot_world_bench")
 
 
 @pytest.fixture(scope="module")
 def profiler():
-    return load_script("tools/validation/profile_ulysses_overlap.py")
+    return importlib.import_module("tools.validation.profile_ulysses_overlap")
 
 
 def torchrun(ranks: int, *args: str) -> str:
@@ -71,7 +71,8 @@ def test_lingbot_session_compares_transports(tmp_path):
     output = tmp_path / "lingbot.json"
     out = torchrun(
         2,
-        "tools/bench/lingbot_world_bench.py",
+        "-m",
+        "tools.bench.lingbot_world_bench",
         "session",
         "--config",
         "tiny",
@@ -110,7 +111,8 @@ def test_minimax_compares_transports(tmp_path):
     output = tmp_path / "minimax.json"
     out = torchrun(
         2,
-        "tools/bench/minimax_h3_dit_bench.py",
+        "-m",
+        "tools.bench.minimax_h3_dit_bench",
         "--config",
         "tiny",
         "--device",
@@ -140,7 +142,8 @@ def test_minimax_tp2_ulysses2_compares_transports(tmp_path):
     output = tmp_path / "minimax_tp2_u2.json"
     out = torchrun(
         4,
-        "tools/bench/minimax_h3_dit_bench.py",
+        "-m",
+        "tools.bench.minimax_h3_dit_bench",
         "--config",
         "tiny",
         "--device",
@@ -171,7 +174,8 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
     output = tmp_path / "vs.json"
     command = [
         sys.executable,
-        str(REPO / "tools/bench/lingbot_world_bench.py"),
+        "-m",
+        "tools.bench.lingbot_world_bench",
         "vs-diffusers",
         "--config",
         "tiny",
@@ -209,7 +213,8 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
 def test_overlap_profiler_runs_the_lingbot_layer_on_cpu(tmp_path):
     out = torchrun(
         2,
-        "tools/validation/profile_ulysses_overlap.py",
+        "-m",
+        "tools.validation.profile_ulysses_overlap",
         "--preset",
         "lingbot_tiny",
         "--device",

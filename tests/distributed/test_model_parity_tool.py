@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def run_tool(nproc: int, *args: str, timeout: float = 120) -> tuple[int, str]:
     """(exit status, stdout + stderr) of torchrun running the tool on CPU."""
-    return run_torchrun(nproc, str(TOOL), "--device", "cpu", *args, timeout=timeout)
+    return run_torchrun(nproc, "-m", "tools.validation.model_parity", "--device", "cpu", *args, timeout=timeout)
 
 
 def read_report(directory: Path) -> dict:

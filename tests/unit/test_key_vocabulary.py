@@ -4,9 +4,6 @@ test keeps the mirror equal to the model's table."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from telefuser.models.lingbot_world_v2.controls import (
     ACCEPTED_KEYS,
     CONTROL_KEYS,
@@ -16,11 +13,7 @@ from telefuser.models.lingbot_world_v2.controls import (
     canonical_key,
     normalize_keys,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools" / "aiperf"))
-
-from telefuser_aiperf import controls as plugin_controls  # noqa: E402
+from tools.aiperf.telefuser_aiperf import controls as plugin_controls
 
 
 def test_the_aiperf_plugins_keys_mirror_the_models_bindings():

@@ -179,10 +179,10 @@ def test_pipeline_latents_with_tables_equal_those_without_also_offloaded():
 
 
 def test_pipeline_drops_the_tables_when_a_request_is_cancelled():
-    from telefuser.pipelines.minimax_h3 import GenerationCancelled
+    from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 
     pipe, made = _pipeline()
     sizes = []
     with pytest.raises(GenerationCancelled):
-        pipe("a fox", **REQUEST, cancelled=lambda: sizes.append(len(made[-1])) or len(sizes) > 2)
+        pipe("a fox", **REQUEST, hooks=StepHooks(cancelled=lambda: sizes.append(len(made[-1])) or len(sizes) > 2))
     assert sizes == [4, 4, 4] and len(made[0]) == 0

@@ -14,7 +14,8 @@ from torch import nn
 
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorParams, params_path
 from telefuser.media import probe_media, write_mp4
-from telefuser.pipelines.minimax_h3 import GenerationCancelled, MiniMaxH3Pipeline, plan_shape
+from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
+from telefuser.pipelines.minimax_h3 import MiniMaxH3Pipeline, plan_shape
 from telefuser.pipelines.minimax_h3.loading import resolve_partition
 from telefuser.pipelines.minimax_h3.pipeline import initial_noise, to_uint8_frames
 from telefuser.pipelines.minimax_h3.shapes import (
@@ -333,10 +334,11 @@ def test_every_request_resets_the_dits_ulysses_transport_first():
     assert ResetCountingDiT.resets == 2
 
 
-def test_on_step_reports_every_dit_call_and_cancelled_stops_before_the_next():
+def test_hooks_report_every_dit_call_and_cancelled_stops_before_the_next():
     pipe = make_pipeline(decode=False)
     seen = []
-    pipe("a fox", duration=0.5, resolution=64, steps=4, seed=0, on_step=lambda done, total: seen.append((done, total)))
+    hooks = StepHooks(progress=lambda done, total: seen.append((done, total)))
+    pipe("a fox", duration=0.5, resolution=64, steps=4, seed=0, hooks=hooks)
     assert seen == [(1, 3), (2, 3), (3, 3)]
     dit = StubDiT()
     pipe = make_pipeline(dit, decode=False)
@@ -347,7 +349,6 @@ def test_on_step_reports_every_dit_call_and_cancelled_stops_before_the_next():
             resolution=64,
             steps=4,
             seed=0,
-            on_step=lambda done, total: seen.append(done),
-            cancelled=lambda: len(dit.calls) >= 2,
+            hooks=StepHooks(progress=lambda done, total: seen.append(done), cancelled=lambda: len(dit.calls) >= 2),
         )
     assert stopped.value.steps_done == 2 and len(dit.calls) == 2

@@ -113,7 +113,7 @@ def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
     estimate = factory.memory_estimate(config)
     session = factory.create(np.full((64, 96, 3), 9, np.uint8), "a barn", config)
     try:
-        cache = session._session._dit_session  # the DiT's per-session state (kv_cache.KVWindow)
+        cache = session._session._kv_window  # the DiT's KV window (kv_cache.KVWindow)
         tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)]
         tensors += [t for pair in cache.cross_kv for t in pair]
         assert estimate["kv_window"] == sum(t.numel() * t.element_size() for t in tensors)  # bytes: exact

@@ -104,6 +104,12 @@ def ws_url(base: str, session: dict) -> str:
 
 
 # ---- HTTP ------------------------------------------------------------------------------------------------------------
+def test_metadata_lists_the_models_the_cli_can_serve():
+    app, _ = make_app(models=["lingbot_world_v2"])
+    with TestClient(app) as client:
+        assert client.get("/v1/service/metadata").json()["models"] == ["lingbot_world_v2"]
+
+
 def test_health_metadata_and_metrics_format():
     app, _ = make_app()
     with TestClient(app) as client:
@@ -114,6 +120,7 @@ def test_health_metadata_and_metrics_format():
         assert meta["limits"] == {**meta["limits"], "max_sessions": 2, "delivery_mode": "lossless", "buffer_chunks": 4}
         assert "W" in meta["keys"]["allowed"] and meta["keys"]["bindings"]["J"] == "yaw_left"
         assert set(meta["config_keys"]) == {"seed", "resolution", "num_frames", "fps", "frame_policy"}
+        assert meta["models"] == []
         r = client.get("/v1/service/metrics")
         assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
         m = parse_metrics(r.text)

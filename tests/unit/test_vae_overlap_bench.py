@@ -3,15 +3,14 @@ row; the GPU run is what decides whether the session moves its VAE work beside t
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 
-from tests.tool_scripts import load_script
-
 
 def _bench():
-    return load_script("tools/bench/vae_overlap_bench.py")
+    return importlib.import_module("tools.bench.vae_overlap_bench")
 
 
 def test_the_smoke_run_reports_each_row(tmp_path, capsys):

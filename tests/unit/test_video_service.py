@@ -23,9 +23,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from telefuser.media import probe_media
+from telefuser.pipelines.hooks import StepHooks
 from telefuser.pipelines.minimax_h3.shapes import align_frame_count
 from telefuser.serving.video.app import create_video_app
-from telefuser.serving.video.contract import JobCancelled, RunHooks, VideoSpec
+from telefuser.serving.video.contract import JobCancelled, VideoSpec
 from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
 from tests.video_runner_args import tiny_runner_args
@@ -189,7 +190,7 @@ def test_a_size_off_the_grid_is_generated_on_it_and_resized_by_the_real_model(ti
 def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny_runner, tmp_path):
     spec = VideoSpec("a lighthouse", "64x32", "16:9", 0.2, 5, 0)
     steps: list[tuple[int, int]] = []
-    outcome = tiny_runner.run(spec, None, RunHooks(progress=lambda d, t: steps.append((d, t))))
+    outcome = tiny_runner.run(spec, None, StepHooks(progress=lambda d, t: steps.append((d, t))))
     assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)] and outcome.dit_calls == 4
     assert not list(tmp_path.iterdir())  # output=None (a follower rank) writes nothing
 
@@ -198,10 +199,10 @@ def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny
         tiny_runner.run(
             spec,
             tmp_path / "x.mp4",
-            RunHooks(progress=lambda d, t: steps.append((d, t)), cancelled=lambda: len(steps) >= 2),
+            StepHooks(progress=lambda d, t: steps.append((d, t)), cancelled=lambda: len(steps) >= 2),
         )
     assert stopped.value.step == 2 and steps == [(1, 4), (2, 4)] and not (tmp_path / "x.mp4").exists()
-    assert tiny_runner.run(spec, None, RunHooks()).dit_calls == 4  # the hooks do not leak into the next job
+    assert tiny_runner.run(spec, None, StepHooks()).dit_calls == 4  # the hooks do not leak into the next job
 
 
 # -- queue, progress, failures, cancellation (fake runner) -----------------------------------------------------
@@ -456,6 +457,14 @@ def test_models_health_metadata_and_metrics(fake_client):
     assert m["telefuser_video_inference_seconds_total"] == pytest.approx(done["inference_time_s"])
     assert m["telefuser_video_job_inference_seconds_count"] == 1 and m["telefuser_video_frames_generated_total"] == 22
     assert m['telefuser_video_jobs{status="completed"}'] == 1 and m["telefuser_video_queue_capacity"] == 16
+
+
+def test_metadata_lists_the_models_the_cli_can_serve(tmp_path):
+    with TestClient(create_video_app(FakeVideoRunner(), output_dir=tmp_path)) as client:
+        assert client.get("/v1/service/metadata").json()["models"] == []
+    app = create_video_app(FakeVideoRunner(), output_dir=tmp_path, models=("minimax_h3", "other"))
+    with TestClient(app) as client:
+        assert client.get("/v1/service/metadata").json()["models"] == ["minimax_h3", "other"]
 
 
 # -- the command line ---------------------------------------------------------------------------------------------

@@ -3,17 +3,16 @@ first-over-steady ratio reported, and a refused job is a problem with exit statu
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
-
-from tests.tool_scripts import load_script
 
 pytest.importorskip("openai", reason="the openai package is in the dev extra")
 
 
 def _bench():
-    return load_script("tools/bench/video_service_bench.py")
+    return importlib.import_module("tools.bench.video_service_bench")
 
 
 def test_fake_service_jobs_are_made_checked_and_compared(tmp_path, capsys):

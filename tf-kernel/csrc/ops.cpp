@@ -40,7 +40,7 @@ namespace {
 
 // Error messages are assembled here with std::to_string and string appends, and reach TORCH_CHECK as one
 // std::string. Formatting integers through c10::str (an inline std::ostream << int64) crashed with a segfault
-// under torch 2.11+cu130 on the GPU machine (docs/perf/2026-11-29-tf-kernel-h200.md); this path does not.
+// under torch 2.11+cu130 on the GPU machine (docs/perf/2026-11-29/README.md); this path does not.
 inline void append_part(std::string& out, const char* s) { out += s; }
 inline void append_part(std::string& out, const std::string& s) { out += s; }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>

@@ -3,9 +3,9 @@
 
 Run it with the ENGINE's Python (it starts the service and probes the MP4s with PyAV); AIPerf runs from .venv-aiperf:
 
-    .venv/bin/python tools/aiperf/run_batch_bench.py                                    # 4 jobs, tiny, CPU
-    .venv/bin/python tools/aiperf/run_batch_bench.py --bench-config tools/aiperf/configs/batch_minimax_h3_ci.yaml
-    python3 tools/aiperf/run_batch_bench.py --config official --checkpoint /models/MiniMax-H3 --nproc 4 \
+    .venv/bin/python -m tools.aiperf.run_batch_bench                                    # 4 jobs, tiny, CPU
+    .venv/bin/python -m tools.aiperf.run_batch_bench --bench-config tools/aiperf/configs/batch_minimax_h3_ci.yaml
+    python -m tools.aiperf.run_batch_bench --config official --checkpoint /models/MiniMax-H3 --nproc 4 \
         --service-arg=--ulysses-degree=2 --service-arg=--tp-degree=2
 
 Steps: start the service (own process group) -> wait for /v1/service/health -> scrape /v1/service/metrics ->
@@ -24,19 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-from telefuser_aiperf.artifacts import aiperf_metrics, check_completeness, load_profile, load_raw_records
-from telefuser_aiperf.batch import (
+from tools.aiperf.telefuser_aiperf.artifacts import aiperf_metrics, check_completeness, load_profile, load_raw_records
+from tools.aiperf.telefuser_aiperf.batch import (
     VIDEO_TAGS,
     check_video,
     jobs_from_raw,
-    parse_prometheus,
     probe_video,
     video_service_deltas,
 )
-from telefuser_aiperf.runner import (
+from tools.aiperf.telefuser_aiperf.runner import (
+    REPO_ROOT,
     add_launch_options,
     bench_parser,
-    REPO_ROOT,
     free_port,
     http_get,
     load_bench_config,
@@ -44,11 +43,12 @@ from telefuser_aiperf.runner import (
     planned_requests,
     prepare_artifact_dir,
     run_aiperf,
+    scrape_metrics,
     service_command,
     start_service,
     write_json,
 )
-from telefuser_aiperf.summary import distribution
+from tools.aiperf.telefuser_aiperf.summary import distribution
 
 DEFAULT_CONFIG = REPO_ROOT / "tools/aiperf/configs/batch_minimax_h3.yaml"
 
@@ -104,8 +104,11 @@ def service_args(args: argparse.Namespace, port: int, output_dir: Path) -> list[
 
 
 def scrape(url: str) -> dict:
-    status, body = http_get(f"{url}/v1/service/metrics")
-    return parse_prometheus(body.decode()) if status == 200 else {}
+    """The metrics, or none when the service does not serve them (the checks then say what is missing)."""
+    try:
+        return scrape_metrics(url)
+    except RuntimeError:
+        return {}
 
 
 def wait_idle(url: str, timeout_s: float = 60.0) -> None:

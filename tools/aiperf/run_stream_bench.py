@@ -3,10 +3,10 @@
 
 Run it with the ENGINE's Python (it starts the service with that interpreter); AIPerf runs from .venv-aiperf:
 
-    .venv/bin/python tools/aiperf/run_stream_bench.py                                   # 1-min replay, tiny, CPU
-    .venv/bin/python tools/aiperf/run_stream_bench.py \
-        --bench-config tools/aiperf/configs/stream_lingbot_world_v2_ci.yaml                 # the 3-chunk CI replay
-    python3 tools/aiperf/run_stream_bench.py --config official --checkpoint /models/lingbot-world-v2 \
+    .venv/bin/python -m tools.aiperf.run_stream_bench                                   # 1-min session, tiny, CPU
+    .venv/bin/python -m tools.aiperf.run_stream_bench \
+        --bench-config tools/aiperf/configs/stream_lingbot_world_v2_ci.yaml                 # the 3-chunk CI session
+    python -m tools.aiperf.run_stream_bench --config official --checkpoint /models/lingbot-world-v2 \
         --nproc 4                                                                       # a GPU host (torchrun)
 
 Steps: start the service (its own process group) -> wait for /v1/service/health -> scrape /v1/service/metrics ->
@@ -22,19 +22,19 @@ import sys
 import time
 from pathlib import Path
 
-from telefuser_aiperf.artifacts import check_stream_run, parse_prometheus, stream_service_deltas
-from telefuser_aiperf.runner import (
+from tools.aiperf.telefuser_aiperf.artifacts import check_stream_run, stream_service_deltas
+from tools.aiperf.telefuser_aiperf.runner import (
+    REPO_ROOT,
     add_launch_options,
     bench_parser,
-    REPO_ROOT,
     endpoint_extra,
     free_port,
-    http_get,
     load_bench_config,
     model_flags,
     planned_requests,
     prepare_artifact_dir,
     run_aiperf,
+    scrape_metrics,
     service_command,
     start_service,
     write_json,
@@ -72,13 +72,6 @@ def service_args(args: argparse.Namespace, port: int) -> list[str]:
     )
 
 
-def scrape(url: str) -> dict:
-    status, body = http_get(f"{url}/v1/service/metrics")
-    if status != 200:
-        raise RuntimeError(f"GET {url}/v1/service/metrics answered {status}")
-    return parse_prometheus(body.decode())
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config_path = args.bench_config.resolve()
@@ -112,21 +105,20 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://127.0.0.1:{port}"
             cmd = service_command(args.python, "serve-stream", args.nproc, service_args(args, port))
             service = start_service(args, cmd, artifact_dir, url, run)
-        before = scrape(url)
+        before = scrape_metrics(url)
         rc, aiperf_s = run_aiperf(
             args.aiperf, config_path, artifact_dir, url, tokenizer=args.tokenizer, timeout_s=args.aiperf_timeout
         )
         run["aiperf_rc"], run["aiperf_wall_s"] = rc, round(aiperf_s, 3)
         if rc != 0:
             problems.append(f"aiperf exited with {rc} (see {artifact_dir / 'aiperf_console.log'})")
-        deltas = stream_service_deltas(before, scrape(url))
+        deltas = stream_service_deltas(before, scrape_metrics(url))
     except Exception as exc:  # the service or AIPerf could not run: still write what we know
         problems.append(f"{type(exc).__name__}: {exc}")
     finally:
         if service is not None:
-            run["service_exit"] = service.stop()
-            if not service.stopped_cleanly(run["service_exit"], torchrun=args.nproc > 1):
-                problems.append(f"the service exited with {run['service_exit']} (see {service.log_path})")
+            run["service_exit"], problem = service.stop_and_check(60.0, torchrun=args.nproc > 1)
+            problems += [problem] if problem else []
     run["wall_s"] = round(time.monotonic() - started, 3)
 
     if any((artifact_dir / name).exists() for name in ("profile_export_aiperf.json", "profile_export.jsonl")):

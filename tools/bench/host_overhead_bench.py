@@ -45,10 +45,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-
-from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
+from telefuser.models.registry import get_spec
 from telefuser.ops.attention import check_attention_impl
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.regions import compile_regions_on
@@ -113,11 +111,12 @@ def lingbot_model(args, variant: str, device, dtype, mesh):
     if device.type != "cuda":
         attn_impl = "sdpa"  # a CPU smoke run: cuDNN FP8 attention needs a GPU
     check_attention_impl(attn_impl)
-    model = build_random_lingbot_dit(
-        config, 0, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
-    ).eval()
-    if mesh is not None:
-        model.enable_parallel(mesh)
+    model = (
+        get_spec("lingbot_world_v2")
+        .loader("random")(config, 0, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda")
+        .eval()
+    )
+    Runtime(mesh, device, dtype).parallelize(model)
     model.quantize(quantization)
     return model
 
@@ -312,19 +311,17 @@ def session_table(results: list[dict]) -> str:
 
 # -- MiniMax H3 -------------------------------------------------------------------------------------------------------
 def minimax_mode(args, runtime, clock) -> list[dict]:
-    from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+    from telefuser.models.minimax_h3 import MiniMaxH3Config
     from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
     device, dtype, mesh = runtime.device, runtime.dtype, runtime.mesh
     config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
     if args.layers:
         config = replace(config, num_layers=args.layers)
-    model = build_random_minimax_h3_dit(
+    model = get_spec("minimax_h3").loader("random")(
         config, seed=0, device=device, dtype=dtype, init_on_device=device.type == "cuda"
     )
-    model = model.eval()
-    if mesh is not None:
-        model.enable_parallel(mesh)
+    model = runtime.parallelize(model.eval())
     quantization = "fp8" if "fp8" in args.variants else "none"
     model.quantize(quantization)
     shape = plan_shape(duration_s=args.duration, resolution=args.minimax_resolution, aspect_ratio="16:9")

@@ -55,16 +55,13 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.bench.transport_ab
-
 from telefuser.runtime import Runtime
-from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
+from telefuser.models.registry import get_spec
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
@@ -79,6 +76,7 @@ from telefuser.profiling.flop_rates import (
 )
 from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
 
+MODEL = get_spec("lingbot_world_v2")
 LATENT_FRAMES_PER_CHUNK = 4
 DENOISING_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)  # four reads of the window; the commit runs at t=0
 
@@ -103,6 +101,7 @@ class Runner:
         runtime = Runtime.launch(ulysses_degree=args.ulysses, device=args.device)
         if runtime.mesh is not None:
             agree_on_arguments(args)
+        self.runtime = runtime
         self.mesh, self.device, self.dtype, self.rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
         self.world = runtime.world_size
 
@@ -223,12 +222,12 @@ def session_mode(args, runner) -> dict:
     width, height = parse_resolution(args.resolution)
     config = dit_config(args)
     t0 = time.perf_counter()
-    model = build_random_lingbot_dit(
+    model = MODEL.loader("random")(
         config, 0, runner.device, runner.dtype, attn_impl=args.attn_impl, init_on_device=runner.on_gpu
     ).eval()
     init_s = time.perf_counter() - t0
     transports = args.transports
-    switch = TransportSwitch(model, runner.mesh, transports)  # collective: one communicator per transport, in order
+    switch = TransportSwitch(model, runner.runtime, transports)  # collective: one communicator per transport, in order
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
     rounds = args.iters if len(transports) > 1 else 1  # one transport: one timed session, as always
     sessions = {(name, variant): [] for name in transports for variant in variants}
@@ -443,12 +442,12 @@ def vs_diffusers_mode(args, runner) -> dict:
     results, best_errors = [], {}
     diffusers_model = build_diffusers_wan(base, runner.device, runner.dtype)
     best_label, best_model = diffusers_best(diffusers_model, runner, args.compile_backend)
-    ours = build_random_lingbot_dit(
+    ours = MODEL.loader("random")(
         base, 0, runner.device, runner.dtype, attn_impl=args.attn_impl, init_on_device=runner.on_gpu
     ).eval()
     ours_fp8 = None
     if args.with_fp8:  # the same seed: the same weights as `ours`, then quantized
-        ours_fp8 = build_random_lingbot_dit(
+        ours_fp8 = MODEL.loader("random")(
             base, 0, runner.device, runner.dtype, attn_impl="cudnn_fp8", init_on_device=runner.on_gpu
         ).eval()
         ours_fp8.quantize("fp8")
@@ -639,7 +638,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"session: comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
         "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)",
     )
-    p.add_argument("--attn-impl", default="sdpa")
+    # the model's --attn-impl, plus the attention-free one that times everything else
+    MODEL.flag("attn_impl").add_to(p, choices=(*MODEL.attention_impls, *NO_ATTENTION_IMPLS))
     p.add_argument(
         "--iters",
         type=int,

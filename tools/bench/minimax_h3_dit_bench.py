@@ -34,18 +34,15 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.bench.transport_ab
-
 from telefuser.runtime import Runtime
-from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
 from telefuser.models.minimax_h3.packing import pack_layout
+from telefuser.models.registry import get_spec
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
 from telefuser.profiling.flop_rates import (
@@ -59,6 +56,8 @@ from telefuser.profiling.flop_rates import (
 )
 from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
+
+MODEL = get_spec("minimax_h3")
 
 
 def parallel_label(tp: int, ulysses: int) -> str:
@@ -125,7 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
         "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)",
     )
-    p.add_argument("--attn-impl", default="sdpa")
+    # the model's --attn-impl, plus the attention-free one that times everything else
+    MODEL.flag("attn_impl").add_to(p, choices=(*MODEL.attention_impls, *NO_ATTENTION_IMPLS))
     p.add_argument("--iters", type=int, default=3)
     p.add_argument(
         "--fusion",
@@ -160,12 +160,12 @@ def main(argv=None) -> int:
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     t0 = time.perf_counter()
-    model = build_random_minimax_h3_dit(
+    model = MODEL.loader("random")(
         config, seed=0, device=device, dtype=dtype, attn_impl=args.attn_impl, init_on_device=on_gpu
     ).eval()
     build_s = time.perf_counter() - t0
     transports = args.transports
-    switch = TransportSwitch(model, mesh, transports)  # collective: TP slicing, then one communicator per transport
+    switch = TransportSwitch(model, runtime, transports)  # collective: TP slicing, then one communicator per transport
     shape, batch = inputs(config, args, device, dtype)
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
     samples = {(name, variant): [] for name in transports for variant in variants}

@@ -1,6 +1,6 @@
 """Where the CPU time of a copy-engine scatter_heads call goes (steady state: agreed signature, cached target).
 
-    torchrun --standalone --nproc-per-node=2 tools/bench/submission_cost.py [--transport auto] [--public-only]
+    torchrun --standalone --nproc-per-node=2 -m tools.bench.submission_cost [--transport auto] [--public-only]
 
 Times, per call (median of short bursts, the GPU drained in between so a full launch queue never throttles the
 submitting thread):

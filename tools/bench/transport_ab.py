@@ -15,6 +15,7 @@ import torch.distributed as dist
 from telefuser.distributed.agreement import describe_disagreement, gather_from_ranks
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.distributed.ulysses.selection import TRANSPORTS
+from telefuser.runtime import Runtime
 
 
 def parse_transports(text: str) -> list[str]:
@@ -53,18 +54,18 @@ def agree_on_arguments(args: argparse.Namespace) -> None:
 class TransportSwitch:
     """One open communicator per transport on one model; `use(name)` points the model's blocks at it.
 
-    The first transport's communicator comes from `model.enable_parallel`; the others are opened on the same Ulysses
-    group, in the given order, on every rank alike. The model reads `model.communicator` at every forward, so
-    switching is a local assignment: no collective, nothing re-opened. Sessions must be made after `use` (the model
+    The first transport's communicator comes from `runtime.parallelize` (the model spec's plan); the others are opened
+    on the same Ulysses group, in the given order, on every rank alike. The model reads `model.communicator` at every
+    forward, so switching is a local assignment: no collective, nothing re-opened. Sessions must be made after `use` (the model
     refuses sessions made for another parallel layout). Without a communicator (one rank) `use` does nothing."""
 
-    def __init__(self, model, mesh, transports: list[str]):
+    def __init__(self, model, runtime: Runtime, transports: list[str]):
         self.model, self.transports = model, transports
         self.communicators: dict[str, UlyssesCommunicator] = {}
-        if mesh is None:
+        if runtime.mesh is None:
             return
         first = functools.partial(UlyssesCommunicator, transport=transports[0])
-        model.enable_parallel(mesh, communicator_factory=first)
+        runtime.parallelize(model, communicator_factory=first)
         if model.communicator is None:
             return
         self.communicators[transports[0]] = model.communicator

@@ -1,6 +1,6 @@
 """A forward's worth of Ulysses communication, eager against one replayed CUDA graph, on the copy engine.
 
-    torchrun --standalone --nproc-per-node=4 tools/bench/ulysses_capture_bench.py --output docs/perf/x.json
+    torchrun --standalone --nproc-per-node=4 -m tools.bench.ulysses_capture_bench --output docs/perf/x.json
 
 Per layer: the V-first V/Q/K group (V, Q and K strided views of a fused [1, S_local, 3, H, D] bf16 projection), the
 head gather of the attention output; after the last layer the row gather of the model output. Each output is copied

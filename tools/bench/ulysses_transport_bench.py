@@ -1,6 +1,6 @@
 """Ulysses transport A/B bench: the grouped V/Q/K scatter of one attention layer, backend against backend.
 
-    torchrun --standalone --nproc-per-node=2 tools/bench/ulysses_transport_bench.py --output docs/perf/x.json
+    torchrun --standalone --nproc-per-node=2 -m tools.bench.ulysses_transport_bench --output docs/perf/x.json
 
 Every backend runs in the same process on the same inputs (a fused [B, S_local, 3, H, D] bf16 projection whose V, Q and
 K views are submitted V-first). For each (backend, shape) it reports:

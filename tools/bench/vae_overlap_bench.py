@@ -1,9 +1,9 @@
 """Would the VAE work of a LingBot chunk, run beside the DiT of the next one, shorten a chunk on one GPU? Measured.
 
-    python tools/bench/vae_overlap_bench.py                        # official sizes on the GPU, bf16
-    python tools/bench/vae_overlap_bench.py --quantization fp8 --attn-impl cudnn_fp8
-    python tools/bench/vae_overlap_bench.py --side decode          # the decode alone beside the DiT
-    python tools/bench/vae_overlap_bench.py --config tiny --device cpu --resolution 64x48 --iters 1   # smoke run
+    python -m tools.bench.vae_overlap_bench                        # official sizes on the GPU, bf16
+    python -m tools.bench.vae_overlap_bench --quantization fp8 --attn-impl cudnn_fp8
+    python -m tools.bench.vae_overlap_bench --side decode          # the decode alone beside the DiT
+    python -m tools.bench.vae_overlap_bench --config tiny --device cpu --resolution 64x48 --iters 1   # smoke run
 
 One random-weight DiT (said so) reading a full KV window, as a steady chunk does, and the bf16 VAE as ``--vae-fast``
 runs it. The side work (``--side``): ``decode`` (one chunk's decode), ``condition`` (the next chunk's condition

@@ -3,8 +3,8 @@
 replicas, and how long a job waits between its create and its claim by an idle replica (issue 26's targets: within
 10% of linear; under 100 ms at p50).
 
-    python3 tools/bench/video_replicas_bench.py                          # a private PostgreSQL cluster, 1/2/4
-    python3 tools/bench/video_replicas_bench.py --database postgresql://... --replicas 1 2 4 8
+    python -m tools.bench.video_replicas_bench                          # a private PostgreSQL cluster, 1/2/4
+    python -m tools.bench.video_replicas_bench --database postgresql://... --replicas 1 2 4 8
 
 Per replica count: a fresh database; the replicas start side by side (fake model, --fake-step-delay per step);
 `--jobs-per-replica` x N jobs are created at once, then the rate is jobs / (last completion - first create); each
@@ -25,11 +25,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.replica_processes import start_replicas, stop_all  # noqa: E402
+from tests.replica_processes import start_replicas, stop_all
 
 JOB = {"prompt": "a lighthouse", "size": "64x32", "seconds": 0.2}  # 5 frames: muxing is small beside the steps
 

@@ -3,10 +3,10 @@
 downloaded and probed, and how the first job after start-up compares with the later ones (the warm-up rule: the
 first request within 1.3x of a steady one).
 
-    python3 tools/bench/video_service_bench.py --config official --warmup on \\
+    python -m tools.bench.video_service_bench --config official --warmup on \\
         --jobs 1344x768:1 1344x768:1 1344x768:2 -- --seconds-default 1   # the GPU run: warm-up at the job's shape
-    python3 tools/bench/video_service_bench.py --fake                    # CPU smoke run: the fake model
-    python3 tools/bench/video_service_bench.py --url http://127.0.0.1:8000 --jobs 1344x768:1   # a running service
+    python -m tools.bench.video_service_bench --fake                    # CPU smoke run: the fake model
+    python -m tools.bench.video_service_bench --url http://127.0.0.1:8000 --jobs 1344x768:1   # a running service
 
 Steps: start `python -m telefuser.cli serve` (its own process group, a free loopback port, --output-dir under the
 output folder), or use --url -> wait for /v1/service/health -> read /v1/service/metadata (the warm-up's seconds when it
@@ -32,12 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO, REPO / "tools" / "aiperf"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from telefuser_aiperf.runner import (  # noqa: E402
+from tools.aiperf.telefuser_aiperf.runner import (
     Service,
     format_value,
     free_port,
@@ -47,6 +42,7 @@ from telefuser_aiperf.runner import (  # noqa: E402
     write_json,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 FINAL = ("completed", "failed", "cancelled")
 
 

@@ -1,8 +1,8 @@
 """The LingBot condition encode and chunk decode (diffusers' Wan 2.1 VAE) in each layout and kernel choice, side by
 side in one run, with the quality of each against the fp32 decode.
 
-    python tools/bench/wan_vae_bench.py                                          # official size on the GPU
-    python tools/bench/wan_vae_bench.py --size tiny --resolution 64x48 --device cpu --iters 1   # CPU smoke run
+    python -m tools.bench.wan_vae_bench                                          # official size on the GPU
+    python -m tools.bench.wan_vae_bench --size tiny --resolution 64x48 --device cpu --iters 1   # CPU smoke run
 
 Variants: ``fp32``, ``bf16``, ``bf16+fused`` (norm + SiLU compiled into one kernel), ``bf16+cl`` (channels-last
 weights), ``bf16+cl+fused``. Each decodes a warm-up chunk and then --iters steady chunks of --chunk-frames latent

@@ -21,9 +21,9 @@ that fits; the groups come from one `DeviceMesh` ("replica", "ulysses", "tp") th
 Each participating rank builds the model from the same seed (CPU generator on CPU; on CUDA the device generator,
 which draws the same numbers on identical GPUs -- checked: every rank reports an exact checksum of its weights and
 the case fails if they differ) and runs it dense. It then frees it, builds it again from the seed (same checksum
-required; one model in memory at a time, so ``--config official`` at full depth fits), calls ``enable_parallel(mesh,
-communicator_factory=partial(UlyssesCommunicator, transport=--transport))``, runs it on the same random, non-zero
-inputs and compares every output:
+required; one model in memory at a time, so ``--config official`` at full depth fits), applies the model spec's plan
+(``Runtime.parallelize(model, communicator_factory=partial(UlyssesCommunicator, transport=--transport))``), runs it
+on the same random, non-zero inputs and compares every output:
 
     MiniMax H3       one forward at batch 2 (different video/audio timesteps per sample); outputs: video and
                      audio velocities. The packed sequence is padded to the rank count (rows cross rank borders).
@@ -82,9 +82,11 @@ from telefuser.distributed.agreement import gather_from_ranks
 from telefuser.distributed.mesh import ParallelConfig, ParallelConfigError, ParallelMesh
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.distributed.ulysses.selection import TRANSPORTS
-from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
-from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
+from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config
+from telefuser.models.minimax_h3 import MiniMaxH3Config
+from telefuser.models.registry import get_spec
 from telefuser.ops.fusion import set_fusion
+from telefuser.runtime import Runtime
 
 MAX_REL_ERROR = {"cpu": 1e-5, "cuda": 2e-2}
 TOLERANCE_WHY = {
@@ -147,8 +149,8 @@ def num_heads(config) -> int:
     return config.num_attention_heads if isinstance(config, MiniMaxH3Config) else config.num_heads
 
 
-def build_model(config, args, device: torch.device, dtype: torch.dtype):
-    build = build_random_minimax_h3_dit if isinstance(config, MiniMaxH3Config) else build_random_lingbot_dit
+def build_model(model: str, config, args, device: torch.device, dtype: torch.dtype):
+    build = get_spec(model).loader("random")
     return build(config, args.seed, device, dtype, init_on_device=device.type == "cuda")
 
 
@@ -272,7 +274,7 @@ def run_case(case: Case, mesh: ParallelMesh, args, device: torch.device, dtype: 
     result = {"rank": dist.get_rank(), "error": None}
     try:
         config = model_config(case.model, args)
-        model = build_model(config, args, device, dtype)
+        model = build_model(case.model, config, args, device, dtype)
         result["weights"] = weights_checksum(model)
         inputs = make_inputs(config, args, device, dtype)
         start = time.perf_counter()
@@ -283,9 +285,10 @@ def run_case(case: Case, mesh: ParallelMesh, args, device: torch.device, dtype: 
         # official MiniMax H3 is 62 GB in bf16), and the checksum proves the second draw equals the first.
         del model
         free_memory(device)
-        model = build_model(config, args, device, dtype)
+        model = build_model(case.model, config, args, device, dtype)
         result["rebuilt_weights"] = weights_checksum(model)
-        model.enable_parallel(mesh, communicator_factory=partial(UlyssesCommunicator, transport=args.transport))
+        transport = partial(UlyssesCommunicator, transport=args.transport)
+        Runtime(mesh, device, dtype).parallelize(model, communicator_factory=transport)
         if args.perturb:
             with torch.no_grad():
                 for param in model.blocks[0].parameters():

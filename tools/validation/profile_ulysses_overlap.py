@@ -14,9 +14,9 @@ Both presets run the model's own attention module, built per rank with that rank
 The *_tiny presets are CPU-sized versions of the same layers, for `--device cpu` smoke runs (gloo, the portable or
 host-shm transport; a CPU trace has no GPU activity, so the overlap figures are 0 there).
 
-    torchrun --standalone --nproc-per-node=2 tools/validation/profile_ulysses_overlap.py --output /tmp/overlap
-    torchrun --standalone --nproc-per-node=4 tools/validation/profile_ulysses_overlap.py --preset lingbot_u4
-    torchrun --standalone --nproc-per-node=2 tools/validation/profile_ulysses_overlap.py --preset lingbot_tiny \
+    torchrun --standalone --nproc-per-node=2 -m tools.validation.profile_ulysses_overlap --output /tmp/overlap
+    torchrun --standalone --nproc-per-node=4 -m tools.validation.profile_ulysses_overlap --preset lingbot_u4
+    torchrun --standalone --nproc-per-node=2 -m tools.validation.profile_ulysses_overlap --preset lingbot_tiny \
         --device cpu --transport host-shm --output /tmp/overlap_cpu
 
 Runs unchanged with processes sharing one GPU (CUDA IPC) or one GPU per rank. Rank 0 exports a Chrome trace

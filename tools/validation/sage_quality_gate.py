@@ -72,11 +72,10 @@ class scaled_norms:
 # -- MiniMax H3 ---------------------------------------------------------------------------------------------------------
 def minimax_rows(args) -> list[dict]:
     from telefuser.models.minimax_h3.config import MiniMaxH3Config
-    from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
-    from tools.bench.minimax_h3_dit_bench import inputs
+    from tools.bench.minimax_h3_dit_bench import MODEL, inputs
 
     config = MiniMaxH3Config()
-    model = build_random_minimax_h3_dit(
+    model = MODEL.loader("random")(
         config, seed=0, device=torch.device("cuda"), dtype=torch.bfloat16, attn_impl="sdpa", init_on_device=True
     ).eval()
     bench_args = argparse.Namespace(duration=5.0, resolution=768, aspect_ratio="16:9", text_len=256)

@@ -1,6 +1,6 @@
 """Each tf-kernel validation error, raised in its own subprocess so that a crash in one is reported, not fatal.
 
-python3 tools/validation/tf_kernel_error_paths.py
+python -m tools.validation.tf_kernel_error_paths
 """
 
 import subprocess

@@ -1,6 +1,6 @@
 """Four-rank (or any-rank) Ulysses transport correctness, exact against rank-wise constructed results.
 
-    torchrun --standalone --nproc-per-node=4 tools/validation/ulysses_correctness.py [--transports portable,ce-ipc,ce-symm]
+    torchrun --standalone --nproc-per-node=4 -m tools.validation.ulysses_correctness [--transports portable,ce-ipc,ce-symm]
 
 Runs unchanged with several processes on one GPU (gloo control group; CUDA IPC) and on a multi-GPU host (NCCL for
 the portable path; CUDA IPC and Symmetric Memory). For each transport and dtype it checks contiguous and strided

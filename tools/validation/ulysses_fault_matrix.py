@@ -1,7 +1,7 @@
 """Run the Ulysses fault matrix and print its table (rows: faults confined to one rank; columns: transports).
 
-    python3 tools/validation/ulysses_fault_matrix.py --device cpu                  # portable (gloo), host-shm
-    python3 tools/validation/ulysses_fault_matrix.py --device cuda --output t.md   # 2 processes sharing GPU 0: portable, ce-ipc
+    python -m tools.validation.ulysses_fault_matrix --device cpu                  # portable (gloo), host-shm
+    python -m tools.validation.ulysses_fault_matrix --device cuda --output t.md   # 2 processes sharing GPU 0: portable, ce-ipc
 
 Each cell starts two fresh ranks, injects the fault on rank 1 and checks the outcome and its wall time
 (tests/fault_matrix.py has the cells and the rules). Exits 1 when any cell fails.
@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.fault_matrix import ROWS, format_table, run_matrix
 

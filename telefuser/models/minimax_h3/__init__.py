@@ -1,24 +1,16 @@
-"""MiniMax H3: the packed audio-video DiT, its tensor-parallel plan and its checkpoint loader."""
+"""MiniMax H3: the packed audio-video DiT, its tensor-parallel plan, its checkpoint loader and its `ModelSpec`.
 
-from .adaln_tables import AdaLNTables, adaln_table_bytes
-from .checkpoint import RANDOM_WEIGHTS, CheckpointError, build_random_minimax_h3_dit, load_minimax_h3_dit
-from .checkpoint_formats import QKV_LAYOUTS, grouped_qkv_to_fused
-from .config import MiniMaxH3Config, MiniMaxH3ConfigError
-from .dit import FP32_BUFFER_NAMES, FP32_PARAMETER_NAMES, TIMESTEP_SCALE, MiniMaxH3DiT
+The names below are imported at first use, so that ``telefuser.models.minimax_h3.spec`` imports without torch.
+"""
 
-__all__ = [
-    "FP32_BUFFER_NAMES",
-    "FP32_PARAMETER_NAMES",
-    "QKV_LAYOUTS",
-    "RANDOM_WEIGHTS",
-    "TIMESTEP_SCALE",
-    "AdaLNTables",
-    "CheckpointError",
-    "MiniMaxH3Config",
-    "MiniMaxH3ConfigError",
-    "MiniMaxH3DiT",
-    "adaln_table_bytes",
-    "build_random_minimax_h3_dit",
-    "grouped_qkv_to_fused",
-    "load_minimax_h3_dit",
-]
+from ..lazy_exports import lazy_exports
+
+EXPORTS = {
+    "adaln_tables": ("AdaLNTables", "adaln_table_bytes"),
+    "checkpoint": ("RANDOM_WEIGHTS", "CheckpointError", "build_random_minimax_h3_dit", "load_minimax_h3_dit"),
+    "checkpoint_formats": ("QKV_LAYOUTS", "grouped_qkv_to_fused"),
+    "config": ("MiniMaxH3Config", "MiniMaxH3ConfigError"),
+    "dit": ("FP32_BUFFER_NAMES", "FP32_PARAMETER_NAMES", "TIMESTEP_SCALE", "MiniMaxH3DiT"),
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+__all__ = [name for names in EXPORTS.values() for name in names]

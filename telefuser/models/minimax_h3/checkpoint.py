@@ -1,19 +1,21 @@
 """Loading a MiniMax H3 transformer checkpoint (release, re-export or diffusers layout), or building a random one.
 
-Built on meta and filled one tensor at a time: each TP rank reads only its rows or columns straight from the shard
-(``get_slice``), so the host never holds a full-precision copy. The layouts are in checkpoint_formats.py.
+Built on meta, parallelized (`Runtime.parallelize`: the TP plan slices the empty model), then filled one tensor at a
+time: each TP rank reads only its rows or columns straight from the shard (``get_slice``), so the host never holds a
+full-precision copy. The layouts are in checkpoint_formats.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from ...distributed.mesh import ParallelMesh
 from ..checkpoint_io import (
     RANDOM_WEIGHTS,
     ShardedCheckpoint,
@@ -26,7 +28,6 @@ from ..checkpoint_io import (
 from .checkpoint_formats import LayoutError, TransformerLayout, decide_qkv_layout, is_diffusers_layout, read_class_name
 from .config import MiniMaxH3Config, MiniMaxH3ConfigError
 from .dit import FP32_BUFFER_NAMES, FP32_PARAMETER_NAMES, MiniMaxH3DiT
-from .tp import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -85,109 +86,138 @@ def _index_metadata(index: Path | None) -> dict[str, str]:
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Files:
+    """Where a transformer's tensors are: its folder (None for a single file), shards and shard index."""
+
+    where: str
+    directory: Path | None
+    shards: list[Path]
+    index: Path | None
+
+    @classmethod
+    def locate(cls, path: str | Path) -> _Files:
+        path = Path(path)
+        if path.is_file():
+            return cls(str(path), None, [path], None)
+        directory = find_transformer_dir(path)
+        shards, index = find_shards(directory)
+        return cls(str(directory), directory, shards, index)
+
+
 def load_minimax_h3_dit(
     path: str | Path,
     *,
     device: str | torch.device,
     dtype: torch.dtype = torch.bfloat16,
-    mesh: ParallelMesh | None = None,
     attn_impl: str = "sdpa",
     qkv_layout: str | None = None,
+    parallelize: Callable[[MiniMaxH3DiT], MiniMaxH3DiT] | None = None,
 ) -> MiniMaxH3DiT:
     """Load a transformer checkpoint onto `device`: `dtype` for the blocks, fp32 for the released fp32 modules.
     `qkv_layout` ("interleaved" | "stacked") says how a release-named file orders its fused QKV rows when neither
-    its metadata nor the released shard index does. With a mesh, each TP rank reads only its slices into a model
-    with TP applied; Ulysses is the caller's (`runtime.parallelize`, which finds TP done)."""
-    path = Path(path)
-    if path.is_file():
-        directory, shards, index = None, [path], None
-    else:
-        directory = find_transformer_dir(path)
-        shards, index = find_shards(directory)
+    its metadata nor the released shard index does. `parallelize` (`Runtime.parallelize`) runs on the empty model
+    before any tensor is read, so that each TP rank reads only its slices."""
+    files = _Files.locate(path)
     device = torch.device(device)
-    tp_rank, tp_size = (mesh.tp_rank, mesh.config.tp_degree) if mesh is not None else (0, 1)
-
-    with ShardedCheckpoint(shards) as checkpoint:
-        found = checkpoint.keys()
-        class_name = read_class_name(directory / "config.json") if directory is not None else None
-        diffusers = is_diffusers_layout(found, class_name)
-        config = _read_config(directory, diffusers)
-        where = str(directory or path)
-        try:
-            layout_name, why = (
-                (None, "diffusers layout")
-                if diffusers
-                else decide_qkv_layout(
-                    qkv_layout,
-                    {**_index_metadata(index), **checkpoint.metadata()},
-                    index=index,
-                    shards=shards,
-                    class_name=class_name,
-                )
-            )
-        except LayoutError as exc:
-            raise CheckpointError(str(exc)) from exc
-        layout = TransformerLayout("diffusers" if diffusers else "release", layout_name, config, tp_rank, tp_size)
-
+    with ShardedCheckpoint(files.shards) as checkpoint:
+        kind, config, layout_name, why = _identify(files, checkpoint, qkv_layout)
         with torch.device("meta"):
             model = MiniMaxH3DiT(config, attn_impl=attn_impl)
         full_shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}
-        if tp_size > 1:
-            mesh.config.check_heads(config.num_attention_heads)
-            model.tensor_parallel = apply_tensor_parallel(model, mesh.tp_group, tp_rank, tp_size)
-        expected = model.state_dict(keep_vars=True)
-        recipes = {key: layout.recipe(key, full_shapes[key]) for key in expected}
-        needed = {name for recipe in recipes.values() for name, _ in recipe.parts}
-        optional = {name for key in OPTIONAL_KEYS for name, _ in recipes[key].parts}
-        check_keys(
-            needed,
-            found,
-            Path(where),
-            model_label=f"MiniMax H3 DiT ({layout.kind} layout)",
-            error=CheckpointError,
-            optional=frozenset(optional),
-        )
-        # only the optional (recomputable) tensors can be absent once check_keys has passed
-        absent = {key for key, recipe in recipes.items() if any(name not in found for name, _ in recipe.parts)}
-
-        def produce(key: str) -> torch.Tensor:
-            recipe = recipes[key]
-            want = layout.source_shape(key, full_shapes[key])
-            parts = []
-            for name, index in recipe.parts:
-                shape = checkpoint.shape(name)
-                if shape != want:
-                    raise CheckpointError(
-                        f"{checkpoint.where(name).name}: {name} has shape {shape}, the config expects {want}"
-                    )
-                parts.append(checkpoint.read(name, index))
-            tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return recipe.finish(tensor) if recipe.finish is not None else tensor
-
-        load_tensors(
-            model,
-            {k: v for k, v in expected.items() if k not in absent},
-            produce,
-            device=device,
-            dtype_for=partial(target_dtype, dtype=dtype),
-            error=CheckpointError,
-            source=where,
-        )
+        if parallelize is not None:
+            model = parallelize(model)
+        tp = model.tensor_parallel
+        layout = TransformerLayout(kind, layout_name, config, tp.rank if tp else 0, tp.size if tp else 1)
+        absent = _read_tensors(model, checkpoint, layout, full_shapes, files.where, device=device, dtype=dtype)
         model.checkpoint_bytes_read = checkpoint.bytes_read  # this rank's share only, under TP
     if "rope.inv_freq" in absent:
         model.rope.inv_freq = _rope_inv_freq(config, device)
-    finish_loading(model, f"checkpoint {where}", error=CheckpointError)
+    finish_loading(model, f"checkpoint {files.where}", error=CheckpointError)
     model.checkpoint_layout = f"{layout.kind}" + (f", qkv {layout_name} ({why})" if layout_name else "")
     log.info(
         "MiniMax H3 DiT loaded from %s (%s; %d shards, %.2f GiB read on this rank, %s, tp=%d)",
-        where,
+        files.where,
         model.checkpoint_layout,
-        len(shards),
+        len(files.shards),
         model.checkpoint_bytes_read / 2**30,
         dtype,
-        tp_size,
+        layout.tp_size,
     )
     return model
+
+
+def _identify(
+    files: _Files, checkpoint: ShardedCheckpoint, qkv_layout: str | None
+) -> tuple[str, MiniMaxH3Config, str | None, str]:
+    """(layout kind, config, release QKV row order or None, why that order) from the files' names and metadata."""
+    class_name = read_class_name(files.directory / "config.json") if files.directory is not None else None
+    diffusers = is_diffusers_layout(checkpoint.keys(), class_name)
+    config = _read_config(files.directory, diffusers)
+    if diffusers:
+        return "diffusers", config, None, "diffusers layout"
+    metadata = {**_index_metadata(files.index), **checkpoint.metadata()}
+    try:
+        name, why = decide_qkv_layout(
+            qkv_layout, metadata, index=files.index, shards=files.shards, class_name=class_name
+        )
+    except LayoutError as exc:
+        raise CheckpointError(str(exc)) from exc
+    return "release", config, name, why
+
+
+def _read_tensors(
+    model: MiniMaxH3DiT,
+    checkpoint: ShardedCheckpoint,
+    layout: TransformerLayout,
+    full_shapes: dict[str, tuple[int, ...]],
+    where: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> set[str]:
+    """Fill every tensor of the (possibly TP-sliced) meta `model` with this rank's part; returns the optional
+    (recomputable) keys the checkpoint lacks, left for the caller."""
+    expected = model.state_dict(keep_vars=True)
+    recipes = {key: layout.recipe(key, full_shapes[key]) for key in expected}
+    needed = {name for recipe in recipes.values() for name, _ in recipe.parts}
+    optional = {name for key in OPTIONAL_KEYS for name, _ in recipes[key].parts}
+    found = checkpoint.keys()
+    check_keys(
+        needed,
+        found,
+        Path(where),
+        model_label=f"MiniMax H3 DiT ({layout.kind} layout)",
+        error=CheckpointError,
+        optional=frozenset(optional),
+    )
+    # only the optional (recomputable) tensors can be absent once check_keys has passed
+    absent = {key for key, recipe in recipes.items() if any(name not in found for name, _ in recipe.parts)}
+
+    def produce(key: str) -> torch.Tensor:
+        recipe = recipes[key]
+        want = layout.source_shape(key, full_shapes[key])
+        parts = []
+        for name, index in recipe.parts:
+            shape = checkpoint.shape(name)
+            if shape != want:
+                raise CheckpointError(
+                    f"{checkpoint.where(name).name}: {name} has shape {shape}, the config expects {want}"
+                )
+            parts.append(checkpoint.read(name, index))
+        tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return recipe.finish(tensor) if recipe.finish is not None else tensor
+
+    load_tensors(
+        model,
+        {k: v for k, v in expected.items() if k not in absent},
+        produce,
+        device=device,
+        dtype_for=partial(target_dtype, dtype=dtype),
+        error=CheckpointError,
+        source=where,
+    )
+    return absent
 
 
 def _rope_inv_freq(config: MiniMaxH3Config, device: torch.device) -> torch.Tensor:

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from .config import MiniMaxH3Config
+from .spec import QKV_LAYOUTS  # declared with the --qkv-layout flag
 from .tp import Index, tensor_pieces
 
-QKV_LAYOUTS = ("interleaved", "stacked")
 QKV_METADATA_KEY = "qkv_layout"
 RELEASE_CLASS = "MiniMaxH3DiTModel"
 DIFFUSERS_CLASS = "MiniMaxH3Transformer3DModel"

@@ -1,7 +1,8 @@
 """MiniMax H3: one DiT over a packed joint sequence of text, audio and video tokens.
 
 Attention spans every modality; AdaLN modulation is picked per token by its modality and that modality's timestep.
-`enable_parallel` applies TP (tp.py), then Ulysses: each rank embeds its rows and the output rows are gathered.
+Its parallel plan is in spec.py (TP from tp.py, then Ulysses: each rank embeds its rows and the output rows are
+gathered), applied by `Runtime.parallelize`.
 On CUDA each joint block runs as one compiled region (`blocks.block_region`).
 """
 
@@ -17,7 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
@@ -32,7 +32,7 @@ from .config import MiniMaxH3Config
 from .embeddings import Rope3D, TimestepEmbedder
 from .modulation import AdaLNProjection, table_rows, timestep_rows
 from .packing import PACKED_SEQUENCE_ALIGNMENT, PackedLayout, pack_layout, patchify_video, unpatchify_video
-from .tp import TensorParallelState, apply_tensor_parallel
+from .tp import TensorParallelState
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,10 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
-        self.tensor_parallel: TensorParallelState | None = None
+        self.tensor_parallel: TensorParallelState | None = None  # set by the TP plan (spec.parallelize)
         self.adaln_offloaded = False  # offload_adaln(): the projections live in host memory, tables are required
 
-    # -- parallelism ----------------------------------------------------------------------------------------------
+    # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a call: the joint blocks' fused QKV, output projection and SwiGLU. The token
     # refiner, embeddings, AdaLN tables and heads stay in their dtype.
     FP8_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")
@@ -98,21 +98,6 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         """Apply ``"fp8"`` (ops.fp8) to every block's FP8_LINEARS in place (after TP: each rank's slices), or
         nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
-
-    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> MiniMaxH3DiT:
-        """TP over `mesh.tp_group` (skipped when the loader already sliced for it), then Ulysses over
-        `mesh.ulysses_group` with one communicator for all blocks. `close()` releases the communicator only: TP
-        slicing is one-way for a model instance."""
-        parallel = mesh.config
-        parallel.check_heads(self.config.num_attention_heads)
-        if self.tensor_parallel is None and parallel.tp_degree > 1:
-            self.tensor_parallel = apply_tensor_parallel(self, mesh.tp_group, mesh.tp_rank, parallel.tp_degree)
-        elif self.tensor_parallel is not None and self.tensor_parallel.size != parallel.tp_degree:
-            raise ValueError(
-                f"the model is already split for tp_degree {self.tensor_parallel.size}, not {parallel.tp_degree}"
-            )
-        self.open_ulysses(mesh, communicator_factory)
-        return self
 
     # -- forward --------------------------------------------------------------------------------------------------
     def forward(

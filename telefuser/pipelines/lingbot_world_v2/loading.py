@@ -7,12 +7,14 @@ imports (and its tests run) without it.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
 
-from ...distributed.mesh import parallelize
+from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...ops.fp8 import QUANTIZATIONS
+from ...runtime import Runtime, torch_dtype
 from .camera_control import CameraFactory, lingbot_camera
 from .session import WorldSessionPipeline
 from .text_encoder import (
@@ -34,7 +36,6 @@ T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 DIT_SUBDIR = "transformers"
 DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
-CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs of run_i2v.py and serve-stream
 
 
 def cuda_graphs_wanted(choice: str, device, ulysses_degree: int = 1) -> bool:
@@ -73,6 +74,19 @@ def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
 
 def is_diffusers_layout(root: Path) -> bool:
     return (root / "model_index.json").is_file()
+
+
+def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> WorldSessionPipeline:
+    """The pipeline the LingBot-World v2 flags in `args` describe (`LINGBOT_WORLD_V2.flags`; a flag `args` lacks takes
+    its default), on `runtime`'s device, dtype and layout; `overrides` are `build_lingbot_pipeline` keywords that
+    replace or add to those."""
+    options = LINGBOT_WORLD_V2.options(args, "config", "checkpoint", "attn_impl", "quantization", "vae_fast")
+    options["vae_dtype"] = torch_dtype(LINGBOT_WORLD_V2.option(args, "vae_dtype"))
+    options["cuda_graphs"] = cuda_graphs_wanted(
+        LINGBOT_WORLD_V2.option(args, "cuda_graphs"), runtime.device, runtime.world_size
+    )
+    launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
+    return build_lingbot_pipeline(**{**options, **launch, **overrides})
 
 
 def build_lingbot_pipeline(
@@ -182,6 +196,6 @@ def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
         model = build_random_lingbot_dit(
             dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
         )
-    parallelize(model, mesh)
+    Runtime(mesh, device, dtype).parallelize(model)
     config = model.config
     return model, int(config.text_dim), int(getattr(config, "text_len", TEXT_LEN))

@@ -8,13 +8,14 @@ clean-KV commit, the streamed decode) and times its phases. The loop, the API an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from telefuser.profiling.timing import PhaseClock
 
+from ..chunk import Chunk
+from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
 from .camera_control import CameraFactory, CameraGeometry, no_camera
 from .controls import normalize_keys
@@ -37,15 +38,6 @@ from .vae import LATENT_CHANNELS, to_uint8_frames
 MASK_CHANNELS = 4
 CONDITION_ENCODINGS = ("upfront", "per_chunk")
 DIT_IN_DIM = LATENT_CHANNELS + MASK_CHANNELS + LATENT_CHANNELS  # 36
-
-
-@dataclass
-class Chunk:
-    index: int
-    frames: np.ndarray  # uint8 [F, H, W, 3], on the host, on every rank
-    measurement: dict  # {index, frames, compute_seconds, phases: {dit_s, kv_update_s, decode_s, convert_s}}
-    keys: tuple[str, ...] = ()  # the keys this chunk was generated with
-    latents: torch.Tensor | None = None  # float32 [1, 16, 4, h, w] on the host when the session keeps them
 
 
 class WorldSessionPipeline:
@@ -174,7 +166,7 @@ class WorldSession:
         self.keys_history: list[list[str]] = []
         self._closed = False
         self._failure: str | None = None  # set when a chunk fails half-way: the KV cache is no longer trustworthy
-        self._dit_session = self._decoder = self._camera = self._encoder = None
+        self._kv_window = self._decoder = self._camera = self._encoder = None
         self._condition = None
         self.request = {
             "prompt": prompt,
@@ -214,7 +206,7 @@ class WorldSession:
         else:
             self._encoder = pipe.vae.stream_encoder(canvas)
         clock.lap("image_encode_s")
-        self._dit_session = pipe.dit.new_session(
+        self._kv_window = pipe.dit.new_session(
             1, context, tokens_per_frame=plan.tokens_per_frame, device=device, dtype=pipe.dit_dtype
         )
         self._sharding = pipe.sharded_decoder(plan.latent_height)
@@ -245,9 +237,10 @@ class WorldSession:
     def closed(self) -> bool:
         return self._closed
 
-    def next_chunk(self, keys=()) -> Chunk:
+    def next_chunk(self, keys=(), hooks: StepHooks = NO_HOOKS) -> Chunk:
         """Produce the next chunk with `keys` held. A failure inside the chunk closes the session (its KV cache
-        may hold a half-written chunk), and every later call says so."""
+        may hold a half-written chunk), and every later call says so. `hooks` (pipelines/hooks.py) hear each of the
+        chunk's denoising steps; a cancel is such a failure too (the session's noise draws are spent)."""
         keys = normalize_keys(keys)
         if self._failure is not None:
             raise RuntimeError(f"session was closed after chunk {self.index} failed: {self._failure}")
@@ -256,14 +249,14 @@ class WorldSession:
         if self.done:
             raise RuntimeError(f"session already produced all {self.plan.total_chunks} chunks")
         try:
-            return self._compute_chunk(keys)
+            return self._compute_chunk(keys, hooks)
         except BaseException as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             self.close()
             raise
 
     @torch.no_grad()
-    def _compute_chunk(self, keys: tuple[str, ...]) -> Chunk:
+    def _compute_chunk(self, keys: tuple[str, ...], hooks: StepHooks) -> Chunk:
         pipe, plan, schedule, device = self.pipe, self.plan, self.pipe.schedule, self.pipe.device
         index, span = self.index, plan.chunk_latent_frames
         frames_slice = slice(index * span, (index + 1) * span)
@@ -279,15 +272,18 @@ class WorldSession:
         if camera is not None:  # the camera's share of every block, once for the chunk's five forwards
             camera = pipe.dit.camera_modulation(camera)
         for step, t in enumerate(schedule.timesteps):
+            if hooks.cancelled():
+                raise GenerationCancelled(step)
             flow = pipe.dit.forward_chunk(
-                self._dit_session, torch.cat([x, cond], dim=1), _t(t, device), camera, update_cache=False
+                self._kv_window, torch.cat([x, cond], dim=1), _t(t, device), camera, update_cache=False
             )
             x0 = flow_to_x0(flow, x, schedule.x0_sigmas[step])
             if step < schedule.num_steps - 1:
                 noise = torch.randn(x0.shape, generator=self._generator, device=device, dtype=x0.dtype)
                 x = renoise(x0, noise, schedule.renoise_sigmas[step])
+            hooks.progress(step + 1, schedule.num_steps)
         clock.lap("dit_s")
-        pipe.dit.commit_chunk(self._dit_session, torch.cat([x0, cond], dim=1), _t(0, device), camera)
+        pipe.dit.commit_chunk(self._kv_window, torch.cat([x0, cond], dim=1), _t(0, device), camera)
         clock.lap("kv_update_s")
         pixels = self._decoder.decode(x0)
         clock.lap("decode_s")
@@ -317,11 +313,11 @@ class WorldSession:
         if self._closed:
             return
         self._closed = True
-        for part in (self._dit_session, self._decoder, self._encoder, self._camera):
+        for part in (self._kv_window, self._decoder, self._encoder, self._camera):
             close = getattr(part, "close", None)
             if callable(close):
                 close()
-        self._dit_session = self._decoder = self._encoder = self._camera = None
+        self._kv_window = self._decoder = self._encoder = self._camera = None
         self._noise = self._condition = self._generator = None
 
     def __enter__(self) -> WorldSession:

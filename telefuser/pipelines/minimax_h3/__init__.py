@@ -5,7 +5,7 @@ diffusers' (`AutoencoderKLMiniMaxH3`, `AutoencoderKLMiniMaxH3Audio`, `MiniMaxH3S
 """
 
 from .loading import build_minimax_h3_pipeline, resolve_partition
-from .pipeline import GenerationCancelled, MiniMaxH3Pipeline, MiniMaxH3Result, MiniMaxH3Timings, initial_noise
+from .pipeline import MiniMaxH3Pipeline, MiniMaxH3Result, MiniMaxH3Timings, initial_noise
 from .scheduler import FlowSchedule, make_scheduler
 from .shapes import ASPECT_RATIOS, MiniMaxH3Shape, plan_shape
 from .vae import AudioDecoder, VideoDecoder
@@ -14,7 +14,6 @@ __all__ = [
     "ASPECT_RATIOS",
     "AudioDecoder",
     "FlowSchedule",
-    "GenerationCancelled",
     "MiniMaxH3Pipeline",
     "MiniMaxH3Result",
     "MiniMaxH3Shape",

@@ -8,12 +8,13 @@ its tests run) without them.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
 
-from ...distributed.mesh import parallelize
 from ...ops.fp8 import QUANTIZATIONS
+from ...runtime import Runtime
 from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
 from .text_encoder import (
     SELECTED_LAYER,
@@ -93,6 +94,19 @@ def build_minimax_h3_pipeline(
     return pipe
 
 
+def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> MiniMaxH3Pipeline:
+    """The pipeline the MiniMax H3 flags in `args` describe (`MINIMAX_H3.flags`; a flag `args` lacks takes its
+    default), on `runtime`'s device, dtype and layout; `overrides` are `build_minimax_h3_pipeline` keywords that
+    replace or add to those."""
+    from telefuser.models.minimax_h3.spec import MINIMAX_H3
+
+    options = MINIMAX_H3.options(
+        args, "config", "checkpoint", "attn_impl", "quantization", "offload_text_encoder", "offload_adaln", "qkv_layout"
+    )
+    launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
+    return build_minimax_h3_pipeline(**{**options, **launch, **overrides})
+
+
 def _build(
     *,
     config,
@@ -134,7 +148,7 @@ def _build(
     # on a GPU, draw there: drawing the 33B-parameter official DiT on the host takes minutes
     on_device = device.type == "cuda"
     dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=on_device)
-    parallelize(dit, mesh)
+    Runtime(mesh, device, dtype).parallelize(dit)
     video_vae = random_video_vae(config, seed=seed, device=device, dtype=dtype, init_on_device=on_device)
     audio_vae = random_audio_vae(config, seed=seed, device=device, init_on_device=on_device)
     tokenizer = load_tokenizer(None)
@@ -180,9 +194,13 @@ def _from_checkpoint(
     encoder_device = "cpu" if offload_text_encoder else device  # offloaded: read straight into host memory
     encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
     dit = load_minimax_h3_dit(
-        part / "transformer", device=device, dtype=dtype, mesh=mesh, attn_impl=attn_impl, qkv_layout=qkv_layout
+        part / "transformer",
+        device=device,
+        dtype=dtype,
+        attn_impl=attn_impl,
+        qkv_layout=qkv_layout,
+        parallelize=Runtime(mesh, device, dtype).parallelize,  # before the read: a TP rank reads only its slices
     )
-    parallelize(dit, mesh)  # Ulysses; TP came with the slices the loader read
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(

@@ -1,14 +1,13 @@
 """MiniMax H3 text -> video + audio: encode the prompt, denoise both latents with one DiT, decode.
 
 The DiT is injected (its contract is in this folder's README); noise follows diffusers' MiniMax H3 pipeline, so a
-run is comparable with it seed for seed. Progress and cancellation are the call's own (`on_step`, `cancelled`).
+run is comparable with it seed for seed. Progress and cancellation are the call's own (`hooks`: pipelines/hooks.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +17,7 @@ from tqdm.auto import tqdm
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
 from telefuser.profiling.timing import Stopwatch, peak_memory, reset_peak_memory, synchronize
 
+from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
 from .scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_NUM_STEPS, DEFAULT_VIDEO_FLOW_SHIFT, FlowSchedule
 from .shapes import (
@@ -103,14 +103,6 @@ class MiniMaxH3Result:
         }
 
 
-class GenerationCancelled(Exception):
-    """The caller's ``cancelled()`` answered True before a DiT call; `steps_done` calls had run."""
-
-    def __init__(self, steps_done: int):
-        super().__init__(f"generation cancelled after {steps_done} DiT calls")
-        self.steps_done = steps_done
-
-
 class MiniMaxH3Pipeline:
     """One T2VA request per call. Holds its components; `close()` releases the DiT's parallel state."""
 
@@ -194,19 +186,15 @@ class MiniMaxH3Pipeline:
         flow_shift: float = DEFAULT_VIDEO_FLOW_SHIFT,
         audio_flow_shift: float = DEFAULT_AUDIO_FLOW_SHIFT,
         feature_cache=None,
-        on_step: Callable[[int, int], None] | None = None,
-        cancelled: Callable[[], bool] | None = None,
+        hooks: StepHooks = NO_HOOKS,
     ) -> MiniMaxH3Result:
         """Generate one clip. `feature_cache`: None / "none", "ada_taylor" (bundled H3 parameters), or a hook
         object with ``set_step`` (an `AdaTaylorCache` with other parameters, an `AdaTaylorCacheCalibrator`).
 
-        Progress and cancellation, in the manner of diffusers' ``callback_on_step_end`` and ``interrupt``:
-        ``on_step(done, total)`` runs after each DiT call; ``cancelled()`` is asked before each, and a True answer
-        raises `GenerationCancelled` (under Ulysses/TP every rank must give the same answers)."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-            raise ValueError(f"steps must be an integer >= 2 (N sigma points give N-1 DiT calls), got {steps!r}")
+        `hooks` (pipelines/hooks.py): ``progress(done, total)`` runs after each DiT call; ``cancelled()`` is asked
+        before each, and a True answer raises `GenerationCancelled` (under Ulysses/TP every rank must give the same
+        answers)."""
+        _check_request(prompt, steps)
         shape = self.plan(duration=duration, resolution=resolution, aspect_ratio=aspect_ratio)
         schedule = FlowSchedule.build(steps, flow_shift, audio_flow_shift)
         cache = self._feature_cache(feature_cache, schedule.num_dit_calls)
@@ -219,40 +207,27 @@ class MiniMaxH3Pipeline:
         with Stopwatch(device) as sw:
             text = self.prompt_encoder(prompt, device)
         timings.text_encode_s = sw.seconds
-
         video, audio = initial_noise(shape, seed, device)
-        total = schedule.num_dit_calls
-        with Stopwatch(device) as sw:
-            adaln = self._precompute_adaln(schedule, video.shape[0])
-        timings.adaln_tables_s = sw.seconds
-        try:
-            progress = tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank())
-            for step in progress:
-                if cancelled is not None and cancelled():
-                    raise GenerationCancelled(step)
-                with Stopwatch(device) as sw:
-                    video, audio = self._denoise_step(schedule, step, video, audio, text, cache, adaln)
-                timings.dit_step_s.append(sw.seconds)
-                if on_step is not None:
-                    on_step(step + 1, total)
-        finally:
-            if adaln is not None:
-                adaln.clear()  # the request's tables go with it, also on an error or a cancel
-            adaln = None
-        timings.dit_total_s = sum(timings.dit_step_s)
-
-        with Stopwatch(device) as sw:
-            pixels = self.video_decoder(video)
-        timings.video_decode_s = sw.seconds
-        with Stopwatch(device) as sw:
-            waveform = self.audio_decoder(audio)
-        timings.audio_decode_s = sw.seconds
-        frames = to_uint8_frames(pixels)[0]
-        waveform = waveform[0].float().clamp(-1.0, 1.0).cpu()
+        video, audio = self._denoise(schedule, video, audio, text, cache, hooks, timings)
+        frames, waveform = self._decode(video, audio, timings)
         timings.pipeline_s = time.perf_counter() - started
         peak_bytes, peak_kind = peak_memory(device)
 
         stats = cache.stats() if cache is not None else {"computed": schedule.num_dit_calls, "skipped": 0}
+        request = {
+            "prompt": prompt,
+            "duration_s": duration,
+            "resolution": resolution if not isinstance(resolution, tuple) else list(resolution),
+            "aspect_ratio": aspect_ratio,
+            "steps": steps,
+            "dit_calls": schedule.num_dit_calls,
+            "seed": seed,
+            "flow_shift": flow_shift,
+            "audio_flow_shift": audio_flow_shift,
+            "feature_cache": type(cache).__name__ if cache is not None else "none",
+            "device": str(device),
+            "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        }
         return MiniMaxH3Result(
             frames=frames,
             audio=waveform,
@@ -263,24 +238,42 @@ class MiniMaxH3Pipeline:
             dit_calls_computed=int(stats["computed"]),
             dit_calls_skipped=int(stats["skipped"]),
             weights=dict(self.weights),
-            request={
-                "prompt": prompt,
-                "duration_s": duration,
-                "resolution": resolution if not isinstance(resolution, tuple) else list(resolution),
-                "aspect_ratio": aspect_ratio,
-                "steps": steps,
-                "dit_calls": schedule.num_dit_calls,
-                "seed": seed,
-                "flow_shift": flow_shift,
-                "audio_flow_shift": audio_flow_shift,
-                "feature_cache": type(cache).__name__ if cache is not None else "none",
-                "device": str(device),
-                "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
-            },
+            request=request,
             video_latents=video.float().cpu(),
             audio_latents=audio.float().cpu(),
             feature_cache=cache,
         )
+
+    def _denoise(self, schedule: FlowSchedule, video, audio, text, cache, hooks: StepHooks, timings):
+        """Every DiT call of the schedule, timed one by one, with the hooks around each."""
+        device, total = self.device, schedule.num_dit_calls
+        with Stopwatch(device) as sw:
+            adaln = self._precompute_adaln(schedule, video.shape[0])
+        timings.adaln_tables_s = sw.seconds
+        try:
+            bar = tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank())
+            for step in bar:
+                if hooks.cancelled():
+                    raise GenerationCancelled(step)
+                with Stopwatch(device) as sw:
+                    video, audio = self._denoise_step(schedule, step, video, audio, text, cache, adaln)
+                timings.dit_step_s.append(sw.seconds)
+                hooks.progress(step + 1, total)
+        finally:
+            if adaln is not None:
+                adaln.clear()  # the request's tables go with it, also on an error or a cancel
+        timings.dit_total_s = sum(timings.dit_step_s)
+        return video, audio
+
+    def _decode(self, video, audio, timings) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 frames [F, H, W, 3] and the waveform [2, samples] in [-1, 1], both on the CPU."""
+        with Stopwatch(self.device) as sw:
+            pixels = self.video_decoder(video)
+        timings.video_decode_s = sw.seconds
+        with Stopwatch(self.device) as sw:
+            waveform = self.audio_decoder(audio)
+        timings.audio_decode_s = sw.seconds
+        return to_uint8_frames(pixels)[0], waveform[0].float().clamp(-1.0, 1.0).cpu()
 
     def _dit_times(self, schedule: FlowSchedule, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """DiT call `step`'s (t_video, t_audio), [batch] each in [0, timestep_scale], on the device."""
@@ -341,6 +334,13 @@ class MiniMaxH3Pipeline:
     def _progress_on_this_rank(self) -> bool:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         return self.show_progress and rank == 0
+
+
+def _check_request(prompt: str, steps: int) -> None:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt must be a non-empty string")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an integer >= 2 (N sigma points give N-1 DiT calls), got {steps!r}")
 
 
 def initial_noise(shape: MiniMaxH3Shape, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,11 @@ def error_response(
     return JSONResponse({"detail": detail}, status_code=status, headers=extra or None)
 
 
+async def answer_request_error(_request, exc: RequestError) -> JSONResponse:
+    """The exception handler both apps install for `RequestError`."""
+    return error_response(exc.status, exc.detail, headers=exc.headers)
+
+
 def request_id_of(scope) -> str | None:
     return scope.get("state", {}).get("request_id")
 

@@ -141,13 +141,13 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, st
     if not match:
         raise RequestError(400, "multipart/form-data without a boundary")
     delimiter = b"--" + match.group(1).encode("latin-1")
-    chunks = body.split(delimiter)
-    if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
+    pieces = body.split(delimiter)
+    if len(pieces) < 3 or not pieces[-1].startswith(b"--"):
         raise RequestError(400, "malformed multipart body: missing the closing boundary")
-    if len(chunks) - 2 > MAX_FORM_PARTS:
-        raise RequestError(400, f"malformed multipart body: {len(chunks) - 2} parts; at most {MAX_FORM_PARTS}")
+    if len(pieces) - 2 > MAX_FORM_PARTS:
+        raise RequestError(400, f"malformed multipart body: {len(pieces) - 2} parts; at most {MAX_FORM_PARTS}")
     out: dict[str, tuple[bytes, str | None]] = {}
-    for raw in chunks[1:-1]:
+    for raw in pieces[1:-1]:
         if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):
             raise RequestError(400, "malformed multipart body: parts must be CRLF-delimited")
         head, sep, content = raw[2:-2].partition(b"\r\n\r\n")

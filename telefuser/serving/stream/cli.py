@@ -1,6 +1,6 @@
 """`telefuser serve-stream`: run the streaming service (rank 0) and, under torchrun, the follower ranks.
 
-telefuser serve-stream --config tiny --device cpu               # LingBot-World v2, tiny random weights, CPU
+telefuser serve-stream --config tiny --device cpu               # --model lingbot_world_v2 (the default), tiny, CPU
 telefuser serve-stream --fake --port 8088                       # the test-pattern model, no weights
 torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves HTTP, ranks 1..3 follow
 """
@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any
 
+from ...models.registry import names
 from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
+from ..common.model_args import add_model_args, chosen_spec
 from ..common.replica import replica_id
 from ..common.warmup import add_warmup_arg
 from .contract import SessionFactory
@@ -26,13 +27,8 @@ from .replay import FollowingFactory, follow
 from .replica import ReplicaIdentity
 
 log = logging.getLogger("telefuser.serving")
-FactoryBuilder = Callable[[argparse.Namespace], SessionFactory]
-
-
-def build_factory(args: argparse.Namespace) -> SessionFactory:
-    from .lingbot import build_lingbot_factory  # imports the model stack only when serving it
-
-    return build_lingbot_factory(args)
+SERVICE = "stream"  # the adapter kind a model's spec names for this service: a `SessionFactory` builder
+DEFAULT_MODEL = "lingbot_world_v2"
 
 
 def build_fake_factory(args: argparse.Namespace) -> SessionFactory:
@@ -45,10 +41,11 @@ def build_fake_factory(args: argparse.Namespace) -> SessionFactory:
     return FakeSessionFactory(delay_s=args.fake_delay, defaults=defaults, max_sessions=args.max_sessions or 4)
 
 
-def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = None) -> argparse.ArgumentParser:
+def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve-stream",
-        help="serve a streaming world model over HTTP/WebSocket/SSE with a web client at /",
+        help="serve a streaming world model over HTTP/WebSocket/SSE with a web client at / "
+        f"(models: {', '.join(names(SERVICE))})",
         description="Streaming service: rank 0 serves HTTP, other torchrun ranks follow its model calls.",
     )
     g = p.add_argument_group("service")
@@ -100,41 +97,13 @@ def add_serve_stream_parser(subparsers, build_factory: FactoryBuilder | None = N
         help="uploaded image, checked before decoding (default: 40 megapixels)",
     )
     add_runtime_args(p, ulysses_default=None)  # every torchrun rank is a Ulysses rank unless told otherwise
-    m = p.add_argument_group("model (handed to the model factory)")
-    m.add_argument("--config", choices=("tiny", "official"), default="official")
-    m.add_argument("--checkpoint", default=None, help="checkpoint directory (random weights when omitted)")
-    m.add_argument("--attn-impl", default=None)
-    m.add_argument(
-        "--quantization",
-        choices=("none", "fp8"),
-        default="none",
-        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)",
-    )
-    m.add_argument(
-        "--vae-dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="the VAE's dtype for the condition encode and the decode (float32, as the reference; bfloat16 is ~1.5x "
-        "faster on an H200 at 48 dB PSNR against it, see docs/perf)",
-    )
-    m.add_argument(
-        "--vae-fast",
-        action="store_true",
-        help="channels-last VAE weights and one compiled kernel per norm + SiLU pair: the same result up to rounding "
-        "order, 1.39x on a chunk's encode + decode on an H200 (docs/perf)",
-    )
-    m.add_argument(
-        "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="replay every chunk's DiT forwards as CUDA graphs; the warm-up captures them (default auto: on for CUDA "
-        "under Ulysses, where they measured faster)",
-    )
+    add_model_args(p, service=SERVICE, default=DEFAULT_MODEL)
+    m = p.add_argument_group("sessions", "what a session that leaves them out gets")
     m.add_argument("--resolution", default=None, help="default resolution WxH")
     m.add_argument("--num-frames", type=int, default=None, help="default frames per session")
     m.add_argument("--fps", type=float, default=None, help="default target FPS")
     add_warmup_arg(m, what="a discarded session that runs every chunk shape")
-    p.set_defaults(func=lambda args: run_serve_stream(args, build_factory))
+    p.set_defaults(func=run_serve_stream)
     return p
 
 
@@ -145,9 +114,10 @@ def _replica(args: argparse.Namespace) -> ReplicaIdentity:
         raise SystemExit(f"telefuser serve-stream: {exc}") from None
 
 
-def run_serve_stream(args: argparse.Namespace, builder: FactoryBuilder | None = None) -> int:
+def run_serve_stream(args: argparse.Namespace) -> int:
     _replica(args)  # a bad --replica-id / --public-url ends the command before the model loads
-    build = build_fake_factory if args.fake else (builder or build_factory)
+    spec = chosen_spec(args, service=SERVICE, command="serve-stream")
+    build = build_fake_factory if args.fake else spec.adapter_builder(SERVICE)
     return run_service(args, build, serve=lambda factory: _serve(args, factory), lead=FollowingFactory, follow=follow)
 
 
@@ -169,6 +139,7 @@ def _serve(args: argparse.Namespace, factory: SessionFactory) -> int:
         limits=limits,
         api_keys=keys_from_args(args),
         replica=_replica(args),
+        models=names(SERVICE),
     )
     return serve_until_stopped(app, args, describe=f"model: {factory.metadata.get('model')}", command="serve-stream")
 

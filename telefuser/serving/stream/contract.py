@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from telefuser.pipelines.chunk import Chunk  # what next_chunk returns: frames uint8 [F, H, W, 3], measurement
 
 from ..common.request_body import short_repr
 
@@ -21,15 +22,6 @@ CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps", "fram
 FRAME_POLICIES: tuple[str, ...] = ("strict", "truncate")
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
 _RESOLUTION = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
-
-
-@dataclass
-class Chunk:
-    """One chunk of generated video: frames uint8 [F, H, W, 3] and how long it took."""
-
-    index: int
-    frames: np.ndarray
-    measurement: dict[str, Any] = field(default_factory=dict)  # {"index","frames","compute_seconds","phases":{...}}
 
 
 @runtime_checkable

@@ -152,25 +152,14 @@ class LingBotSessionFactory:
 
 
 def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
-    """`telefuser serve-stream` without --fake: the LingBot pipeline on this rank (Ulysses over the torchrun world)."""
-    from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
-    from telefuser.pipelines.lingbot_world_v2.loading import cuda_graphs_wanted
-    from telefuser.runtime import Runtime, torch_dtype
+    """`telefuser serve-stream --model lingbot_world_v2`: the LingBot pipeline on this rank (Ulysses over the torchrun
+    world)."""
+    from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
+    from telefuser.runtime import Runtime
 
     runtime = Runtime.from_args(args)
     device, dtype, world = str(runtime.device), runtime.dtype, runtime.world_size
-    pipeline = build_lingbot_pipeline(
-        config=args.config,
-        checkpoint=args.checkpoint,
-        device=device,
-        dtype=dtype,
-        mesh=runtime.mesh,
-        attn_impl=args.attn_impl or "sdpa",
-        quantization=getattr(args, "quantization", "none"),
-        vae_dtype=torch_dtype(getattr(args, "vae_dtype", "float32")),
-        vae_fast=getattr(args, "vae_fast", False),
-        cuda_graphs=cuda_graphs_wanted(getattr(args, "cuda_graphs", "auto"), device, world),
-    )
+    pipeline = LINGBOT_WORLD_V2.build_pipeline(args, runtime)
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "seed": 42,

@@ -1,7 +1,7 @@
 """`telefuser serve`: the batch text-to-video(+audio) service, and under torchrun its follower ranks.
 
     telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
-    telefuser serve --config tiny --device cpu                   # MiniMax H3, tiny random weights, on the CPU
+    telefuser serve --config tiny --device cpu                   # --model minimax_h3 (the default), tiny, on the CPU
     torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
     telefuser serve ... --job-store postgresql://db/telefuser --artifacts s3://videos/jobs   # one of N replicas
@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from ...models.registry import names
 from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
+from ..common.model_args import add_model_args, chosen_spec
 from ..common.warmup import add_warmup_arg
 from .contract import VideoRunner
 from .limits import VideoLimitFlags
@@ -26,13 +27,8 @@ from .replay import FollowingRunner, follow_runner
 from .replica_args import add_replica_args, check_replica_args, open_stores
 
 log = logging.getLogger("telefuser.serving")
-RunnerBuilder = Callable[[argparse.Namespace], VideoRunner]
-
-
-def build_runner(args: argparse.Namespace) -> VideoRunner:
-    from .minimax import build_minimax_runner  # imports the model stack only when serving it
-
-    return build_minimax_runner(args)
+SERVICE = "video"  # the adapter kind a model's spec names for this service: a `VideoRunner` builder
+DEFAULT_MODEL = "minimax_h3"
 
 
 def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
@@ -48,10 +44,10 @@ def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
     )
 
 
-def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> argparse.ArgumentParser:
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
-        help="serve batch text-to-video+audio (MiniMax H3) over an OpenAI-style /v1/videos API",
+        help=f"serve batch text-to-video+audio over an OpenAI-style /v1/videos API (models: {', '.join(names(SERVICE))})",
         description="Batch video service: POST /v1/videos, poll GET /v1/videos/{id}, fetch .../content. Rank 0 "
         "serves; other torchrun ranks follow its jobs.",
     )
@@ -99,53 +95,22 @@ def add_serve_parser(subparsers, build_runner: RunnerBuilder | None = None) -> a
         help="estimated memory one job may take (default: free device memory after loading)",
     )
     add_runtime_args(p, tp=True)
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--config",
-        choices=("tiny", "official"),
-        default="tiny",
-        help="random-weight sizes without --checkpoint (tiny runs on a CPU)",
-    )
-    m.add_argument("--checkpoint", type=Path, default=None, help="MiniMax-H3 release root or its FL2VA folder")
-    m.add_argument(
-        "--offload-text-encoder",
-        action="store_true",
-        help="keep the text encoder (~50 GB at official size) in host memory except while it encodes",
-    )
-    m.add_argument(
-        "--offload-adaln",
-        action="store_true",
-        help="keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each request's "
-        "tables are computed from them one block at a time (exact)",
-    )
-    m.add_argument(
-        "--qkv-layout",
-        choices=("interleaved", "stacked"),
-        default=None,  # models.minimax_h3.QKV_LAYOUTS
-        help="fused QKV row order of a single-file re-export whose metadata does not say (the release "
-        "shards and diffusers folders need no flag)",
-    )
-    m.add_argument("--attn-impl", default="sdpa")
-    m.add_argument(
-        "--quantization",
-        choices=("none", "fp8"),
-        default="none",
-        help="fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)",
-    )
-    m.add_argument("--enable-feature-cache", action="store_true", help="AdaTaylorCache with the bundled H3 params")
+    add_model_args(p, service=SERVICE, default=DEFAULT_MODEL)
+    m = p.add_argument_group("requests", "what a request that leaves them out gets")
     m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
     m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")
     m.add_argument(
         "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
     )
     add_warmup_arg(m, what="two discarded requests of one DiT call each (the default size and seconds, then another)")
-    p.set_defaults(func=lambda args: run_serve(args, build_runner))
+    p.set_defaults(func=run_serve)
     return p
 
 
-def run_serve(args: argparse.Namespace, builder: RunnerBuilder | None = None) -> int:
+def run_serve(args: argparse.Namespace) -> int:
     check_replica_args(args)
-    build = build_fake_runner if args.fake else (builder or build_runner)
+    spec = chosen_spec(args, service=SERVICE, command="serve")
+    build = build_fake_runner if args.fake else spec.adapter_builder(SERVICE)
     return run_service(
         args,
         build,
@@ -172,6 +137,7 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
         limits=limits,
         api_keys=keys_from_args(args),
+        models=names(SERVICE),
     )
     describe = f"model: {runner.model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
     return serve_until_stopped(app, args, describe=describe, command="serve")

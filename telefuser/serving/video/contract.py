@@ -7,10 +7,11 @@ it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
+
+from telefuser.pipelines.hooks import StepHooks
 
 
 class JobCancelled(Exception):
@@ -99,20 +100,6 @@ class RunOutcome:
         return asdict(self)
 
 
-def _never() -> bool:
-    return False
-
-
-def _ignore(done: int, total: int) -> None:
-    return None
-
-
-@dataclass
-class RunHooks:
-    progress: Callable[[int, int], None] = _ignore
-    cancelled: Callable[[], bool] = _never
-
-
 class VideoRunner(Protocol):
     model: str  # the served model name (what POST /v1/videos `model` must match)
     metadata: dict[str, Any]  # fps, sample_rate, size_multiple, guidance, defaults {...}; shown by /v1/service/metadata
@@ -125,6 +112,6 @@ class VideoRunner(Protocol):
     # the service refuses jobs that cannot fit the device (limits.py). Optional metadata: "native_size" (the
     # canvas the model was trained at, "WxH"), "device".
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome: ...
+    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
 
     def close(self) -> None: ...

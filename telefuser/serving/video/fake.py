@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from telefuser.pipelines.hooks import StepHooks
 from telefuser.pipelines.minimax_h3.shapes import plan_shape  # imported now, not on the first request
 
 from .canvas import write_clip
-from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec
 
 FPS = 24
 SAMPLE_RATE = 32_000
@@ -67,7 +68,7 @@ class FakeVideoRunner:
         pixels = plan.width * plan.height
         return {"frames": plan.frames * pixels * 3 + 2 * pixels * 8, "audio": int(plan.duration_s * SAMPLE_RATE) * 8}
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         plan = self.plan(spec)
         with self._lock:
             self.calls.append(spec.as_dict())

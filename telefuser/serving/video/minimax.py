@@ -1,6 +1,6 @@
 """The video service's real model: MiniMax H3 text -> video + audio behind the `VideoRunner` interface.
 
-Progress and cancellation are the pipeline's own (`on_step`, `cancelled`), so a cancelled job stops between two
+Progress and cancellation are the pipeline's own (`StepHooks`, passed through), so a cancelled job stops between two
 denoising steps. Under torchrun every rank builds the same runner on its share of the mesh; rank 0 serves and
 replays each job on the others (replay.py). `memory_estimate`'s terms and calibration are in serving/README.md.
 """
@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from telefuser.pipelines.minimax_h3 import GenerationCancelled
+from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from telefuser.runtime import torch_dtype
 
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
-from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec
 
 log = logging.getLogger(__name__)
 NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 768, area cap)
@@ -108,7 +108,7 @@ class MiniMaxRunner:
             lent = max(_module_bytes(p) for p in dit.adaln_projections())
         return tables + lent
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
         with self._lock:
             try:
@@ -120,8 +120,7 @@ class MiniMaxRunner:
                     steps=spec.steps,
                     seed=spec.seed,
                     feature_cache=self.feature_cache,
-                    on_step=hooks.progress,
-                    cancelled=hooks.cancelled,
+                    hooks=hooks,
                 )
             except GenerationCancelled as exc:
                 raise JobCancelled(exc.steps_done) from None
@@ -157,27 +156,15 @@ class MiniMaxRunner:
 
 
 def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
-    """`telefuser serve` without --fake: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
+    """`telefuser serve --model minimax_h3`: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
+    from telefuser.models.minimax_h3.spec import MINIMAX_H3
     from telefuser.ops.attention import check_attention_impl
-    from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
     from telefuser.runtime import Runtime
 
-    attn_impl = check_attention_impl(args.attn_impl or "sdpa")
+    attn_impl = check_attention_impl(MINIMAX_H3.option(args, "attn_impl"))
     runtime = Runtime.from_args(args)
     device, dtype_name, world, parallel = runtime.device, runtime.dtype_name, runtime.world_size, runtime.parallel
-    pipe = build_minimax_h3_pipeline(
-        config=args.config,
-        checkpoint=args.checkpoint,
-        device=device,
-        dtype=runtime.dtype,
-        mesh=runtime.mesh,
-        attn_impl=attn_impl,
-        quantization=getattr(args, "quantization", "none"),
-        show_progress=False,
-        offload_text_encoder=args.offload_text_encoder,
-        offload_adaln=getattr(args, "offload_adaln", False),
-        qkv_layout=getattr(args, "qkv_layout", None),
-    )
+    pipe = MINIMAX_H3.build_pipeline(args, runtime, attn_impl=attn_impl, show_progress=False)
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "size": args.size_default or ("64x32" if tiny else "1344x768"),
@@ -191,11 +178,11 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "device": str(device),
         "dtype": dtype_name,
         "attn_impl": attn_impl,
-        "quantization": getattr(args, "quantization", "none"),
+        "quantization": MINIMAX_H3.option(args, "quantization"),
         "world_size": world,
         "ulysses_degree": parallel.ulysses_degree,
         "tp_degree": parallel.tp_degree,
-        "offload_adaln": bool(getattr(args, "offload_adaln", False)),
+        "offload_adaln": MINIMAX_H3.option(args, "offload_adaln"),
     }
     if warmup_wanted(args, device):  # every rank: the DiT is collective
         seconds = pipe.warm_up(duration=defaults["seconds"], resolution=defaults["size"])

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from telefuser.pipelines.hooks import StepHooks
+
 from ..common.replay import Follower, Leader
-from .contract import JobCancelled, RunHooks, RunOutcome, VideoPlan, VideoRunner, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoRunner, VideoSpec
 
 log = logging.getLogger("telefuser.serving")
 
@@ -19,7 +21,7 @@ log = logging.getLogger("telefuser.serving")
 class _Job:
     """One generation on one rank."""
 
-    def __init__(self, runner: VideoRunner, spec: VideoSpec, output: Path | None, hooks: RunHooks):
+    def __init__(self, runner: VideoRunner, spec: VideoSpec, output: Path | None, hooks: StepHooks):
         self._runner, self._spec, self._output, self._hooks = runner, spec, output, hooks
 
     def run(self) -> RunOutcome | None:
@@ -55,9 +57,9 @@ class FollowingRunner:
     def plan(self, spec: VideoSpec) -> VideoPlan:
         return self._runner.plan(spec)
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: RunHooks) -> RunOutcome:
+    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self._runner.plan(spec)  # raises here, before any follower hears of the job
-        shared = RunHooks(progress=hooks.progress, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
+        shared = StepHooks(progress=hooks.progress, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
         job = self._leader.make("job", spec.as_dict(), local=lambda: _Job(self._runner, spec, output, shared))
         try:
             return job.call("run")
@@ -77,7 +79,7 @@ def follow_runner(runner: VideoRunner, group) -> int:
 
     def job(spec: dict) -> _FollowerJob:
         return _FollowerJob(
-            runner, VideoSpec.from_dict(spec), None, RunHooks(cancelled=lambda: bool(follower.receive()))
+            runner, VideoSpec.from_dict(spec), None, StepHooks(cancelled=lambda: bool(follower.receive()))
         )
 
     return follower.follow({"job": job})

@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from telefuser.pipelines.hooks import StepHooks
+
 from ..common.request_body import encodable_text
-from .contract import JobCancelled, RunHooks, RunOutcome, VideoRunner, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoRunner, VideoSpec
 from .metrics import VideoMetrics
 from .store.base import ArtifactStore, Claim, Ending, JobStore, StoreUnavailable
 
@@ -107,7 +109,7 @@ class VideoWorker:
     def _execute(self, claim: Claim) -> None:
         job = claim.job
         staged = self.artifacts.staging_path(job.id, claim.attempt)
-        hooks = RunHooks(progress=lambda done, total: self._renew(claim, done, total), cancelled=claim.stop.is_set)
+        hooks = StepHooks(progress=lambda done, total: self._renew(claim, done, total), cancelled=claim.stop.is_set)
         outcome: RunOutcome | None = None
         error, stopped_at, published = None, None, False
         try:

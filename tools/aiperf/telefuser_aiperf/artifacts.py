@@ -1,6 +1,6 @@
 """Post-run checks over an AIPerf artifact directory and the service's Prometheus metrics. No aiperf imports.
 
-Runs in any Python 3.10+ (the runners use the engine's venv). The stream checks replay the raw export
+Runs in any Python 3.10+ (the runners use the engine's venv). The stream checks feed the raw export
 (`profile_export_raw.jsonl`: every SSE event with its arrival time, written by the telefuser_stream transport)
 through the same state machine the transport used, so a lossless verdict never depends on the transport alone.
 """

@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .artifacts import parse_prometheus
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_AIPERF = REPO_ROOT / ".venv-aiperf" / "bin" / "aiperf"
 DEFAULT_TOKENIZER = REPO_ROOT / "tools" / "aiperf" / "fixtures" / "tokenizer"
@@ -80,12 +82,44 @@ def prepare_artifact_dir(path: Path) -> Path:
     return path
 
 
-def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def wait_healthy(
+    url: str, timeout_s: float, *, service: Service | None = None, headers: dict[str, str] | None = None
+) -> float:
+    """Seconds until GET `url` (a /v1/service/health) answered 200 {"status": "ok"}. RuntimeError names the last
+    answer or error, and a started `service`'s log tail when it exited or never became healthy."""
+    started, last = time.monotonic(), "no answer yet"
+    while time.monotonic() - started < timeout_s:
+        if service is not None and service.proc.poll() is not None:
+            raise RuntimeError(
+                f"the service exited with {service.proc.returncode} before {url} was healthy; "
+                f"its log ({service.log_path}) ends:\n{service.tail()}"
+            )
+        try:
+            status, body = http_get(url, timeout=5, headers=headers)
+            if status == 200 and json.loads(body).get("status") == "ok":
+                return time.monotonic() - started
+            last = f"{status} {body[:200].decode(errors='replace')}"
+        except (OSError, ValueError, AttributeError) as exc:  # refused, reset, timed out; a body that is not JSON
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(1.0 if service is not None else 0.5)
+    tail = f"; its log ({service.log_path}) ends:\n{service.tail()}" if service is not None else ""
+    raise RuntimeError(f"GET {url} did not answer 200 status ok within {timeout_s:g} s (last: {last}){tail}")
+
+
+def scrape_metrics(url: str, headers: dict[str, str] | None = None) -> dict:
+    """The service's Prometheus samples (GET {url}/v1/service/metrics); RuntimeError when it does not answer 200."""
+    status, body = http_get(f"{url}/v1/service/metrics", timeout=30, headers=headers)
+    if status != 200:
+        raise RuntimeError(f"GET {url}/v1/service/metrics answered {status}: {body[:300]!r}")
+    return parse_prometheus(body.decode())
 
 
 class Service:
@@ -102,20 +136,9 @@ class Service:
         self.started = time.monotonic()
 
     def wait_healthy(self, url: str, timeout_s: float) -> float:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the service exited with {self.proc.returncode} before it was healthy:\n{self.tail()}"
-                )
-            try:
-                status, body = http_get(url, timeout=5)
-                if status == 200 and json.loads(body).get("status") == "ok":
-                    return time.monotonic() - self.started
-            except (OSError, ValueError):
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"the service was not healthy at {url} within {timeout_s:g} s:\n{self.tail()}")
+        """Seconds from the start until `url` answered healthy (see `wait_healthy`)."""
+        wait_healthy(url, timeout_s, service=self)
+        return time.monotonic() - self.started
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGINT to the group (clean shutdown), then SIGTERM, then SIGKILL; returns the exit code."""
@@ -132,6 +155,13 @@ class Service:
                     print(f"== service did not stop after {sig.name}; escalating", flush=True)
         self._log.close()
         return self.proc.returncode
+
+    def stop_and_check(self, timeout_s: float, *, torchrun: bool) -> tuple[int | None, str | None]:
+        """(exit code, the problem when the service did not stop cleanly)."""
+        rc = self.stop(timeout_s=timeout_s)
+        if self.stopped_cleanly(rc, torchrun=torchrun):
+            return rc, None
+        return rc, f"the service did not exit cleanly (exit code {rc}); see {self.log_path}"
 
     def stopped_cleanly(self, returncode: int | None, *, torchrun: bool) -> bool:
         """Exit 0; under torchrun, whose agent exits 1 on SIGINT by design, rank 0's own clean-exit log line counts."""

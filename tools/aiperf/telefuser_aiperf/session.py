@@ -9,7 +9,7 @@ into the three things a session needs:
 
 `StreamSession` consumes the service's answers and SSE events in order and knows, at the end, whether the session was
 lossless (lossless.check_session) and what to acknowledge. The aiperf transport (transport.py) does the I/O around it;
-the post-run checker (artifacts.py) replays the same events from the raw export through the same class.
+the post-run checker (artifacts.py) feeds the same events from the raw export through the same class.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from aiperf.common.redact import redact_headers
 from aiperf.plugin import plugins
 from aiperf.transports.base_transports import BaseTransport, FirstTokenCallback, TransportMetadata
 
+from .control_schedule import ControlSchedule
 from .runner import REPO_ROOT
 from .session import StreamSession, split_options
 from .sse import SSEEvent, SSEParser
@@ -159,9 +160,7 @@ class _SessionRun:
         self.create_url = transport.build_url(request_info)
         self.session_url: str | None = None
         self.http: aiohttp.ClientSession | None = None
-        self.control_tasks: list[asyncio.Task] = []
-        self.first_chunk = asyncio.Event()
-        self.finished = False
+        self.controls = ControlSchedule(self.state, self._send_control)
         self.create_failed: ErrorDetails | None = None
         self.deleted = False
 
@@ -206,7 +205,7 @@ class _SessionRun:
         url = f"{self.session_url}/events{self.options.events_query()}"
         sse_headers = {k: v for k, v in self.headers.items() if k.lower() not in ("content-type", "accept")}
         sse_headers["Accept"] = "text/event-stream"
-        timed = asyncio.create_task(self._timed_controls())
+        self.controls.start()
         parser = SSEParser()
         try:
             async with http.get(
@@ -224,10 +223,7 @@ class _SessionRun:
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.state.stream_ended(f"the event stream failed: {exc!r} (stall timeout {stall:g} s)")
         finally:
-            self.finished = True
-            timed.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await timed
+            self.controls.close()
 
     def _handle(self, events: list[SSEEvent]) -> bool:
         """Returns True when the stream is over (done, fatal error, closed)."""
@@ -244,35 +240,14 @@ class _SessionRun:
             message = _message(event)
             self.record.responses.append(message)
             if kind == "chunk":
-                chunk = self.state.chunks[-1]
-                if len(self.state.chunks) == 1:
-                    self.first_chunk.set()
-                    if self.first_token_callback is not None:
-                        self.control_tasks.append(
-                            asyncio.ensure_future(
-                                self.first_token_callback(event.perf_ns - self.record.start_perf_ns, message)
-                            )
-                        )
-                for step in self.state.controls_after_chunk(chunk.index):
-                    self.control_tasks.append(asyncio.ensure_future(self._send_control(step)))
+                if len(self.state.chunks) == 1 and self.first_token_callback is not None:
+                    latency_ns = event.perf_ns - self.record.start_perf_ns
+                    self.controls.add(asyncio.ensure_future(self.first_token_callback(latency_ns, message)))
+                self.controls.on_chunk(self.state.chunks[-1].index)
             elif kind in ("done", "fatal", "closed"):
                 self.record.end_perf_ns = event.perf_ns
                 return True
         return False
-
-    async def _timed_controls(self) -> None:
-        steps = self.state.timed_controls()
-        if not steps:
-            return
-        await self.first_chunk.wait()
-        base = self.state.first_chunk_ns
-        for step in steps:
-            wait_s = (base + step.delay_s * 1e9 - _now()) / 1e9
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
-            if self.finished:
-                return
-            await self._send_control(step)
 
     async def _send_control(self, step) -> None:
         result = self.state.control_sent(step, _now())
@@ -290,9 +265,7 @@ class _SessionRun:
         record, state = self.record, self.state
         if record.end_perf_ns is None:
             record.end_perf_ns = _now()
-        if self.control_tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.gather(*self.control_tasks, return_exceptions=True), 30)
+        await self.controls.settle()
         lossless = self.options.harness["lossless"]
         if self.create_failed is None and lossless and state.done is not None:
             await self._ack()

@@ -24,7 +24,7 @@ from .base import MissingArtifact, StoreUnavailable
 
 MAX_PRESIGN_S = 7 * 24 * 3600
 DEFAULT_PRESIGN_S = 3600
-CHUNK_BYTES = 1 << 20
+READ_BYTES = 1 << 20
 
 
 class S3Artifacts:
@@ -75,7 +75,7 @@ class S3Artifacts:
             return RedirectResponse(url, status_code=307)
         obj = self._call(lambda: self._s3.get_object(Bucket=self.bucket, Key=self.key(job_id)), job_id)
         headers = {"Content-Length": str(obj["ContentLength"]), "Content-Disposition": disposition}
-        return StreamingResponse(_chunks(obj["Body"]), media_type="video/mp4", headers=headers)
+        return StreamingResponse(_object_bytes(obj["Body"]), media_type="video/mp4", headers=headers)
 
     def _call(self, request, what: str):
         try:
@@ -89,9 +89,9 @@ class S3Artifacts:
             raise StoreUnavailable(f"the artifact store is unavailable ({type(exc).__name__})") from None
 
 
-def _chunks(body) -> Iterator[bytes]:
+def _object_bytes(body) -> Iterator[bytes]:
     """The object's bytes; the connection goes back to boto3's pool when the client has it all or goes away."""
     try:
-        yield from body.iter_chunks(CHUNK_BYTES)
+        yield from body.iter_chunks(READ_BYTES)  # boto3's own word for a read of the body
     finally:
         body.close()

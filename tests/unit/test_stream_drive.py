@@ -1,5 +1,6 @@
-"""tools/bench/stream_replay.py end to end: the tiny LingBot-World v2 service on the CPU through the CI replay, and a
-service that loses a chunk, one that stalls and a URL with nothing behind it, each failing with a clear message."""
+"""tools/bench/stream_drive end to end: the tiny LingBot-World v2 service on the CPU driven through the CI session,
+and a service that loses a chunk, one that stalls and a URL with nothing behind it, each failing with a clear
+message."""
 
 from __future__ import annotations
 
@@ -19,18 +20,16 @@ from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.session import ChunkItem, SessionRuntime
 
 REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / "tools" / "bench" / "stream_replay.py"
 CI_BENCH = REPO / "tools" / "aiperf" / "configs" / "stream_lingbot_world_v2_ci.yaml"
-sys.path.insert(0, str(REPO / "tools" / "aiperf"))
 
-from telefuser_aiperf.controls import parse_controls
-from telefuser_aiperf.runner import endpoint_extra, load_bench_config
+from tools.aiperf.telefuser_aiperf.controls import parse_controls
+from tools.aiperf.telefuser_aiperf.runner import endpoint_extra, free_port, load_bench_config
 
 
 def run_tool(*args: str, output: Path, timeout: float) -> tuple[subprocess.CompletedProcess, dict, float]:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(TOOL), *args, "--output", str(output), "--progress", "lines"],
+        [sys.executable, "-m", "tools.bench.stream_drive", *args, "--output", str(output), "--progress", "lines"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -41,7 +40,7 @@ def run_tool(*args: str, output: Path, timeout: float) -> tuple[subprocess.Compl
     return proc, json.loads(output.read_text()), time.monotonic() - started
 
 
-def test_tiny_lingbot_ci_replay_is_lossless_end_to_end(tmp_path):
+def test_tiny_lingbot_ci_session_is_lossless_end_to_end(tmp_path):
     extra = endpoint_extra(load_bench_config(CI_BENCH))
     frames = int(extra["num_frames"])
     chunks = 1 + (frames - 13) // 16  # LingBot-World v2: 13 frames, then 16 a chunk
@@ -107,7 +106,7 @@ def _stalling_events(original):
         ("stall", _stalling_events, ["no message from the service for 2 s while waiting for chunk 1 of 3"]),
     ],
 )
-def test_a_faulty_service_fails_the_replay_with_the_reason(tmp_path, monkeypatch, fault, patch, expected):
+def test_a_faulty_service_fails_the_drive_with_the_reason(tmp_path, monkeypatch, fault, patch, expected):
     monkeypatch.setattr(SessionRuntime, "events", patch(SessionRuntime.events))
     app = create_stream_app(FakeSessionFactory(delay_s=0.0), max_sessions=1, ack_timeout_s=2.0)
     with serve_in_thread(app) as base:
@@ -125,11 +124,9 @@ def test_a_faulty_service_fails_the_replay_with_the_reason(tmp_path, monkeypatch
 
 
 def test_a_url_with_no_service_fails_within_the_connect_timeout(tmp_path):
-    from telefuser_aiperf.runner import free_port
-
     url = f"http://127.0.0.1:{free_port()}"
     proc, summary, seconds = run_tool("--url", url, "--connect-timeout", "2", output=tmp_path / "bad.json", timeout=60)
     assert proc.returncode == 1 and summary["passed"] is False and seconds < 20, proc.stdout + proc.stderr
     (problem,) = summary["problems"]
     assert f"GET {url}/v1/service/health did not answer 200 status ok within 2 s" in problem
-    assert "ConnectError" in problem and problem in proc.stdout
+    assert "Connection refused" in problem and problem in proc.stdout

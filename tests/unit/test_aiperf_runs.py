@@ -1,7 +1,7 @@
 """Real AIPerf 0.13.0 (from .venv-aiperf) against the real services, through the benchmark runners.
 
-  * a 3-chunk LingBot-World v2 stream replay (45 frames), tiny random-weight model on the CPU, lossless;
-  * the same replay against a broken stream (chunk 1 missing): AIPerf must record the request as failed;
+  * a 3-chunk LingBot-World v2 stream session (45 frames), tiny random-weight model on the CPU, lossless;
+  * the same session against a broken stream (chunk 1 missing): AIPerf must record the request as failed;
   * a 2-job MiniMax H3 batch run (tiny model on the CPU) with every MP4 re-downloaded and probed.
 
 Skips with a reason when .venv-aiperf is missing (`make aiperf-env` / tools/aiperf/setup_env.sh builds it). AIPerf
@@ -35,12 +35,12 @@ pytestmark = [
 ]
 
 
-def run_runner(script: str, *args: str, timeout: float = 400) -> tuple[subprocess.CompletedProcess, dict]:
+def run_runner(module: str, *args: str, timeout: float = 400) -> tuple[subprocess.CompletedProcess, dict]:
     summary = Path(args[args.index("--artifact-dir") + 1]) / "telefuser_summary.json"
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "2")
     proc = subprocess.run(
-        [sys.executable, str(TOOLS / script), *args],
+        [sys.executable, "-m", f"tools.aiperf.{module}", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -52,12 +52,11 @@ def run_runner(script: str, *args: str, timeout: float = 400) -> tuple[subproces
     return proc, json.loads(summary.read_text())
 
 
-def test_stream_replay_tiny_lingbot_lossless(tmp_path):
-    artifacts = tmp_path / "stream"
-    proc, summary = run_runner(
-        "run_stream_bench.py",
+def run_tiny_on_cpu(module: str, bench_config: Path, artifacts: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """A runner that starts the service itself with the tiny model on the CPU."""
+    args = (
         "--bench-config",
-        str(STREAM_CI),
+        str(bench_config),
         "--config",
         "tiny",
         "--device",
@@ -65,6 +64,12 @@ def test_stream_replay_tiny_lingbot_lossless(tmp_path):
         "--artifact-dir",
         str(artifacts),
     )
+    return run_runner(module, *args)
+
+
+def test_stream_bench_tiny_lingbot_lossless(tmp_path):
+    artifacts = tmp_path / "stream"
+    proc, summary = run_tiny_on_cpu("run_stream_bench", STREAM_CI, artifacts)
     assert proc.returncode == 0 and summary["passed"], (summary.get("problems"), proc.stdout[-3000:])
     (session,) = summary["sessions"]
     assert session["chunks"] == 3 and session["frames"] == 45 and session["done"]["published_frames"] == 45
@@ -140,13 +145,13 @@ def broken_stream_app():
     return app
 
 
-def test_stream_replay_missing_chunk_fails_in_aiperf(tmp_path):
+def test_stream_bench_missing_chunk_fails_in_aiperf(tmp_path):
     from telefuser.serving.common.local_server import serve_in_thread
 
     artifacts = tmp_path / "broken"
     with serve_in_thread(broken_stream_app()) as url:
         proc, summary = run_runner(
-            "run_stream_bench.py",
+            "run_stream_bench",
             "--bench-config",
             str(STREAM_CI),
             "--service-url",
@@ -167,17 +172,7 @@ def test_stream_replay_missing_chunk_fails_in_aiperf(tmp_path):
 
 def test_batch_tiny_minimax_two_jobs(tmp_path):
     artifacts = tmp_path / "batch"
-    proc, summary = run_runner(
-        "run_batch_bench.py",
-        "--bench-config",
-        str(BATCH_CI),
-        "--config",
-        "tiny",
-        "--device",
-        "cpu",
-        "--artifact-dir",
-        str(artifacts),
-    )
+    proc, summary = run_tiny_on_cpu("run_batch_bench", BATCH_CI, artifacts)
     assert proc.returncode == 0 and summary["passed"], (summary.get("problems"), proc.stdout[-3000:])
     aiperf = summary["aiperf"]
     assert aiperf["request_error_rate"]["avg"] == 0 and aiperf["completed_request_count"]["avg"] == 2

@@ -1,0 +1,76 @@
+"""LingBot-World v2's `ModelSpec`: its flags, its parallel plan (Ulysses only), its loaders, pipeline and stream
+adapter.
+
+Importing this module imports no torch: the plan and the loaders import the model's modules when they run.
+"""
+
+from __future__ import annotations
+
+from ...runtime import DTYPE_NAMES
+from ..flags import ATTENTION_IMPLS, QUANTIZATIONS, attn_impl_flag, checkpoint_flag, config_flag, quantization_flag
+from ..spec import Flag, ModelSpec
+
+CUDA_GRAPHS = ("auto", "on", "off")
+
+
+def parallelize(model, mesh, *, communicator_factory=None):
+    """Ulysses over `mesh.ulysses_group` with one communicator for all blocks; LingBot has no TP plan. Sessions made
+    before this call hold the wrong heads and are refused; make new ones."""
+    parallel = mesh.config
+    if parallel.tp_degree != 1:
+        raise ValueError(f"LingBot-World v2 supports Ulysses only; tp_degree {parallel.tp_degree} was asked for")
+    parallel.check_heads(model.config.num_heads)
+    model.open_ulysses(mesh, communicator_factory)
+    return model
+
+
+LINGBOT_WORLD_V2 = ModelSpec(
+    name="lingbot_world_v2",
+    title="LingBot-World v2 image-to-video world sessions",
+    model_class="telefuser.models.lingbot_world_v2.dit:LingBotWorldV2DiT",
+    flags=(
+        config_flag(),
+        checkpoint_flag(
+            "folder with Wan2.1_VAE.pth, models_t5_umt5-xxl-enc-bf16.pth, google/umt5-xxl/ and the DiT "
+            "(transformers/ or the folder itself), or a diffusers folder; random weights when omitted"
+        ),
+        attn_impl_flag(),
+        quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
+        Flag(
+            ("--vae-dtype",),
+            {
+                "choices": DTYPE_NAMES,
+                "default": "float32",
+                "help": "the VAE's dtype for the condition encode and the decode (float32, as the reference; "
+                "bfloat16 is faster, see docs/perf)",
+            },
+        ),
+        Flag(
+            ("--vae-fast",),
+            {
+                "action": "store_true",
+                "help": "channels-last VAE weights and one compiled kernel per norm + SiLU pair: the same result up "
+                "to rounding order, faster (docs/perf)",
+            },
+        ),
+        Flag(
+            ("--cuda-graphs",),
+            {
+                "choices": CUDA_GRAPHS,
+                "default": "auto",
+                "help": "replay every chunk's DiT forwards as CUDA graphs, each captured at its first call (default "
+                "auto: on for CUDA under Ulysses, where they measured faster; off runs them eagerly)",
+            },
+        ),
+    ),
+    attention_impls=ATTENTION_IMPLS,
+    quantizations=QUANTIZATIONS,
+    plan=parallelize,
+    pipeline="telefuser.pipelines.lingbot_world_v2.loading:pipeline_from_args",
+    adapters={"stream": "telefuser.serving.stream.lingbot:build_lingbot_factory"},
+    loaders={
+        "random": "telefuser.models.lingbot_world_v2.checkpoint:build_random_lingbot_dit",
+        "checkpoint": "telefuser.models.lingbot_world_v2.checkpoint:load_lingbot_dit",
+    },
+    serve_defaults={"config": "official"},  # a service runs the released sizes unless told
+)

@@ -1,0 +1,77 @@
+"""MiniMax H3's `ModelSpec`: its flags, its parallel plan (TP, then Ulysses), its loaders, pipeline and video adapter.
+
+Importing this module imports no torch: the plan imports the model's modules when it runs.
+"""
+
+from __future__ import annotations
+
+from ..flags import ATTENTION_IMPLS, QUANTIZATIONS, attn_impl_flag, checkpoint_flag, config_flag, quantization_flag
+from ..spec import Flag, ModelSpec
+
+QKV_LAYOUTS = ("interleaved", "stacked")  # checkpoint_formats.QKV_LAYOUTS
+
+
+def parallelize(model, mesh, *, communicator_factory=None):
+    """TP over `mesh.tp_group` (tp.MINIMAX_H3_TP_PLAN: each planned linear keeps this rank's slice, real or meta
+    weights), then Ulysses over `mesh.ulysses_group` with one communicator for all blocks. Once per model: TP slicing
+    is one-way, and `close()` releases only the communicator."""
+    from .tp import apply_tensor_parallel
+
+    parallel = mesh.config
+    parallel.check_heads(model.config.num_attention_heads)
+    if model.tensor_parallel is not None:
+        raise ValueError(f"the model is already split for tp_degree {model.tensor_parallel.size}; parallelize it once")
+    if parallel.tp_degree > 1:
+        model.tensor_parallel = apply_tensor_parallel(model, mesh.tp_group, mesh.tp_rank, parallel.tp_degree)
+    model.open_ulysses(mesh, communicator_factory)
+    return model
+
+
+MINIMAX_H3 = ModelSpec(
+    name="minimax_h3",
+    title="MiniMax H3 text-to-video+audio",
+    model_class="telefuser.models.minimax_h3.dit:MiniMaxH3DiT",
+    flags=(
+        config_flag(),
+        checkpoint_flag("MiniMax-H3 release root or its FL2VA folder"),
+        attn_impl_flag(),
+        quantization_flag("fp8: the joint blocks' QKV, output and SwiGLU GEMMs in FP8 (opt-in accuracy-for-speed)"),
+        Flag(
+            ("--offload-text-encoder",),
+            {
+                "action": "store_true",
+                "help": "keep the text encoder (~50 GB at official size) in host memory except while it encodes",
+            },
+        ),
+        Flag(
+            ("--offload-adaln",),
+            {
+                "action": "store_true",
+                "help": "keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each "
+                "request's tables are computed from them one block at a time (exact)",
+            },
+        ),
+        Flag(
+            ("--qkv-layout",),
+            {
+                "choices": QKV_LAYOUTS,
+                "default": None,
+                "help": "fused QKV row order of a single-file re-export whose metadata does not say (the release "
+                "shards and diffusers folders need no flag)",
+            },
+        ),
+        Flag(
+            ("--enable-feature-cache",),
+            {"action": "store_true", "help": "AdaTaylorCache with the bundled H3 params"},
+        ),
+    ),
+    attention_impls=ATTENTION_IMPLS,
+    quantizations=QUANTIZATIONS,
+    plan=parallelize,
+    pipeline="telefuser.pipelines.minimax_h3.loading:pipeline_from_args",
+    adapters={"video": "telefuser.serving.video.minimax:build_minimax_runner"},
+    loaders={
+        "random": "telefuser.models.minimax_h3.checkpoint:build_random_minimax_h3_dit",
+        "checkpoint": "telefuser.models.minimax_h3.checkpoint:load_minimax_h3_dit",
+    },
+)

@@ -1,0 +1,59 @@
+"""The models this package knows, by name. A new model is one folder with a ``spec.py`` and one line in `MODELS`.
+
+    spec = get_spec("minimax_h3")            # KeyError-like UnknownModelError naming the known ones
+    names("video")                           # the models a service of that kind can serve
+    spec_for_model(dit)                      # the spec whose model class `dit` is (Runtime.parallelize uses it)
+
+`register` adds a spec at run time, for a model that lives outside the package (the tests' stand-in).
+"""
+
+from __future__ import annotations
+
+from .lingbot_world_v2.spec import LINGBOT_WORLD_V2
+from .minimax_h3.spec import MINIMAX_H3
+from .spec import ModelSpec
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (MINIMAX_H3, LINGBOT_WORLD_V2)}
+
+
+class UnknownModelError(LookupError):
+    """No registered spec by that name (or for that model class)."""
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add `spec` under its name; a name already taken by another spec is refused."""
+    if MODELS.get(spec.name, spec) is not spec:
+        raise ValueError(f"a model named {spec.name!r} is already registered")
+    MODELS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    MODELS.pop(name, None)
+
+
+def names(service: str | None = None) -> list[str]:
+    """Every registered model's name, or those with an adapter for a service of kind `service`."""
+    return [name for name, spec in MODELS.items() if service is None or spec.serves(service)]
+
+
+def get_spec(name: str, service: str | None = None) -> ModelSpec:
+    """The spec registered as `name`; with `service`, one that the service of that kind can serve."""
+    spec = MODELS.get(name)
+    if spec is None or (service is not None and not spec.serves(service)):
+        known = ", ".join(names(service)) or "none"
+        what = f"a {service} service can serve" if service else "registered"
+        raise UnknownModelError(f"unknown model {name!r}; models {what}: {known}")
+    return spec
+
+
+def spec_for_model(model) -> ModelSpec:
+    """The spec whose `model_class` is the class of `model` (or one of its bases). Compares names, so it imports
+    nothing: a model instance means its module is loaded already."""
+    for cls in type(model).__mro__:
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        for spec in MODELS.values():
+            if spec.model_class == path:
+                return spec
+    known = ", ".join(f"{spec.name} ({spec.model_class})" for spec in MODELS.values())
+    raise UnknownModelError(f"no registered model spec builds a {type(model).__name__}; known: {known}")

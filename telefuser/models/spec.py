@@ -1,0 +1,115 @@
+"""`ModelSpec`: what an entry point needs to know about one model, declared once in the model's ``spec.py``.
+
+A spec names the model and its command-line flags, applies its parallel plan (`parallelize`: TP, then Ulysses) and
+points at its loaders, its pipeline builder and the service adapters that serve it. Everything heavy is referenced as
+a ``"module:attribute"`` string and imported at first use, so that importing a spec (and building a command line
+from it) does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+def resolve(reference: str) -> Any:
+    """``"package.module:name"`` -> that attribute, imported now."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag of a model: its option strings and argparse keyword arguments."""
+
+    names: tuple[str, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.options.get("dest") or self.names[0].lstrip("-").replace("-", "_")
+
+    @property
+    def default(self) -> Any:
+        return self.options.get("default", False if self.options.get("action") == "store_true" else None)
+
+    def add_to(self, parser, **overrides) -> None:
+        parser.add_argument(*self.names, **{**self.options, **overrides})
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # what --model takes and the registry's key
+    title: str  # for people: help text, logs
+    model_class: str  # "module:Class" of the DiT; Runtime.parallelize finds a model's spec by it
+    flags: tuple[Flag, ...]
+    attention_impls: tuple[str, ...]  # the --attn-impl choices this model runs with
+    quantizations: tuple[str, ...]  # the --quantization choices
+    plan: Callable[..., Any]  # (model, mesh, *, communicator_factory) -> model: TP, then Ulysses
+    pipeline: str  # "module:function" (args, runtime, **overrides) -> the model's pipeline, from its flags
+    adapters: Mapping[str, str] = field(default_factory=dict)  # service kind -> "module:function" (args) -> adapter
+    loaders: Mapping[str, str] = field(default_factory=dict)  # "random" | "checkpoint" -> "module:function"
+    serve_defaults: Mapping[str, Any] = field(default_factory=dict)  # flag defaults a service overrides
+
+    def __post_init__(self):
+        object.__setattr__(self, "adapters", MappingProxyType(dict(self.adapters)))
+        object.__setattr__(self, "loaders", MappingProxyType(dict(self.loaders)))
+        object.__setattr__(self, "serve_defaults", MappingProxyType(dict(self.serve_defaults)))
+
+    # -- flags ------------------------------------------------------------------------------------------------------
+    def flag(self, dest: str) -> Flag:
+        for flag in self.flags:
+            if flag.dest == dest:
+                return flag
+        raise KeyError(f"{self.name} has no flag {dest!r}; its flags: {', '.join(self.flag_names())}")
+
+    def flag_names(self) -> list[str]:
+        return [flag.names[0] for flag in self.flags]
+
+    def add_flags(self, parser, *, only: Iterable[str] | None = None, **defaults) -> None:
+        """Add this model's flags (or those whose dest is in `only`) to `parser` or an argument group; `defaults`
+        overrides some of their defaults for this entry point."""
+        wanted = None if only is None else set(only)
+        missing = (set(defaults) | (wanted or set())) - {flag.dest for flag in self.flags}
+        if missing:
+            raise KeyError(f"{self.name} has no flag(s) {sorted(missing)}; its flags: {', '.join(self.flag_names())}")
+        for flag in self.flags:
+            if wanted is None or flag.dest in wanted:
+                flag.add_to(parser, **({"default": defaults[flag.dest]} if flag.dest in defaults else {}))
+
+    def option(self, args: argparse.Namespace, dest: str) -> Any:
+        """The value of one of this model's flags in `args`; its declared default when `args` lacks it or holds
+        None (a caller that built its own namespace)."""
+        value = getattr(args, dest, None)
+        return self.flag(dest).default if value is None else value
+
+    def options(self, args: argparse.Namespace, *dests: str) -> dict[str, Any]:
+        """{dest: `option(args, dest)`} for the named flags."""
+        return {dest: self.option(args, dest) for dest in dests}
+
+    # -- the model ----------------------------------------------------------------------------------------------------
+    def parallelize(self, model, mesh, *, communicator_factory=None):
+        """Apply this model's plan over `mesh`: TP, then Ulysses. Call it through `Runtime.parallelize`."""
+        return self.plan(model, mesh, communicator_factory=communicator_factory)
+
+    def loader(self, kind: str) -> Callable[..., Any]:
+        """``"random"``: build a seeded dense model; ``"checkpoint"``: load one, parallelized before it is read."""
+        return resolve(self.loaders[kind])
+
+    def build_pipeline(self, args: argparse.Namespace, runtime, **overrides):
+        """The model's pipeline on this rank, from its flags in `args` (defaults where `args` lacks one)."""
+        return resolve(self.pipeline)(args, runtime, **overrides)
+
+    def serves(self, kind: str) -> bool:
+        return kind in self.adapters
+
+    def adapter_builder(self, kind: str) -> Callable[[argparse.Namespace], Any]:
+        """The function that builds this model's adapter for a service of `kind` ("video" | "stream")."""
+        if kind not in self.adapters:
+            served = ", ".join(self.adapters) or "none"
+            raise ValueError(f"{self.name} has no {kind} service adapter (it serves: {served})")
+        return resolve(self.adapters[kind])

@@ -1,0 +1,66 @@
+"""`--model` for a service: the registered models it can serve, and the flags of each, declared by the model's spec.
+
+Every servable model's flags are on the command line (one help group per model; a flag two models share, such as
+--checkpoint, is listed once), with no default at parse time. `chosen_spec` then resolves --model, refuses a flag
+the chosen model does not take, and fills in the chosen model's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ...models import registry
+from ...models.spec import ModelSpec
+
+
+def _model_name(service: str):
+    def check(name: str) -> str:
+        try:
+            return registry.get_spec(name, service).name
+        except registry.UnknownModelError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    check.__name__ = "model"  # argparse names the type in its messages
+    return check
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, service: str, default: str) -> None:
+    """--model NAME, with the models a `service` ("video" | "stream") service can serve, and their flags."""
+    specs = [registry.get_spec(name) for name in registry.names(service)]
+    listed = "; ".join(f"{spec.name}: {spec.title}" for spec in specs)
+    parser.add_argument_group("model").add_argument(
+        "--model", type=_model_name(service), default=default, help=f"the model to serve (default {default}); {listed}"
+    )
+    added: set[str] = set()
+    for spec in specs:
+        group = parser.add_argument_group(f"{spec.name} flags", f"taken with --model {spec.name}")
+        for flag in spec.flags:
+            if not added & set(flag.names):
+                flag.add_to(group, default=argparse.SUPPRESS)  # filled in by chosen_spec for the chosen model
+                added.update(flag.names)
+
+
+def chosen_spec(args: argparse.Namespace, *, service: str, command: str) -> ModelSpec:
+    """The spec of --model; its flags' defaults (the spec's `serve_defaults` first) are set on `args` where not given.
+    A flag given for another model, or a value the chosen model does not take, ends the command with the reason."""
+    spec = registry.get_spec(args.model, service)
+    own = {flag.dest: flag for flag in spec.flags}
+    others = {
+        flag.dest: flag.names[0]
+        for name in registry.names(service)
+        for flag in registry.get_spec(name).flags
+        if flag.dest not in own
+    }
+    foreign = [option for dest, option in others.items() if dest in vars(args)]
+    if foreign:
+        raise SystemExit(
+            f"telefuser {command}: {', '.join(foreign)} is not a flag of --model {spec.name} "
+            f"(its flags: {', '.join(spec.flag_names())})"
+        )
+    for dest, flag in own.items():
+        if dest not in vars(args):
+            setattr(args, dest, spec.serve_defaults.get(dest, flag.default))
+        elif "choices" in flag.options and getattr(args, dest) not in flag.options["choices"]:
+            choices = ", ".join(map(str, flag.options["choices"]))
+            raise SystemExit(f"telefuser {command}: --model {spec.name} takes {flag.names[0]} {{{choices}}}")
+    return spec

@@ -1,0 +1,131 @@
+"""`/v1/stream/sessions`: create, list, read and delete sessions; steer, stop and acknowledge one; its WebSocket and
+its event stream (PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ...common.http_errors import RequestError
+from ...common.request_body import json_object, read_body
+from ..contract import normalize_keys
+from ..request import parse_create_request
+from ..service import Service
+from ..session import StateError
+from ..sse_consumer import sse_stream
+from ..ws_consumer import serve_websocket
+
+SMALL_BODY_BYTES = 64 << 10  # control / ack bodies
+router = APIRouter()
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await read_body(request, SMALL_BODY_BYTES)
+    return json_object(body, '{"keys": ["W"]}') if body.strip() else {}
+
+
+@router.post("/v1/stream/sessions", status_code=201)
+async def create_session(request: Request, service: Service) -> JSONResponse:
+    registry, settings = service.registry, service.registry.settings
+    body = await read_body(request, settings.max_body_bytes)
+    image_pixels = registry.limits["max_image_pixels"]
+    parsed = await run_in_threadpool(parse_create_request, request.headers.get("content-type", ""), body, image_pixels)
+    runtime = await registry.create(parsed)
+    return JSONResponse(
+        {
+            "session_id": runtime.id,
+            **service.urls(request, runtime),
+            "total_chunks": runtime.total_chunks,
+            "total_frames": runtime.total_frames,
+            "fps": runtime.fps,
+            "resolution": runtime.resolution,
+            "config": runtime.config,
+            "codec": runtime.codec,
+            "delivery_mode": settings.delivery_mode,
+            "buffer_chunks": settings.buffer_chunks,
+            "keys": list(settings.keys),
+        },
+        status_code=201,
+    )
+
+
+@router.get("/v1/stream/sessions")
+async def list_sessions(service: Service) -> dict[str, Any]:
+    live = [s.describe() for s in service.registry.live.values()]
+    finished = [s.describe() for s in reversed(service.registry.finished.values())]
+    return {"object": "list", "data": live + finished, "live": len(live), "finished": len(finished)}
+
+
+@router.get("/v1/stream/sessions/{session_id}")
+async def session_status(session_id: str, service: Service) -> dict[str, Any]:
+    return service.lookup(session_id, live_only=False).describe()
+
+
+@router.delete("/v1/stream/sessions/{session_id}", status_code=204)
+async def delete_session(session_id: str, service: Service) -> Response:
+    if session_id in service.registry.finished:
+        return Response(status_code=204)  # already ended: the slot is free, which is what DELETE asks
+    runtime = service.lookup(session_id)
+    await asyncio.shield(service.registry.spawn(runtime.aclose("deleted")))
+    return Response(status_code=204)
+
+
+@router.post("/v1/stream/sessions/{session_id}/control")
+async def control(session_id: str, request: Request, service: Service) -> dict[str, Any]:
+    runtime = service.lookup(session_id)
+    try:
+        keys = normalize_keys((await _json_body(request)).get("keys"), service.registry.settings.keys)
+        return {"keys": keys, "applies_from_chunk": runtime.set_controls(keys)}
+    except ValueError as exc:
+        runtime.metrics.inc("control_errors_total")
+        raise RequestError(422, f"control rejected: {exc}") from None
+    except StateError as exc:
+        raise RequestError(409, str(exc)) from None
+
+
+@router.post("/v1/stream/sessions/{session_id}/stop", status_code=202)
+async def stop(session_id: str, service: Service) -> dict[str, Any]:
+    service.lookup(session_id).request_stop()
+    return {"stopping": True}
+
+
+@router.post("/v1/stream/sessions/{session_id}/ack")
+async def ack(session_id: str, request: Request, service: Service) -> dict[str, Any]:
+    runtime = service.lookup(session_id, live_only=False)
+    frames = (await _json_body(request)).get("published_frames")
+    if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
+        raise RequestError(422, f"'published_frames' must be a non-negative integer, got {frames!r}")
+    try:
+        runtime.record_ack(frames)
+    except StateError as exc:
+        raise RequestError(409, str(exc)) from None
+    return runtime.ack_payload()
+
+
+@router.websocket("/v1/stream/sessions/{session_id}/ws")
+async def websocket_stream(websocket: WebSocket, session_id: str, service: Service) -> None:
+    await serve_websocket(websocket, service.registry, session_id)
+
+
+@router.get("/v1/stream/sessions/{session_id}/events")
+async def events(session_id: str, service: Service, frames: int = 0, status: int = 0) -> StreamingResponse:
+    runtime = service.lookup(session_id)
+    try:
+        runtime.attach("sse", images=bool(frames))
+    except StateError as exc:
+        raise RequestError(409, str(exc)) from None
+    return StreamingResponse(
+        sse_stream(
+            runtime,
+            service.registry,
+            frames=bool(frames),
+            status=bool(status),
+            keepalive_s=service.registry.settings.keepalive_s,
+        ),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

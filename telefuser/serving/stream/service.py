@@ -1,0 +1,74 @@
+"""What the stream service's routes share: one `StreamService` on `app.state.service`, reached through a dependency.
+
+The routes (routes/) hold no state of their own: the sessions are in the `SessionRegistry`; the API keys, this
+replica's identity, the model's key bindings and the models the CLI can serve are beside it here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+
+from ..common.auth import ApiKeys
+from ..common.http_errors import RequestError
+from .registry import SessionRegistry
+from .replica import ReplicaIdentity
+from .session import SessionRuntime
+
+_STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events)$")
+
+
+@dataclass
+class StreamService:
+    registry: SessionRegistry
+    keys: ApiKeys
+    replica: ReplicaIdentity
+    bindings: dict[str, str]  # the model's {key: action} controls
+    models: Sequence[str] = ()  # the models this service's CLI can serve (/v1/service/metadata)
+
+    def lookup(self, session_id: str, *, live_only: bool = True) -> SessionRuntime:
+        runtime = self.registry.live.get(session_id) if live_only else self.registry.get(session_id)
+        if runtime is None:
+            raise RequestError(404, f"unknown or closed session {session_id!r}")
+        return runtime
+
+    def stream_token_ok(self, path: str, token: str) -> bool:
+        """A session's WebSocket or event stream also takes that session's own token in the query (a browser cannot
+        set headers on either)."""
+        match = _STREAM_PATH.match(path)
+        if match is None:
+            return False
+        if self.keys.matches(token):
+            return True
+        runtime = self.registry.get(match.group(1))
+        expected = runtime.stream_token if runtime is not None else None
+        return expected is not None and hmac.compare_digest(expected.encode(), token.encode("utf-8", "surrogatepass"))
+
+    def urls(self, request: Request, runtime: SessionRuntime) -> dict[str, str]:
+        """Reply URLs: from --public-url when set (the proxy's address for this replica), else from the request."""
+        base = self.replica.base_url or str(request.base_url).rstrip("/")
+        ws_base = ("wss" + base[5:]) if base.startswith("https") else ("ws" + base[4:])
+        prefix = urlsplit(base).path.rstrip("/")  # "/r/<replica>" behind the shipped proxy, else ""
+        path = f"/v1/stream/sessions/{runtime.id}"
+        query = f"?token={runtime.stream_token}" if self.keys.enabled else ""
+        return {
+            "ws_url": f"{ws_base}{path}/ws{query}",
+            "sse_url": f"{base}{path}/events{query}",
+            "ws_path": f"{prefix}{path}/ws{query}",
+            "sse_path": f"{prefix}{path}/events{query}",
+        }
+
+
+def stream_service(connection: HTTPConnection) -> StreamService:
+    return connection.app.state.service
+
+
+# A route parameter typed `Service` receives the app's `StreamService`; it adds nothing to the OpenAPI schema.
+Service = Annotated[StreamService, Depends(stream_service)]

@@ -1,0 +1,82 @@
+"""What the video service says about itself: `/v1/models`, and `/v1/service/{health,metadata,metrics}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..canvas import RESIZE_METHOD
+from ..metrics import CONTENT_TYPE
+from ..request import FIELDS
+from ..service import Service
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(service: Service) -> dict[str, Any]:
+    model = {"id": service.policy.model, "object": "model", "created": int(service.started), "owned_by": "telefuser"}
+    return {"object": "list", "data": [model]}
+
+
+@router.get("/v1/service/health")
+async def health(service: Service) -> JSONResponse:
+    model = service.policy.model
+    if service.worker.stopping:
+        return JSONResponse({"status": "shutting_down", "model": model}, status_code=503)
+    return JSONResponse({"status": "ok", "model": model, **await run_in_threadpool(service.queue_state)})
+
+
+@router.get("/v1/service/metadata")
+async def metadata(service: Service) -> dict[str, Any]:
+    policy, store = service.policy, service.store
+    return {
+        "service": "telefuser-video",
+        "model": service.runner.metadata,
+        "models": list(service.models),
+        "limits": {
+            "max_queue": store.policy.max_queue,
+            **service.limits.values(),
+            "size_multiple": policy.size_multiple,
+            "fps": policy.fps,
+        },
+        "limit_sources": service.limits.sources(),
+        "sizes": {
+            "multiple": policy.size_multiple,
+            "off_grid": RESIZE_METHOD,
+            "rule": "a size off the grid is generated at the grid canvas of nearest aspect, then resized",
+        },
+        "auth": {"api_key_required": service.keys.enabled, "scheme": "Bearer"},
+        "fields": list(FIELDS),
+        "defaults": policy.defaults,
+        "output_dir": service.files.location,
+        "job_store": store.location,
+        "replica": service.worker.worker_id,
+        "queue": {
+            "max_attempts": store.policy.max_attempts,
+            "lease_s": store.policy.lease_s,
+            "retention_s": store.policy.retention_s,
+        },
+    }
+
+
+@router.get("/v1/service/metrics")
+async def service_metrics(service: Service) -> PlainTextResponse:
+    state = await run_in_threadpool(service.queue_state)
+    gauges = [
+        (
+            "queue_depth",
+            "Jobs waiting in the queue (all replicas), not counting running ones.",
+            state["queue_depth"],
+            {},
+        ),
+        ("queue_capacity", "Configured max_queue.", state["max_queue"], {}),
+        ("jobs_running", "Jobs this replica is generating now (0 or 1).", 1 if state["running"] else 0, {}),
+    ]
+    gauges += [
+        ("jobs", "Jobs in the job store, by status.", n, {"status": status}) for status, n in state["jobs"].items()
+    ]
+    return PlainTextResponse(service.metrics.render(gauges), media_type=CONTENT_TYPE)

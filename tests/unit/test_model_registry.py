@@ -1,0 +1,175 @@
+"""Models come from the registry: specs by name, flags declared once by each spec, and a new model served by both
+services' command lines with nothing changed outside its own folder (tests/stand_in_model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from telefuser.cli import build_parser
+from telefuser.models import registry
+from telefuser.models.flags import ATTENTION_IMPLS, QUANTIZATIONS
+from telefuser.serving.common.model_args import chosen_spec
+
+REPO = Path(__file__).resolve().parents[2]
+ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+
+
+# -- the registry -----------------------------------------------------------------------------------------------------
+def test_each_service_lists_the_models_it_can_serve():
+    assert registry.names() == ["minimax_h3", "lingbot_world_v2"]
+    assert registry.names("video") == ["minimax_h3"] and registry.names("stream") == ["lingbot_world_v2"]
+    with pytest.raises(registry.UnknownModelError, match=r"unknown model 'wan'; models registered: minimax_h3, ling"):
+        registry.get_spec("wan")
+    with pytest.raises(registry.UnknownModelError, match=r"a stream service can serve: lingbot_world_v2"):
+        registry.get_spec("minimax_h3", "stream")
+    assert "(models: minimax_h3)" in " ".join(build_parser().format_help().split())
+    serve_help = " ".join(_subparser("serve").format_help().split())
+    assert "--model MODEL the model to serve (default minimax_h3); minimax_h3: MiniMax H3" in serve_help
+    assert "lingbot_world_v2: LingBot-World v2" in " ".join(_subparser("serve-stream").format_help().split())
+
+
+def test_an_unknown_model_or_a_flag_of_another_model_is_refused_with_the_reason(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "lingbot_world_v2"])
+    assert "unknown model 'lingbot_world_v2'; models a video service can serve: minimax_h3" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve-stream", "--fake"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve-stream", "--qkv-layout", "stacked"])  # only serve's model has it
+    spec = chosen_spec(args, service="stream", command="serve-stream")
+    assert spec.name == "lingbot_world_v2" and (args.config, args.attn_impl, args.cuda_graphs) == (
+        "official",  # the spec's serve default: a service runs the released sizes unless told
+        "sdpa",
+        "auto",
+    )
+
+
+def test_a_flag_shared_by_two_models_is_checked_against_the_chosen_ones(monkeypatch):
+    from tests.stand_in_model.spec import STAND_IN
+
+    monkeypatch.setitem(registry.MODELS, STAND_IN.name, STAND_IN)
+    args = build_parser().parse_args(["serve", "--model", "stand_in", "--offload-adaln"])
+    with pytest.raises(SystemExit, match=r"--offload-adaln is not a flag of --model stand_in \(its flags: --tint\)"):
+        chosen_spec(args, service="video", command="serve")
+    args = build_parser().parse_args(["serve", "--model", "stand_in"])
+    assert chosen_spec(args, service="video", command="serve") is STAND_IN and args.tint == "grey"
+
+
+# -- flags, declared once ---------------------------------------------------------------------------------------------
+def _subparser(command: str):
+    parser = build_parser()
+    return next(a for a in parser._actions if a.dest == "command").choices[command]
+
+
+def test_model_flags_are_declared_by_the_specs_only():
+    """No entry point in the package or the examples declares a model's flag itself: they add the spec's."""
+    flags = {name for spec in registry.MODELS.values() for flag in spec.flags for name in flag.names}
+    sources = [*REPO.glob("telefuser/**/*.py"), *REPO.glob("examples/**/*.py")]
+    declared = re.compile(r"add_argument\(\s*\"(--[a-z0-9-]+)\"")
+    again = sorted(
+        f"{path.relative_to(REPO)}: {flag}"
+        for path in sources
+        for flag in declared.findall(path.read_text(encoding="utf-8"))
+        if flag in flags
+    )
+    assert again == []
+    serve = {a.dest: a for a in _subparser("serve")._actions}
+    assert tuple(serve["attn_impl"].choices) == registry.get_spec("minimax_h3").attention_impls
+    from examples.lingbot_world_v2.run_i2v import parse_args
+
+    args = parse_args(["--vae-dtype", "bfloat16"])
+    assert (args.config, args.vae_dtype, args.cuda_graphs) == ("tiny", "bfloat16", "auto")
+
+
+def test_the_specs_options_are_the_ops_ones():
+    from telefuser.models.minimax_h3.checkpoint_formats import QKV_LAYOUTS
+    from telefuser.ops.attention import ATTENTION_IMPLS as OPS_ATTENTION_IMPLS
+    from telefuser.ops.fp8 import QUANTIZATIONS as OPS_QUANTIZATIONS
+
+    assert set(ATTENTION_IMPLS) == set(OPS_ATTENTION_IMPLS) - {"identity"} and QUANTIZATIONS == OPS_QUANTIZATIONS
+    assert registry.get_spec("minimax_h3").flag("qkv_layout").options["choices"] == QKV_LAYOUTS
+
+
+def test_building_the_command_line_imports_no_torch():
+    code = "import sys; from telefuser.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_runtime_parallelize_names_the_known_models_for_a_model_without_a_spec():
+    from telefuser.runtime import Runtime
+
+    runtime = Runtime(SimpleNamespace(world_size=2), device=None, dtype=None)
+    with pytest.raises(
+        registry.UnknownModelError, match=r"no registered model spec builds a Linear; known: minimax_h3"
+    ):
+        import torch
+
+        runtime.parallelize(torch.nn.Linear(2, 2))
+
+
+# -- the stand-in, served by both command lines -------------------------------------------------------------------------
+class _Service:
+    """`python -m tests.stand_in_model.serve ARGS` on a free port, until SIGTERM."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.stand_in_model.serve", *args, "--port", "0"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def __enter__(self) -> str:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"serving on (http://\S+)", "".join(self.lines))):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
+            time.sleep(0.05)
+        return found.group(1)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            assert self.proc.wait(30) == 0, "".join(self.lines)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def test_the_stand_in_is_served_by_telefuser_serve(tmp_path):
+    flags = ["--model", "stand_in", "--tint", "teal", "--served-model-name", "stand-in", "--artifacts", str(tmp_path)]
+    with _Service("serve", *flags) as url, httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
+        metadata = http.get("/v1/service/metadata").json()
+        assert metadata["models"] == ["minimax_h3", "stand_in"] and metadata["model"]["tint"] == "teal"
+        job = http.post("/v1/videos", json={"prompt": "a kite", "model": "stand-in", "seconds": 0.2}).json()
+        deadline = time.monotonic() + 30
+        while (status := http.get(f"/v1/videos/{job['id']}").json()["status"]) not in ("completed", "failed"):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert status == "completed"
+
+
+def test_the_stand_in_is_served_by_telefuser_serve_stream():
+    with _Service("serve-stream", "--model", "stand_in", "--tint", "teal") as url:
+        with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
+            metadata = http.get("/v1/service/metadata").json()
+            assert metadata["models"] == ["lingbot_world_v2", "stand_in"] and metadata["model"]["tint"] == "teal"
+            session = http.post("/v1/stream/sessions", json={"prompt": "p", "image": ONE_PIXEL_PNG}).json()
+            with http.stream("GET", session["sse_path"]) as events:
+                data = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+        assert [e["chunk"] for e in data if e["type"] == "chunk"] == [0, 1] and data[-1]["type"] == "done"

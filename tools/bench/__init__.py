@@ -1,0 +1,1 @@
+"""Benchmarks of the models, transports and services (`python -m tools.bench.<name> --help`)."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.run.cli import main
+
+sys.exit(main())

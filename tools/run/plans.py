@@ -1,0 +1,507 @@
+"""The plans: which steps one device call (or a few) runs, in order, with their time limits. Data only.
+
+A command is written as a shell line; {py}, {out} and {site} are filled in when it runs (steps.py). Steps of the old
+shell runners that were left out (one-day experiments, or subsets of a step kept here) are listed in docs/perf/README.md
+under "Step runner".
+"""
+
+from __future__ import annotations
+
+from tools.run.steps import Plan, Step, command, module, pytest, torchrun
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}  # as the device notes ask
+FASTEST = "--vae-dtype bfloat16 --vae-fast --quantization fp8 --attn-impl cudnn_fp8"  # LingBot's fastest settings
+RUN_I2V = "{py} examples/lingbot_world_v2/run_i2v.py --config official --no-progress"
+RUN_T2VA = "{py} examples/minimax_h3/run_t2va.py --config official --device cuda --no-progress"
+HOST_BENCH = "tools.bench.host_overhead_bench"
+PROMPTS = (
+    "'a lighthouse at dusk, waves breaking on the rocks' 'a red fox' "
+    "'a slow pan over a crowded night market in the rain, neon signs reflected in the puddles'"
+)
+
+# ---- setup ----------------------------------------------------------------------------------------------------------
+SETUP = (
+    Step(
+        "setup_wheels",
+        240,
+        command(
+            "{py} -m pip install -q --no-index --no-deps --no-compile --target {site} .whl/*.whl .whl/fp8/*.whl "
+            ".whl/serve/*.whl"
+        ),
+        what="the carried wheels (.whl/: diffusers, av; fp8/: cuDNN frontend; serve/: the services' packages)",
+        setup=True,
+    ),
+    Step(
+        "tf_kernel",
+        300,
+        command("make build-sm90 PYTHON={py}"),
+        what="build tf-kernel for this interpreter (skipped when it imports already)",
+        skip_if=command("{py} -c 'import tf_kernel'"),
+        setup=True,
+    ),
+)
+TF_KERNEL = SETUP[1]
+
+# ---- one H200: the models ---------------------------------------------------------------------------------------
+H200_MODELS = Plan(
+    "h200-models",
+    "the model measurements on one H200: official calls, FP8, VAE, diffusers, services, end to end",
+    (
+        *SETUP,
+        Step("gpu_tests", 420, pytest("tests/gpu"), "tests/gpu as its conftest runs"),
+        Step(
+            "unit_cuda",
+            300,
+            pytest("tests/unit/test_qk_prep.py tests/unit/test_fusion.py"),
+            "the unit tests with CUDA cases: compiled Q/K prep and fused elementwise chains",
+        ),
+        Step(
+            "minimax",
+            420,
+            module("tools.bench.minimax_h3_dit_bench --fusion both --iters 3 --output {out}/minimax_official.json"),
+            "MiniMax H3 official DiT call, fused against eager elementwise chains",
+        ),
+        Step(
+            "minimax_ce",
+            300,
+            torchrun(
+                2, "tools.bench.minimax_h3_dit_bench --layers 8 --ulysses 2 --iters 3 --output {out}/minimax_ce_u2.json"
+            ),
+            "MiniMax H3, 8 layers, Ulysses2 over 2 processes sharing the GPU (copy engine over CUDA IPC)",
+        ),
+        Step(
+            "overlap",
+            240,
+            torchrun(
+                2, "tools.validation.profile_ulysses_overlap --preset minimax_h3_tp2_u2 --output {out}/overlap_minimax"
+            ),
+            "MiniMax H3 layer trace: V copy against Q/K norm+RoPE",
+        ),
+        Step(
+            "lingbot",
+            420,
+            module("tools.bench.lingbot_world_bench session --fusion both --output {out}/lingbot_session.json"),
+            "LingBot-World v2 official session, DiT only, fused against eager chains",
+        ),
+        Step(
+            "lingbot_ce",
+            420,
+            torchrun(
+                2,
+                "tools.bench.lingbot_world_bench session --layers 8 --ulysses 2 --chunks 3 "
+                "--transports ce-ipc,portable --output {out}/lingbot_ce_u2_transports.json",
+            ),
+            "LingBot-World v2, 8 layers, Ulysses2 over 2 processes: ce-ipc against portable in one run",
+        ),
+        Step(
+            "fp8_minimax",
+            590,
+            module(
+                "tools.bench.fp8_dit_bench --model minimax --sequential --iters 2 --fp8-attention "
+                "--output {out}/fp8_minimax.json"
+            ),
+            "MiniMax H3 official call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention, with relative L2 and cosine",
+        ),
+        Step(
+            "fp8_lingbot",
+            420,
+            module("tools.bench.fp8_dit_bench --model lingbot --output {out}/fp8_lingbot.json"),
+            "LingBot-World v2 official DiT call, bf16 against FP8 GEMMs",
+        ),
+        Step(
+            "attn_fp8",
+            240,
+            module("tools.bench.attention_fp8_bench --output {out}/attention_fp8.json"),
+            "cuDNN frontend FP8 attention against cuDNN bf16 (needs .whl/fp8/)",
+        ),
+        Step(
+            "vae",
+            300,
+            module("tools.bench.wan_vae_bench --output {out}/wan_vae.json"),
+            "the Wan VAE's encode and decode per chunk: fp32, bf16, fused norm+SiLU, channels-last",
+        ),
+        Step(
+            "vae_overlap",
+            300,
+            module(
+                "tools.bench.vae_overlap_bench --iters 7 --quantization fp8 --attn-impl cudnn_fp8 "
+                "--output {out}/vae_overlap_fp8.json"
+            ),
+            "does the VAE on another stream hide beside the FP8 DiT?",
+        ),
+        Step(
+            "session_ab",
+            600,
+            module("tools.bench.lingbot_session_ab --rounds 2 --output {out}/lingbot_session_ab.json"),
+            "whole LingBot sessions: the default variants side by side, with quality figures",
+        ),
+        Step(
+            "session_fp8",
+            590,
+            module(
+                "tools.bench.lingbot_session_ab --rounds 1 --variants reuse+fast-vae,fp8+fast-vae,"
+                "fp8+fp8-attn+fast-vae --output {out}/lingbot_session_fp8.json"
+            ),
+            "LingBot sessions with the fast VAE: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention",
+        ),
+        Step(
+            "diffusers",
+            600,
+            module("tools.bench.lingbot_world_bench vs-diffusers --output {out}/lingbot_vs_diffusers.json"),
+            "ours against diffusers' WanTransformer3DModel, every size",
+        ),
+        Step(
+            "diffusers_fp8",
+            420,
+            module(
+                "tools.bench.lingbot_world_bench vs-diffusers --frames 21 --iters 2 --with-fp8 "
+                "--output {out}/lingbot_vs_diffusers_fp8.json"
+            ),
+            "the same at 32,760 tokens, with ours in FP8 as one more row",
+        ),
+        Step(
+            "e2e",
+            480,
+            command(f"{RUN_I2V} --device cuda --output {{out}}/lingbot_e2e/session.mp4"),
+            "run_i2v at the official size, 77 frames, bf16: MP4 + metrics",
+        ),
+        Step(
+            "e2e_fastest",
+            300,
+            command(f"{RUN_I2V} --device cuda {FASTEST} --output {{out}}/lingbot_e2e_fastest/session.mp4"),
+            "the same with FP8 GEMMs, FP8 attention and the bf16 fast VAE",
+        ),
+        Step(
+            "minimax_e2e",
+            420,
+            command(f"{RUN_T2VA} --duration 0.2 --resolution 256 --steps 3 --output {{out}}/minimax_e2e/h3.mp4"),
+            "run_t2va at the official config, a short clip",
+        ),
+        Step(
+            "minimax_vae",
+            600,
+            command(f"{RUN_T2VA} --duration 5 --resolution 768 --steps 2 --output {{out}}/minimax_vae/h3.mp4"),
+            "run_t2va at 768p 5 s with 2 steps: the MiniMax H3 VAEs at official size, decode time, peak memory",
+        ),
+        Step(
+            "stream_drive",
+            590,
+            module(
+                "tools.bench.stream_drive --config official --device cuda --vae-dtype bfloat16 "
+                "--startup-timeout 420 --output {out}/stream_drive_1min.json "
+                "--service-log {out}/stream_drive_service.log -- --vae-fast"
+            ),
+            "serve-stream at the official size driven over its WebSocket for one minute, lossless checks",
+        ),
+        Step(
+            "stream_drive_fastest",
+            560,
+            module(
+                "tools.bench.stream_drive --config official --device cuda --vae-dtype bfloat16 "
+                "--startup-timeout 300 --output {out}/stream_drive_fastest_1min.json "
+                "--service-log {out}/stream_drive_fastest_service.log "
+                "-- --vae-fast --quantization fp8 --attn-impl cudnn_fp8"
+            ),
+            "the same with FP8 GEMMs and FP8 attention",
+        ),
+        Step(
+            "serve_warmup_off",
+            300,
+            module(
+                "tools.bench.video_service_bench --config official --device cuda --warmup off "
+                "--jobs 1344x768:1 1344x768:1 --output {out}/video_service_warmup_off.json "
+                "--service-log {out}/video_service_warmup_off_service.log -- --seconds-default 1"
+            ),
+            "telefuser serve (MiniMax H3, official size): the first jobs after start, warm-up off",
+        ),
+        Step(
+            "serve_warmup_on",
+            360,
+            module(
+                "tools.bench.video_service_bench --config official --device cuda --warmup on "
+                f"--jobs 1344x768:1 1344x768:1 1344x768:1 1344x768:2 --prompt {PROMPTS} "
+                "--output {out}/video_service_warmup_on.json "
+                "--service-log {out}/video_service_warmup_on_service.log -- --seconds-default 1"
+            ),
+            "the same with the warm-up on, prompts of three lengths",
+        ),
+    ),
+)
+
+# ---- one H200: the Ulysses transport ----------------------------------------------------------------------------
+H200_TRANSPORT = Plan(
+    "h200-transport",
+    "the Ulysses copy-engine transport on one H200: submission cost, GPU suites, fault matrix, correctness",
+    (
+        TF_KERNEL,
+        Step(
+            "submission_w2",
+            90,
+            torchrun(2, "tools.bench.submission_cost --transport ce-ipc"),
+            "the host cost of one copy-engine submission, 2 processes (compare with --baseline)",
+        ),
+        Step(
+            "submission_profile",
+            90,
+            torchrun(2, "tools.bench.submission_cost --transport ce-ipc --profile 30 --label '(profiled)'"),
+            "the same with a cProfile of the public calls",
+        ),
+        Step(
+            "tf_kernel_gpu",
+            150,
+            command("make -C tf-kernel test-gpu PYTHON={py} 'PYTEST_ARGS=-q -rs -s'"),
+            "tf-kernel's GPU tests",
+        ),
+        Step("copy_engine_gpu", 240, pytest("tests/gpu/test_copy_engine_cuda.py"), "the copy-engine GPU suite"),
+        Step(
+            "fault_matrix_gpu",
+            200,
+            module("tools.validation.ulysses_fault_matrix --device cuda --output {out}/fault_matrix.md"),
+            "faults on one rank x transports, 2 processes sharing the GPU",
+        ),
+        Step("error_paths", 40, module("tools.validation.tf_kernel_error_paths"), "tf-kernel's refusals"),
+        Step(
+            "correctness_w4",
+            90,
+            torchrun(4, "tools.validation.ulysses_correctness --transports portable,ce-ipc --iterations 16"),
+            "exact grouped scatter + gather, 4 processes sharing the GPU",
+        ),
+    ),
+    env={"OMP_NUM_THREADS": "4"},
+)
+
+# ---- one H200: steady state without the host (CUDA graphs, compiled regions) ------------------------------------
+H200_GRAPHS = Plan(
+    "h200-graphs",
+    "compiled regions and CUDA graphs on one H200: the host out of the steady state",
+    (
+        *SETUP,
+        Step(
+            "tests_regions",
+            240,
+            pytest(
+                "-s tests/gpu/test_compiled_regions_cuda.py tests/gpu/test_lingbot_fp8_window_cuda.py "
+                "tests/unit/test_fusion.py"
+            ),
+            "compiled regions, the FP8 window and fusion on CUDA",
+        ),
+        Step("tests_graphs", 200, pytest("-s tests/gpu/test_lingbot_graphs_cuda.py"), "LingBot CUDA graphs"),
+        Step(
+            "forward_fp8",
+            420,
+            module(f"{HOST_BENCH} forward --variants fp8 --output {{out}}/forward_fp8.json"),
+            "one LingBot forward per path (eager, regions, graph), FP8",
+        ),
+        Step(
+            "forward_bf16",
+            300,
+            module(f"{HOST_BENCH} forward --variants bf16 --output {{out}}/forward_bf16.json"),
+            "the same in bf16",
+        ),
+        *(
+            Step(
+                f"capture_u{w}",
+                90,
+                torchrun(w, f"tools.bench.ulysses_capture_bench --output {{out}}/capture_u{w}.json"),
+                f"the Ulysses exchange captured in a CUDA graph, {w} processes",
+            )
+            for w in (2, 4)
+        ),
+        *(
+            Step(
+                f"ulysses_forward_u{w}",
+                200,
+                torchrun(
+                    w,
+                    f"{HOST_BENCH} forward --ulysses {w} --layers 8 --variants fp8 --resolutions 832x480 "
+                    f"--output {{out}}/ulysses_forward_u{w}.json",
+                ),
+                f"the LingBot forward under Ulysses{w}, 8 layers, FP8",
+            )
+            for w in (2, 4)
+        ),
+        Step(
+            "host_session",
+            420,
+            module(f"{HOST_BENCH} session --layers 8 --output {{out}}/session.json"),
+            "a LingBot session's host time per chunk, 8 layers",
+        ),
+        Step(
+            "host_minimax",
+            300,
+            module(f"{HOST_BENCH} minimax --layers 8 --variants bf16 --output {{out}}/minimax.json"),
+            "the MiniMax H3 call's host time, 8 layers, bf16",
+        ),
+        *(
+            Step(
+                f"official_graphs_{g}",
+                300,
+                command(
+                    f"{RUN_I2V} {FASTEST} --warmup --cuda-graphs {g} --output {{out}}/official_graphs_{g}/session.mp4"
+                ),
+                f"the official LingBot session, fastest settings, CUDA graphs {g}",
+                env={"TORCH_LOGS": "recompiles"},
+            )
+            for g in ("on", "off")
+        ),
+    ),
+)
+
+# ---- a change against the commit before it ----------------------------------------------------------------------
+COMPARE_COMMIT = Plan(
+    "compare-commit",
+    "the official LingBot session and MiniMax H3 DiT call, in the tree and in .baseline/ (an earlier commit), "
+    "interleaved in one call",
+    (
+        *SETUP,
+        Step(
+            "lingbot_official",
+            420,
+            command(f"{RUN_I2V} {FASTEST} --warmup --cuda-graphs on --output {{out}}/lingbot_official/session.mp4"),
+            "LingBot-World v2 official session end to end, the fastest settings with CUDA graphs",
+        ),
+        Step(
+            "minimax_official",
+            420,
+            module("tools.bench.minimax_h3_dit_bench --iters 3 --output {out}/minimax_official.json"),
+            "MiniMax H3 official DiT call (768p 5 s), bf16",
+        ),
+    ),
+    baseline=".baseline",
+)
+
+
+# ---- several GPUs, one rank each --------------------------------------------------------------------------------
+def multi_gpu(gpus: int) -> Plan:
+    # at 2 GPUs LingBot runs Ulysses2; at 4 and 8 the degrees the issues name. 4-rank test cases need 4 GPUs.
+    lingbot_degrees = [2] if gpus == 2 else [w for w in (4, 8) if w <= gpus]
+    select = "" if gpus >= 4 else "-k 'not 4procs'"
+    ranks_text = "2 and 4 ranks" if gpus >= 4 else "2 ranks"
+    per_rank = {"TELEFUSER_TEST_GPU_PER_RANK": "1"}
+    backends = (
+        "portable,ce-ipc,ce-symm,ce-nocache,ce-pack-flat,ce-handshake-per-tensor,ce-normal-priority,ce-flags32,"
+        "ce-symm-barrier"
+    )
+    steps = [
+        TF_KERNEL,
+        Step(
+            "correctness",
+            300,
+            torchrun(gpus, "tools.validation.ulysses_correctness --transports portable,ce-ipc,ce-symm --iterations 64"),
+            f"exact grouped V/Q/K scatter + gather with rank skew, {gpus} ranks, NCCL / CUDA IPC / SymmMem",
+        ),
+        Step(
+            "gpu_tests_symm",
+            420,
+            pytest(f"tests/gpu/test_copy_engine_cuda.py {select}"),
+            f"the copy-engine suite with {ranks_text}, one GPU each, Symmetric Memory",
+            env={**per_rank, "TELEFUSER_TEST_GPU_TRANSPORT": "ce-symm"},
+        ),
+        Step(
+            "gpu_tests_ipc",
+            420,
+            pytest(f"tests/gpu {select}"),
+            f"tests/gpu with {ranks_text}, one GPU each, CUDA IPC",
+            env={**per_rank, "TELEFUSER_TEST_GPU_TRANSPORT": "ce-ipc"},
+        ),
+        Step(
+            "model_parity",
+            420,
+            torchrun(gpus, "tools.validation.model_parity --device cuda --output {out}/model_parity"),
+            "MiniMax H3 and LingBot parallel layouts against dense (the cases that fit), bf16",
+        ),
+        Step(
+            "ab_bench",
+            540,
+            torchrun(
+                gpus,
+                f"tools.bench.ulysses_transport_bench --backends {backends} --repeats 5 --output {{out}}/ab_bench.json",
+            ),
+            "grouped scatter per layer, every backend and ablation, seed shapes + Wan-720p",
+        ),
+        # alone: NCCL's zero-CTA path has crashed under some torch/NCCL pairs, and a crash must not take other rows
+        Step(
+            "ab_bench_nccl_zero_cta",
+            240,
+            torchrun(
+                gpus,
+                "tools.bench.ulysses_transport_bench --backends portable,nccl-zero-cta --repeats 3 "
+                "--output {out}/ab_bench_nccl_zero_cta.json",
+            ),
+            "NCCL zero-CTA copy-engine all-to-all on symmetric buffers, if this torch/NCCL allows it",
+        ),
+    ]
+    if gpus >= 4:  # the MiniMax TP2+U2 layer and the LingBot U4 layer need 4 ranks
+        steps += [
+            Step(
+                f"overlap_{model}",
+                240,
+                torchrun(
+                    4, f"tools.validation.profile_ulysses_overlap --preset {preset} --output {{out}}/overlap_{model}"
+                ),
+                f"V copy against Q/K norm+RoPE in a {model} layer",
+            )
+            for model, preset in (("minimax", "minimax_h3_tp2_u2"), ("lingbot", "lingbot_u4"))
+        ]
+        steps += [
+            Step(
+                f"minimax_tp2_u{u}",
+                540,
+                torchrun(
+                    2 * u,
+                    f"tools.bench.minimax_h3_dit_bench --ulysses {u} --tp 2 --transports {transports} "
+                    f"--iters 3 --output {{out}}/minimax_tp2_u{u}.json",
+                ),
+                f"MiniMax H3 official DiT call, TP2 x Ulysses{u}, transports toggled in one process",
+            )
+            for u, transports in ((2, "ce-symm,ce-ipc,portable"), (4, "ce-symm,portable"))
+            if 2 * u <= gpus
+        ]
+    for w in lingbot_degrees:
+        steps.append(
+            Step(
+                f"lingbot_u{w}_dit",
+                540,
+                torchrun(
+                    w,
+                    f"tools.bench.lingbot_world_bench session --ulysses {w} --transports "
+                    f"ce-symm,ce-ipc,portable --output {{out}}/lingbot_u{w}_dit.json",
+                ),
+                f"LingBot-World v2 DiT session 832x480, Ulysses{w}, transports toggled in one process",
+            )
+        )
+        steps += [
+            Step(
+                f"lingbot_u{w}_e2e_{transport}",
+                420,
+                command(
+                    f"{{py}} -m torch.distributed.run --standalone --nproc-per-node={w} "
+                    f"{RUN_I2V.removeprefix('{py} ')} --ulysses-degree {w} "
+                    f"--output {{out}}/lingbot_u{w}_e2e_{transport}/session.mp4"
+                ),
+                f"LingBot-World v2 end to end 832x480 77 frames, Ulysses{w}, {transport}",
+                env={"TELEFUSER_ULYSSES_TRANSPORT": transport},
+            )
+            for transport in ("ce-symm", "portable")
+        ]
+    calls = {
+        4: (
+            "tf_kernel,correctness,gpu_tests_symm,model_parity,ab_bench",
+            "tf_kernel,ab_bench_nccl_zero_cta,overlap_minimax,overlap_lingbot,minimax_tp2_u2,lingbot_u4_dit",
+            "tf_kernel,lingbot_u4_e2e_ce-symm,lingbot_u4_e2e_portable,gpu_tests_ipc",
+        )
+    }.get(gpus, ())
+    return Plan(
+        f"multi-gpu-{gpus}",
+        f"every check and measurement of the multi-GPU issues on {gpus} GPUs, one rank per GPU",
+        tuple(steps),
+        gpus=gpus,
+        env=NO_MULTICAST,
+        calls=calls,
+    )
+
+
+PLANS: dict[str, Plan] = {
+    p.name: p
+    for p in (H200_MODELS, H200_TRANSPORT, H200_GRAPHS, COMPARE_COMMIT, multi_gpu(2), multi_gpu(4), multi_gpu(8))
+}
