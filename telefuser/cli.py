@@ -41,17 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
     p.set_defaults(func=_info)
-    from .serving.stream.cli import add_serve_stream_parser
-    from .serving.video.cli import add_serve_parser
-
+    try:
+        from .serving.stream.cli import add_serve_stream_parser
+        from .serving.video.cli import add_serve_parser
+    except ImportError as exc:  # a machine with torch but not the service stack: `info` must still answer
+        for name in ("serve", "serve-stream"):
+            missing = sub.add_parser(name, help=f"unavailable here: {exc}", add_help=False)
+            missing.set_defaults(func=lambda _args, why=str(exc): _services_missing(why), takes_any_arguments=True)
+        return parser
     add_serve_parser(sub)
     add_serve_stream_parser(sub)
     return parser
 
 
+def _services_missing(why: str) -> int:
+    print(f"error: the services need their packages (pip install 'telefuser[serve]'): {why}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 2

@@ -28,8 +28,8 @@ from .opaque import fresh_output
 ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "sage_sm90", "identity")
 
 
-# torch's default SDPA order tries flash first; on Hopper cuDNN is much faster (574 vs 364 TFLOP/s at a Wan 14B shape,
-# 633 vs 363 at a LingBot chunk, measured on the lent H200). Backends that cannot take a shape are skipped in order.
+# torch's default SDPA order tries flash first; on Hopper cuDNN is much faster at our shapes (docs/perf). Backends
+# that cannot take a shape are skipped in order.
 CUDA_SDPA_PRIORITY = [
     SDPBackend.CUDNN_ATTENTION,
     SDPBackend.FLASH_ATTENTION,

@@ -22,10 +22,8 @@ permuted strides, as in the frontend's own FP8 tests), so shape, strides and dty
 cache and the cuDNN handle are per thread (cuDNN handles must not be shared across threads); the handle runs on
 torch's current stream, set before every execute.
 
-Numbers measured once on the lent H200 with a throwaway script (torch 2.11+cu130, cuDNN 9.19): 872 TFLOP/s against
-608 for torch's cuDNN bf16 SDPA at a LingBot chunk (6,240 x 28,080, 40 x 128), 1.45x at MiniMax H3 (37,966^2, 56
-heads); relative L2 6e-2 and cosine 0.998 against bf16 on random data. `tools/bench/attention_fp8_bench.py` measures
-it with the quantization included.
+`tools/bench/attention_fp8_bench.py` measures it against cuDNN bf16, the quantization included; the numbers are in
+docs/perf.
 """
 
 from __future__ import annotations
@@ -96,7 +94,7 @@ def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 @cuda_fused
 def _scale_and_cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # One reduction and one pointwise pass when compiled (the eager ops took 3.4x the bytes' time on the H200).
+    # One reduction and one pointwise pass when compiled (the eager chain reads the tensor several times).
     amax = x.abs().amax().float().clamp_min(_TINY).reshape(1)  # max |x|, exact
     scale = FP8_MAX / amax
     return _cast(x, scale), scale

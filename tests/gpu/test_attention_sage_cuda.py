@@ -143,6 +143,12 @@ def test_captured_in_a_cuda_graph_replays_bit_identical():
     assert torch.equal(captured, sage.sage_sm90_attention(*fresh))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug (issue 27, H200 2026-12-03: cosine 0.767 at 1400 rows): the window's INT8 key scale and mean "
+    "are fixed by the first chunk with 1.25x headroom, and these chunks' keys carry a different per-channel offset "
+    "each, so later chunks saturate",
+)
 def test_a_window_quantized_when_written_against_cudnn_bf16():
     """The LingBot path: a window of 3 chunks of 700 rows (not block-aligned) written into a sage window, the
     chunk's queries quantized per call, against cuDNN bf16 over the same rows."""

@@ -25,9 +25,9 @@ from ...ops.attention import check_attention_impl
 from ...ops.fp8 import quantize_blocks
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
+from .adaln_tables import AdaLNTables, TimestepKey, timestep_key
 from .attention import AttentionContext
 from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner, block_region
-from .adaln_tables import AdaLNTables, TimestepKey, timestep_key
 from .config import MiniMaxH3Config
 from .embeddings import Rope3D, TimestepEmbedder
 from .modulation import AdaLNProjection, table_rows, timestep_rows
@@ -79,8 +79,8 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.attn_impl = check_attention_impl(attn_impl)
         if self.attn_impl == "cudnn_fp8":
             logger.warning(
-                "MiniMax H3 with FP8 attention (cudnn_fp8): on the H200 its official call fell to cosine 0.978 "
-                "against bf16 (random weights, gate 0.99; docs/perf/2026-12-02-h200-models); check the quality"
+                "MiniMax H3 with FP8 attention (cudnn_fp8) failed the quality gate against bf16 attention "
+                "(cosine below 0.99 on random weights; docs/perf/2026-12-02); check the quality"
             )
         self.sequence_alignment = sequence_alignment
         self.weights_source = "constructed (default init)"

@@ -108,7 +108,7 @@ def build_lingbot_pipeline(
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
     `dtype` is the DiT's and text encoder's; `vae_dtype` the VAE's, for the condition encode and the decode (float32
-    by default, as the reference runs it; bfloat16 is about 1.5x faster on an H200, see docs/perf). `vae_fast`
+    by default, as the reference runs it; bfloat16 is faster, see docs/perf). `vae_fast`
     puts the VAE's weights in channels-last and compiles each norm + SiLU pair into one kernel (`vae_fusion`; the
     same result up to rounding order).
     `camera_factory` defaults to the model package's camera features.
