@@ -12,6 +12,7 @@ sessions made afterwards are captured and replayed as CUDA graphs on pooled buff
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,8 @@ from torch import nn
 
 from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
-from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...distributed.ulysses.compiled_ops import exchange_key
+from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...ops.attention import check_attention_impl
 from ...ops.fp8 import linear_dtype, quantize_blocks
 from ...ops.fusion import fusion_enabled
@@ -46,6 +47,17 @@ class CameraModulation:
 
     tokens: int
     per_block: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+SAGE_WINDOW_ENV = "TELEFUSER_SAGE_WINDOW"
+
+
+def sage_window_wanted() -> bool:
+    """Whether a ``sage_sm90`` session keeps its window quantized for the kernel (kv_cache.py) instead of a bf16 window
+    that each call quantizes whole. Opt-in (``TELEFUSER_SAGE_WINDOW=1``) while the quantized window fixes its key
+    scale and smoothing mean from the first chunk: keys whose per-channel offset drifts between chunks saturate
+    (docs/perf/2026-12-03). The per-call path costs a quantization pass over the window per call, not accuracy."""
+    return os.environ.get(SAGE_WINDOW_ENV, "0") == "1"
 
 
 def keeps_fp32(name: str) -> bool:
@@ -99,7 +111,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
     # -- parallelism ----------------------------------------------------------------------------------------------
-    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> "LingBotWorldV2DiT":
+    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> LingBotWorldV2DiT:
         """Ulysses over `mesh.ulysses_group` with one communicator for all blocks. Sessions made before this call
         hold the wrong heads and are refused; make new ones."""
         parallel = mesh.config
@@ -109,7 +121,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.open_ulysses(mesh, communicator_factory)
         return self
 
-    def enable_cuda_graphs(self, enabled: bool = True) -> "LingBotWorldV2DiT":
+    def enable_cuda_graphs(self, enabled: bool = True) -> LingBotWorldV2DiT:
         """Capture and replay the forwards of sessions made from now on, on CUDA, as CUDA graphs (graphs.py): their
         buffers come from a pool that outlives them. Call it once the model is loaded, quantized and parallelized.
         ``enabled=False`` drops the pool (sessions still open keep their buffers)."""
@@ -164,7 +176,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             if self.attn_impl == "cudnn_fp8"
             else None
         )
-        sage_window = self.attn_impl == "sage_sm90"  # the window kept quantized for that kernel (kv_cache.py)
+        sage_window = self.attn_impl == "sage_sm90" and sage_window_wanted()
         local_heads = cfg.num_heads // world
         entry = None
         if self.graphs is not None and self.graphs.takes(device):
@@ -257,10 +269,10 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
                 f"the session keeps its keys in FP8 for attention 'cudnn_fp8'; the model now runs {self.attn_impl!r}: "
                 "make a new session"
             )
-        if session.sage_window != (self.attn_impl == "sage_sm90"):
+        if session.sage_window and self.attn_impl != "sage_sm90":
             raise SessionError(
-                f"the session's window {'is' if session.sage_window else 'is not'} quantized for attention 'sage_sm90'; "
-                f"the model now runs {self.attn_impl!r}: make a new session"
+                f"the session's window is quantized for attention 'sage_sm90'; the model now runs {self.attn_impl!r}: "
+                "make a new session"
             )
         plan = session.plan(frames)
         if camera is not None and not isinstance(camera, CameraModulation):
