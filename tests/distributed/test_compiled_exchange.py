@@ -25,6 +25,7 @@ import pytest
 
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.models.lingbot_world_v2 import build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.ops.compile_stats import count_compiled
@@ -47,7 +48,7 @@ def _compiled_parity(ctx, ulysses):
     mesh = build_mesh(ParallelConfig(ulysses_degree=ulysses))
     dense_model = build_random_lingbot_dit(session_config(), seed=0)
     dense = run_session(dense_model, chunks=CHUNKS)
-    model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+    model = LINGBOT_WORLD_V2.parallelize(copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator)
     compiles = []
     with compile_regions_on("cpu", backend="aot_eager"):
         with count_compiled() as first:
@@ -57,7 +58,7 @@ def _compiled_parity(ctx, ulysses):
             with count_compiled() as stats:
                 run_session(model, chunks=CHUNKS)
             compiles.append(stats.compiles)
-            model.enable_parallel(mesh, communicator_factory=recording_communicator)
+            LINGBOT_WORLD_V2.parallelize(model, mesh, communicator_factory=recording_communicator)
     model.close()
     error = max(relative_error(p, d) for p, d in zip(parallel.outputs, dense.outputs, strict=True))
     return error, calls, first, compiles

@@ -19,6 +19,7 @@ import torch
 
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from tests.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
@@ -58,7 +59,7 @@ def _parity(ctx, ulysses):
     dense_model = build_random_lingbot_dit(config, seed=0)
     text = torch.randn(2, 5, config.text_dim, generator=torch.Generator().manual_seed(2))
     dense, rolled, _ = _generate(dense_model, config, text)
-    model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+    model = LINGBOT_WORLD_V2.parallelize(copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator)
     parallel, _, local_heads = _generate(model, config, text)
     calls = list(model.communicator.calls)
     model.close()
@@ -120,7 +121,9 @@ def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
         dense_model.attn_impl = "cudnn_fp8"  # set directly: there is no GPU to check it against
         text = torch.randn(2, 5, config.text_dim, generator=torch.Generator().manual_seed(2))
         dense, _, _ = _generate(dense_model, config, text)
-        model = copy.deepcopy(dense_model).enable_parallel(mesh, communicator_factory=recording_communicator)
+        model = LINGBOT_WORLD_V2.parallelize(
+            copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator
+        )
         session = model.new_session(2, text, tokens_per_frame=TPF)
         fp8_keys = session.fp8_keys and session.self_kv[0].k.dtype == torch.float8_e4m3fn
         session.close()

@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...distributed.mesh import ParallelMesh
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
@@ -111,16 +110,6 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
     # -- parallelism ----------------------------------------------------------------------------------------------
-    def enable_parallel(self, mesh: ParallelMesh, *, communicator_factory=UlyssesCommunicator) -> LingBotWorldV2DiT:
-        """Ulysses over `mesh.ulysses_group` with one communicator for all blocks. Sessions made before this call
-        hold the wrong heads and are refused; make new ones."""
-        parallel = mesh.config
-        if parallel.tp_degree != 1:
-            raise ValueError(f"LingBot-World v2 supports Ulysses only; tp_degree {parallel.tp_degree} was asked for")
-        parallel.check_heads(self.config.num_heads)
-        self.open_ulysses(mesh, communicator_factory)
-        return self
-
     def enable_cuda_graphs(self, enabled: bool = True) -> LingBotWorldV2DiT:
         """Capture and replay the forwards of sessions made from now on, on CUDA, as CUDA graphs (graphs.py): their
         buffers come from a pool that outlives them. Call it once the model is loaded, quantized and parallelized.
@@ -262,7 +251,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         if session.ulysses_degree != world:
             raise SessionError(
                 f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
-                "make a new session after enable_parallel"
+                "make a new session after parallelizing the model"
             )
         if session.fp8_keys and self.attn_impl != "cudnn_fp8":
             raise SessionError(
