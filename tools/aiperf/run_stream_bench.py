@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from tools.aiperf.telefuser_aiperf.artifacts import check_stream_run, stream_service_deltas
 from tools.aiperf.telefuser_aiperf.runner import (
     REPO_ROOT,
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p, m = bench_parser(
         __doc__, DEFAULT_CONFIG, "telefuser serve-stream", "checkpoint directory (random weights when omitted)"
     )
-    m.add_argument("--attn-impl", default=None)
+    LINGBOT_WORLD_V2.add_flags(m, only=("attn_impl",), attn_impl=None)  # None: the service's default
     m.add_argument("--resolution", default=None, help="the service's default resolution WxH")
     m.add_argument("--fake", action="store_true", help="the test-pattern model instead of LingBot-World v2")
     m.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds per chunk")

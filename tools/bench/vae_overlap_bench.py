@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from telefuser.runtime import Runtime
 
 VARIANTS = ("dit", "side", "both", "both-dit-priority")
@@ -176,8 +177,7 @@ def parse_args(argv=None):
     p.add_argument("--config", choices=["official", "tiny"], default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT, multiples of 16")
-    p.add_argument("--quantization", choices=["none", "fp8"], default="none")
-    p.add_argument("--attn-impl", default="sdpa")
+    LINGBOT_WORLD_V2.add_flags(p, only=("quantization", "attn_impl"))  # declared once, in the model's spec
     p.add_argument("--side", choices=SIDES, default="vae", help="the VAE work beside the DiT (default: vae, both)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--host-profile", type=int, default=0, metavar="N", help="print the top N host functions")

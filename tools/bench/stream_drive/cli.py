@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from tools.aiperf.telefuser_aiperf.artifacts import check_stream_service, stream_service_deltas
 from tools.aiperf.telefuser_aiperf.runner import REPO_ROOT, split_passthrough, write_json
 from tools.bench import stream_drive
@@ -50,9 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--checkpoint", default=None, help="checkpoint directory (the service uses random weights without)")
     s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the service's: its GPU, else cpu)")
     s.add_argument("--dtype", default=None, help="model dtype (default: the service's, bfloat16 on CUDA)")
-    s.add_argument("--quantization", default=None, help="none | fp8 (default: the service's, none)")
     s.add_argument("--vae-dtype", default=None, help="passed on as --vae-dtype when given (the service must have it)")
-    s.add_argument("--attn-impl", default=None)
+    # the model's own flags (telefuser/models/lingbot_world_v2/spec.py); None: the service's default
+    LINGBOT_WORLD_V2.add_flags(s, only=("attn_impl", "quantization"), attn_impl=None, quantization=None)
     s.add_argument("--warmup", choices=("auto", "on", "off"), default=None, help="service warm-up (default auto: CUDA)")
     s.add_argument("--buffer-chunks", type=int, default=None, help="the service's delivery queue, in chunks")
     s.add_argument("--jpeg-quality", type=int, default=None)
