@@ -130,34 +130,9 @@ def build_lingbot_pipeline(
         model.quantize(quantization)
     if cuda_graphs and device.type == "cuda":
         model.enable_cuda_graphs()
-    if paths is not None and is_diffusers_layout(Path(checkpoint)):
-        vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
-        tokenizer = load_tokenizer(paths["tokenizer"])
-        encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype)
-    elif paths is not None:
-        vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
-        tokenizer = load_tokenizer(paths["tokenizer"])
-        encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
-    if paths is not None:
-        weights = {
-            "summary": str(checkpoint),
-            "dit": getattr(model, "weights_source", str(paths["dit"])),
-            "text_encoder": str(paths["text_encoder"]),
-            "tokenizer": tokenizer.description,
-            "vae": vae.description,
-        }
-    else:
-        vae = WanVideoVAE.random(size, seed=seed, device=device, dtype=vae_dtype)
-        tokenizer = load_tokenizer(None)
-        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(text_dim)
-        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype)
-        weights = {
-            "summary": f"{RANDOM}, {size} sizes",
-            "dit": getattr(model, "weights_source", RANDOM),
-            "text_encoder": RANDOM,
-            "tokenizer": tokenizer.description,
-            "vae": vae.description,
-        }
+    vae, tokenizer, encoder, weights = _text_and_vae(
+        model, size, checkpoint, paths, device=device, dtype=dtype, vae_dtype=vae_dtype, seed=seed, text_dim=text_dim
+    )
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
     if vae_fast:
@@ -180,6 +155,30 @@ def build_lingbot_pipeline(
         condition_encoding=condition_encoding,
         weights=weights,
     )
+
+
+def _text_and_vae(model, size, checkpoint, paths, *, device, dtype, vae_dtype, seed, text_dim):
+    """(vae, tokenizer, text encoder, the weights' description): from the checkpoint (official or diffusers layout),
+    or random at `size` without one."""
+    if paths is None:
+        vae = WanVideoVAE.random(size, seed=seed, device=device, dtype=vae_dtype)
+        tokenizer = load_tokenizer(None)
+        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(text_dim)
+        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype)
+        sources = {"summary": f"{RANDOM}, {size} sizes", "dit": getattr(model, "weights_source", RANDOM)}
+        sources["text_encoder"] = RANDOM
+    else:
+        if is_diffusers_layout(Path(checkpoint)):
+            vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
+            encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype)
+        else:
+            vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
+            encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
+        tokenizer = load_tokenizer(paths["tokenizer"])
+        sources = {"summary": str(checkpoint), "dit": getattr(model, "weights_source", str(paths["dit"]))}
+        sources["text_encoder"] = str(paths["text_encoder"])
+    weights = {**sources, "tokenizer": tokenizer.description, "vae": vae.description}
+    return vae, tokenizer, encoder, weights
 
 
 def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
