@@ -89,5 +89,28 @@ def exactly_equal(a: SessionRecord, b: SessionRecord) -> bool:
     pairs = [*zip(a.outputs, b.outputs), *zip(a.keys, b.keys), *zip(a.values, b.values)]
     if a.value_amax is not None or b.value_amax is not None:
         pairs += list(zip(a.value_amax or [], b.value_amax or []))
-    same_bytes = lambda x, y: torch.equal(x.view(torch.uint8), y.view(torch.uint8))  # noqa: E731 - e4m3 too
+    same_bytes = lambda x, y: torch.equal(x.view(torch.uint8), y.view(torch.uint8))
     return len(a.outputs) == len(b.outputs) and all(same_bytes(x, y) for x, y in pairs)
+
+
+VARIED_CHUNK_FRAMES = (1, 2, 3, 2, 1, 3)  # chunk lengths of `session_under_impl`
+TOKENS_PER_FRAME = 6  # GRID_HW's 2 x 3 patches
+
+
+def session_under_impl(model, impl: str):
+    """(the session, every prediction) of a scripted session under attention `impl`: chunks of 1, 2, 3, 2, 1, 3
+    frames, each with two read-only steps and a committing forward, from fixed seeds. `impl` is set directly (a
+    CPU test has no GPU to check it against) and reset to ``sdpa`` after."""
+    text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
+    model.attn_impl = impl
+    session = model.new_session(1, text, tokens_per_frame=TOKENS_PER_FRAME)
+    outputs = []
+    for index, frames in enumerate(VARIED_CHUNK_FRAMES):
+        g = torch.Generator().manual_seed(100 + index)
+        camera = torch.randn(1, frames * TOKENS_PER_FRAME, model.config.camera_feature_dim, generator=g)
+        modulation = model.camera_modulation(camera)
+        for t, commit in ((900.0, False), (500.0, False), (0.0, True)):
+            latents = torch.randn(1, model.config.in_dim, frames, *GRID_HW, generator=g)
+            outputs.append(model.forward_chunk(session, latents, torch.tensor([t]), modulation, update_cache=commit))
+    model.attn_impl = "sdpa"
+    return session, outputs

@@ -6,6 +6,7 @@ Every boundary synchronizes first, so queued kernels are charged to the phase th
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
 import time
 
@@ -54,6 +55,23 @@ class PhaseClock:
     @property
     def total(self) -> float:
         return self._mark - self._start
+
+
+def cuda_time_ms(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
+    """(median, every call's) milliseconds of `fn` on the current CUDA stream, by CUDA events, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in events]
+    return statistics.median(times), times
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from telefuser.ops import attention_sage as sage
 from telefuser.ops.attention import ATTENTION_IMPLS, attention, available_attention_impls, check_attention_impl
+from tests.lingbot_session_script import GRID_HW, session_under_impl
 
 
 def _qkv(b=1, s_q=200, s_kv=300, h=2, d=64, *, offset=0.0, q_gain=1.0, seed=0):
@@ -367,8 +368,6 @@ def _window_emulated(q, layer, kv_rows: int, granularity="per_thread"):
 
 
 # -- inside the model, the kernel emulated --------------------------------------------------------------------------------
-GRID_HW = (4, 6)
-SESSION_TPF = 6
 SESSION_BOUND = REL_L2_BOUND / 2
 
 
@@ -379,22 +378,6 @@ def _emulated_window_kernel(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype,
     return sage.emulate_kernel(q8, q_scale, k8[:, :rows], k_scale, v8, v_scale, granularity=granularity).to(out_dtype)
 
 
-def _session(model, impl: str):
-    text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
-    model.attn_impl = impl  # set directly: no GPU here to check it against
-    session = model.new_session(1, text, tokens_per_frame=SESSION_TPF)
-    outputs = []
-    for index, frames in enumerate([1, 2, 3, 2, 1, 3]):
-        g = torch.Generator().manual_seed(100 + index)
-        camera = torch.randn(1, frames * SESSION_TPF, model.config.camera_feature_dim, generator=g)
-        modulation = model.camera_modulation(camera)
-        for t, commit in ((900.0, False), (500.0, False), (0.0, True)):
-            latents = torch.randn(1, model.config.in_dim, frames, *GRID_HW, generator=g)
-            outputs.append(model.forward_chunk(session, latents, torch.tensor([t]), modulation, update_cache=commit))
-    model.attn_impl = "sdpa"
-    return session, outputs
-
-
 @pytest.mark.numerics
 def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, SessionError, build_random_lingbot_dit
@@ -402,11 +385,11 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
 
     monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "1")  # the quantized window is opt-in (dit.sage_window_wanted)
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
-    reference_session, reference = _session(model, "sdpa")
+    reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention runs plain SDPA here: the window (written and attended through the kernel's layout) is under test
     monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
     monkeypatch.setattr(attention_module, "sage_sm90_quantized", _emulated_window_kernel)
-    session, ours = _session(model, "sage_sm90")
+    session, ours = session_under_impl(model, "sage_sm90")
     assert session.sage_window and not reference_session.sage_window
     assert session.layer_state(0).k.dtype == torch.int8
     # attention's error (the kernel-level bound) is diluted by the residual stream on its way to the flow
@@ -422,7 +405,7 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
         return _emulated_window_kernel(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, "sage_sm90_quantized", doubled)
-    _, wrong = _session(model, "sage_sm90")
+    _, wrong = session_under_impl(model, "sage_sm90")
     wrong_error = max(_rel_l2(o.float(), r.float()) for o, r in zip(wrong, reference, strict=True))
     print(f"negative control: {wrong_error:.3e}")
     assert wrong_error > 3 * SESSION_BOUND, wrong_error
@@ -448,6 +431,6 @@ def test_by_default_a_sage_session_keeps_a_bf16_window_and_quantizes_it_per_call
         return attention(q, k, v)
 
     monkeypatch.setattr(attention_module, "attention", recorded)
-    session, outputs = _session(model, "sage_sm90")
+    session, outputs = session_under_impl(model, "sage_sm90")
     assert not session.sage_window and session.layer_state(0).k.dtype == torch.bfloat16
     assert "sage_sm90" in impls and all(torch.isfinite(o).all() for o in outputs)

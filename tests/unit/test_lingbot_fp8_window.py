@@ -24,6 +24,7 @@ from telefuser.models.lingbot_world_v2.norms import RMSNorm
 from telefuser.models.lingbot_world_v2.rope import apply_rope, chunk_rope
 from telefuser.ops.attention import attention
 from telefuser.ops.attention_fp8 import FP8, FP8_MAX, cast_fp8
+from tests.lingbot_session_script import GRID_HW, TOKENS_PER_FRAME, session_under_impl
 from tests.numerics import relative_error
 
 
@@ -142,8 +143,6 @@ def test_a_bf16_session_has_no_fp8_scales_and_a_scale_per_layer_is_required():
 
 
 # -- inside the model, the kernel emulated ----------------------------------------------------------------------------
-GRID_HW = (4, 6)
-SESSION_TPF = 6
 
 
 def _emulated_kernel(descale_factor: float = 1.0):
@@ -153,22 +152,6 @@ def _emulated_kernel(descale_factor: float = 1.0):
         return attention(q, keys, v)
 
     return fp8_attention_known_scales
-
-
-def _session(model, fp8_keys: bool):
-    text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
-    model.attn_impl = "cudnn_fp8" if fp8_keys else "sdpa"  # set directly: no GPU here to check it against
-    session = model.new_session(1, text, tokens_per_frame=SESSION_TPF)
-    outputs = []
-    for index, frames in enumerate([1, 2, 3, 2, 1, 3]):
-        g = torch.Generator().manual_seed(100 + index)
-        camera = torch.randn(1, frames * SESSION_TPF, model.config.camera_feature_dim, generator=g)
-        modulation = model.camera_modulation(camera)
-        for t, commit in ((900.0, False), (500.0, False), (0.0, True)):
-            latents = torch.randn(1, model.config.in_dim, frames, *GRID_HW, generator=g)
-            outputs.append(model.forward_chunk(session, latents, torch.tensor([t]), modulation, update_cache=commit))
-    model.attn_impl = "sdpa"
-    return session, outputs
 
 
 # e4m3 keeps 3 mantissa bits: each key is rounded by at most 2^-4 relatively. Through the scores' softmax, two blocks
@@ -181,17 +164,17 @@ BOUND = 1e-2
 @pytest.mark.numerics
 def test_a_session_with_fp8_keys_matches_fp32_within_key_rounding(monkeypatch):
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0)
-    reference_session, reference = _session(model, fp8_keys=False)
+    reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention (per-call FP8 in the model) runs plain SDPA here: only the window's keys are under test
     monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
     monkeypatch.setattr(attention_module, "fp8_attention_known_scales", _emulated_kernel())
-    session, ours = _session(model, fp8_keys=True)
+    session, ours = session_under_impl(model, "cudnn_fp8")
     assert session.fp8_keys and not reference_session.fp8_keys
     error = max(relative_error(o, r) for o, r in zip(ours, reference, strict=True))
     print(f"fp8 keys against fp32: max relative error {error:.3e}")
     assert 0 < error <= BOUND, error
     monkeypatch.setattr(attention_module, "fp8_attention_known_scales", _emulated_kernel(descale_factor=2.0))
-    _, wrong = _session(model, fp8_keys=True)
+    _, wrong = session_under_impl(model, "cudnn_fp8")
     wrong_error = max(relative_error(o, r) for o, r in zip(wrong, reference, strict=True))
     print(f"negative control: {wrong_error:.3e}")
     assert wrong_error > 5 * BOUND, wrong_error
@@ -201,7 +184,7 @@ def test_a_session_with_fp8_keys_refuses_another_attention():
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0)
     text = torch.randn(1, 5, model.config.text_dim)
     model.attn_impl = "cudnn_fp8"
-    session = model.new_session(1, text, tokens_per_frame=SESSION_TPF)
+    session = model.new_session(1, text, tokens_per_frame=TOKENS_PER_FRAME)
     model.attn_impl = "sdpa"
     assert session.fp8_keys
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)

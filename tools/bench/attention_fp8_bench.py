@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from telefuser.profiling.timing import cuda_time_ms
 
 SHAPES = {  # name -> (B, S_q, S_kv, H, D)
     "lingbot": (1, 6240, 28080, 40, 128),  # a LingBot-World v2 chunk reading its full KV window
@@ -47,22 +48,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="write the rows and the setup as JSON")
     return p.parse_args(argv)
-
-
-def cuda_time_ms(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in events]
-    return statistics.median(times), times
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
