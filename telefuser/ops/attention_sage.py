@@ -322,13 +322,6 @@ def quantize_queries(q: torch.Tensor, granularity: str | None = None) -> tuple[t
     return _quantize_queries(q, granularity or default_granularity())
 
 
-def block_scales(scale: torch.Tensor, kv_rows: int, granularity: str) -> torch.Tensor:
-    """Per-(batch, head) key scales ``[B, H]`` (a window's static ones) as the kernel's ``[B, H, m]`` for kv_rows
-    keys, replicated over every block and group."""
-    groups = math.ceil(kv_rows / K_BLOCK) * (4 if granularity == "per_thread" else 1)
-    return scale[:, :, None].expand(*scale.shape, groups).contiguous()
-
-
 # -- the kernel -----------------------------------------------------------------------------------------------------
 class _Events(threading.local):
     def __init__(self):
@@ -532,31 +525,65 @@ def emulate_kernel(
 
 
 # -- a KV window whose keys and values are quantized when written (LingBot) -----------------------------------------
-# The kernel needs ONE smoothing vector for every key a query sees, and scales per 128-key block (per_warp) or per
-# interleaved quarter of one (per_thread); a window's rows arrive chunk by chunk into ring slots that do not align
-# with blocks. So a window fixes, at its session's first write, a per-(batch, head, channel) smoothing mean and a
-# per-(batch, head) INT8 key scale (replicated over every block, `block_scales`), and a per-channel FP8 V scale,
-# all from that first chunk, with headroom for later chunks (values beyond it saturate): every later chunk is
-# quantized with the same numbers, so rows written once are read as they are.
-WINDOW_KEY_HEADROOM = 1.25  # INT8 is uniform: each 2x of headroom costs one bit of every key
-WINDOW_VALUE_HEADROOM = 4.0  # e4m3 is floating: headroom costs only range at the bottom, far below attention's needs
+# The kernel needs ONE smoothing vector for every key a query sees and ONE e4m3 scale per V channel for the whole
+# window, but its key scales are per 128-key block (per_warp) or per interleaved quarter of one (per_thread). A
+# window's rows arrive chunk by chunk into ring slots that do not align with the blocks, and a chunk's keys drift
+# from the first chunk's (RoPE turns a per-channel offset into one that moves with position). So a window fixes at
+# its first write only the smoothing mean and V's scales (V with wide headroom: e4m3 is floating), keeps its keys in
+# bf16 as well, and on every write requantizes each block the write touched from those bf16 keys, with fresh scales:
+# a block's scale always fits the keys in it (nothing saturates however far they drift from the first chunk; a mean
+# that no longer fits costs only precision), and a block is quantized once from exact keys, never requantized from
+# its own INT8 values.
+WINDOW_VALUE_HEADROOM = 16.0  # e4m3 keeps 3 mantissa bits down to 2^-6 of its range: 16x costs nothing we read
+WINDOW_BLOCK_SLACK = 6  # touched blocks beyond new_rows / 128: each of a write's runs (at most 3) may add two
 
 
-def window_first_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From a session's first chunk (``[B, n, H, D]``): (key mean fp32 ``[B, H, D]``, key scale fp32 ``[B, H]``,
-    value scale fp32 ``[B, H, D]``), the headroom included."""
-    kf = k.float()
-    mean = kf.mean(dim=1)
-    k_scale = (kf - mean[:, None]).abs().amax(dim=(1, 3)).clamp_min(_TINY) * (WINDOW_KEY_HEADROOM / INT8_MAX)
+def window_session_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a session's first chunk (``[B, n, H, D]``): (the keys' smoothing mean fp32 ``[B, H, D]``, the e4m3 value
+    scale fp32 ``[B, H, D]`` with its headroom)."""
+    mean = k.float().mean(dim=1)
     v_scale = v.float().abs().amax(dim=1).clamp_min(_TINY) * (WINDOW_VALUE_HEADROOM / FP8_MAX)
-    return mean, k_scale, v_scale
+    return mean, v_scale
 
 
-def window_quantize(
-    k: torch.Tensor, v: torch.Tensor, mean: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A chunk's keys and values ``[B, n, H, D]`` with a window's fixed numbers -> (int8 keys ``[B, n, H, D]``,
-    e4m3 values ``[B, H, D, n]`` in row order: `write` places each at its slot's kernel column)."""
-    k8 = _int8(k.float() - mean[:, None], k_scale[:, None, :, None])
-    v8 = _cast_fp8(v.float(), v_scale[:, None]).permute(0, 2, 3, 1)
-    return k8, v8
+def window_values(v: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+    """A chunk's values ``[B, n, H, D]`` -> e4m3 ``[B, H, D, n]`` in row order (the write places each row at its
+    slot's kernel column, `value_columns`)."""
+    return _cast_fp8(v.float(), v_scale[:, None]).permute(0, 2, 3, 1)
+
+
+def touched_blocks(slots: torch.Tensor, spare_block: int) -> torch.Tensor:
+    """The 128-key blocks that the buffer rows `slots` (int64 ``[n]``, runs of consecutive rows) fall in, in order of
+    first appearance, padded with `spare_block` to a length that depends on n only (a CUDA graph replays it for any
+    plan): int64 ``[ceil(n / 128) + WINDOW_BLOCK_SLACK]``. Device work only, no host sync."""
+    block = torch.div(slots, K_BLOCK, rounding_mode="floor")
+    starts = torch.ones_like(block, dtype=torch.bool)
+    starts[1:] = block[1:] != block[:-1]
+    index = starts.cumsum(0) - 1  # rows of one block share its index; a block met again in a later run gets a new one
+    length = -(-slots.shape[0] // K_BLOCK) + WINDOW_BLOCK_SLACK
+    return torch.full((length,), spare_block, dtype=torch.int64, device=slots.device).scatter(0, index, block)
+
+
+def block_rows(blocks: torch.Tensor) -> torch.Tensor:
+    """Every buffer row of `blocks`, block by block: int64 ``[len(blocks) * 128]``."""
+    return (blocks[:, None] * K_BLOCK + torch.arange(K_BLOCK, device=blocks.device)).flatten()
+
+
+def block_groups(blocks: torch.Tensor, granularity: str) -> torch.Tensor:
+    """The kernel's key-scale index of every group in `blocks` (4 per block per_thread, 1 per_warp)."""
+    per_block = 4 if granularity == "per_thread" else 1
+    return (blocks[:, None] * per_block + torch.arange(per_block, device=blocks.device)).flatten()
+
+
+def window_key_blocks(keys: torch.Tensor, mean: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole blocks of a window's bf16 keys ``[B, T * 128, H, D]`` -> (int8 keys, smoothed by the session's `mean`,
+    same shape; their fresh scales fp32 ``[B, H, T * groups per block]``, block by block as `block_groups`)."""
+    b, length, h, d = keys.shape
+    x = keys.float() - mean[:, None]
+    broadcast, scales = _k_scales(x, granularity)
+    return _int8(_grouped(x, granularity), broadcast).reshape(b, length, h, d), scales
+
+
+def window_granularity(k_scale: torch.Tensor, k_rows: int) -> str:
+    """The granularity a window's key-scale buffer ``[B, H, groups]`` was laid out for, over `k_rows` buffer rows."""
+    return "per_thread" if k_scale.shape[-1] == 4 * (k_rows // K_BLOCK) else "per_warp"

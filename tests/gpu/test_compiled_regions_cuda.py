@@ -3,7 +3,8 @@
 Needs a CUDA GPU; the FP8 cases also SM90+ and nvidia-cudnn-frontend (skipped with the reason otherwise).
 ``python3 -m pytest tests/gpu/test_compiled_regions_cuda.py -s`` prints every measured error.
 
-* LingBot-World v2, bf16 and FP8 (FP8 GEMMs + cuDNN FP8 attention over FP8 keys): the scripted session
+* LingBot-World v2, bf16, FP8 (FP8 GEMMs + cuDNN FP8 attention over FP8 keys) and sage (bf16 GEMMs +
+  ``sage_sm90`` over its quantized window; needs the SM90 build): the scripted session
   (tests/lingbot_session_script.py: every window length, the ring wrapping, read-only steps and commits) with its
   blocks compiled, against the reference path (``TELEFUSER_FUSION=0``: eager chains, the session's own window).
 * The budget of issue 24: a tiny LingBot 40 blocks deep (the official depth) makes at most 45 compiled calls per
@@ -16,7 +17,8 @@ them to bf16, so values differ by about one bf16 rounding each, carried through 
 the CPU (Inductor's C++ backend, same tiny session) 1.5e-3; bound 1e-2. FP8: on top of that, an activation whose
 compiled quantization lands one e4m3 step from the eager one (0.6% of values at rounding midpoints, ops/README.md)
 moves a dot product by one step of one of its terms: measured 1.6e-2 on the H200 (2026-12-02); bound 3e-2, under
-e4m3's unit roundoff 2^-4. Negative control, every case: the window's values written 8x too large (every attention
+e4m3's unit roundoff 2^-4. sage: the same kind of step (an INT8 key or query, or an e4m3 value, rounded from a
+compiled quotient one ulp away from the eager one), same bound. Negative control, every case: the window's values written 8x too large (every attention
 then averages wrong values), which must land far above both bounds. Attention is a small part of this random tiny
 model's output, so milder bugs land close: on the H200 keys and values swapped measured 0.11, keys negated 0.06.
 """
@@ -28,6 +30,7 @@ import torch
 
 from telefuser.models.lingbot_world_v2 import build_random_lingbot_dit
 from telefuser.ops.attention_fp8 import fp8_attention_available
+from telefuser.ops.attention_sage import sage_sm90_available
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.fusion import fusion_enabled, set_fusion
 from tests.lingbot_session_script import CHUNKS, STEPS, covers_the_window, run_session, session_config
@@ -35,14 +38,15 @@ from tests.numerics import relative_error
 
 pytestmark = [pytest.mark.numerics, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
 
-BOUND = {"bf16": 1e-2, "fp8": 3e-2}
+BOUND = {"bf16": 1e-2, "fp8": 3e-2, "sage": 3e-2}
 GRID_HW = (16, 24)  # 96 tokens per frame, head_dim 128: shapes cuDNN's FP8 attention takes
 CALL_BUDGET = 45  # compiled-function calls per steady 40-block forward (issue 24)
 
 
 def _skip_without_fp8(variant: str) -> None:
-    if variant == "fp8":
-        ok, why = fp8_attention_available()
+    check = {"fp8": fp8_attention_available, "sage": sage_sm90_available}.get(variant)
+    if check is not None:
+        ok, why = check()
         if not ok:
             pytest.skip(why)
 
@@ -54,6 +58,8 @@ def _lingbot(variant: str, **overrides):
     if variant == "fp8":
         model.quantize("fp8")
         model.attn_impl = "cudnn_fp8"
+    if variant == "sage":
+        model.attn_impl = "sage_sm90"
     return model
 
 
@@ -68,7 +74,7 @@ def _error(got, want) -> float:
     return max(relative_error(o, r) for o, r in zip(got.outputs, want.outputs, strict=True))
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8"])
+@pytest.mark.parametrize("variant", ["bf16", "fp8", "sage"])
 def test_lingbot_regions_match_the_reference_path(variant, fusion, monkeypatch):
     model = _lingbot(variant)
     fusion(False)

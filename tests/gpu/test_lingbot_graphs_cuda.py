@@ -1,8 +1,10 @@
 """Steady LingBot chunks as CUDA graphs: replays bit-identical to eager over whole sessions, on pooled buffers.
 
-Needs a CUDA GPU; the FP8 case also SM90+ and nvidia-cudnn-frontend (skipped with the reason otherwise).
+Needs a CUDA GPU; the FP8 case also SM90+ and nvidia-cudnn-frontend, the sage case SageAttention2's SM90 build
+(skipped with the reason otherwise).
 
-* Model level, bf16 and FP8 (FP8 GEMMs + cuDNN FP8 attention over FP8 keys): the scripted session
+* Model level, bf16, FP8 (FP8 GEMMs + cuDNN FP8 attention over FP8 keys) and sage (``sage_sm90`` over its quantized
+  window: every write requantizes the blocks it touched, from device data only): the scripted session
   (tests/lingbot_session_script.py: 4 window lengths, the window filling mid-chunk, the ring wrapping, read-only steps
   and commits) run eagerly (compiled regions, no graphs), then twice with graphs: the first session captures each
   (kind, window length) at its first call, the second, a new session on the same pooled buffers, only replays. Every
@@ -23,6 +25,7 @@ import torch
 from telefuser.models.lingbot_world_v2 import build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.graphs import ChunkGraphs
 from telefuser.ops.attention_fp8 import fp8_attention_available
+from telefuser.ops.attention_sage import sage_sm90_available
 from tests.lingbot_session_script import (
     CHUNKS,
     STEPS,
@@ -39,8 +42,9 @@ WINDOW_LENGTHS = 4  # 3, 6, 9 frames of keys, then the full 10
 
 
 def _lingbot(variant: str):
-    if variant == "fp8":
-        ok, why = fp8_attention_available()
+    check = {"fp8": fp8_attention_available, "sage": sage_sm90_available}.get(variant)
+    if check is not None:
+        ok, why = check()
         if not ok:
             pytest.skip(why)
     config = session_config(dim=256, num_heads=2, ffn_dim=512)
@@ -48,10 +52,12 @@ def _lingbot(variant: str):
     if variant == "fp8":
         model.quantize("fp8")
         model.attn_impl = "cudnn_fp8"
+    if variant == "sage":
+        model.attn_impl = "sage_sm90"
     return model
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8"])
+@pytest.mark.parametrize("variant", ["bf16", "fp8", "sage"])
 def test_replayed_sessions_equal_the_eager_session_bit_for_bit(variant, monkeypatch):
     model = _lingbot(variant)
     eager = run_session(model, device="cuda", grid_hw=GRID_HW)

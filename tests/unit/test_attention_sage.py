@@ -23,6 +23,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from telefuser.ops import attention_sage as sage
 from telefuser.ops.attention import ATTENTION_IMPLS, attention, available_attention_impls, check_attention_impl
@@ -288,43 +290,93 @@ def _sage_buffers(b=1, capacity=300, h=2, d=64, layers=2):
     )
 
 
-def test_window_rows_written_once_read_back_bit_identical():
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowPlan, write_window
+def _session_plans(capacity: int, sink: int, frame_rows: int, chunk_frames: list[int]):
+    """The plans of a session's committed chunks, as KVWindow makes them (appends, then ring slots that wrap)."""
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowPlan
 
-    buffers = _sage_buffers()
-    layer = buffers.layer_states()[0]
-    assert layer.k.dtype == torch.int8 and layer.v.dtype == sage.FP8 and layer.v.shape == (1, 2, 64, 384)
-    g = torch.Generator().manual_seed(5)
-    written = {}
-    # chunks of 70 rows into a 300-row window with a 40-row sink: appends, then ring slots that wrap
     committed, ring_head = 0, 0
-    for index in range(7):
-        plan = WindowPlan(300, 40, committed, 70, ring_head)
-        slots = plan.slot_rows("cpu")
-        k = (torch.randn(1, 70, 2, 64, generator=g) + 3).bfloat16()
-        v = torch.randn(1, 70, 2, 64, generator=g).bfloat16()
-        write_window(layer, k, v, slots)
-        if index == 0:
-            first = tuple(t.clone() for t in (layer.key_mean, layer.key_int8_scale, layer.value_scale))
-            assert layer.stats_set.item() == 1.0
-        k8, v8 = sage.window_quantize(k, v, *first)
-        for i, row in enumerate(slots.tolist()):
-            written[row] = (k8[:, i], v8[..., i])
+    for frames in chunk_frames:
+        plan = WindowPlan(capacity, sink, committed, frames * frame_rows, ring_head)
+        yield plan
         committed = plan.total
         if plan.evicted:
             ring_head = (plan.ring_head + plan.evicted) % plan.ring_rows
-    # the numbers stay those of the first write
-    for own, expected in zip((layer.key_mean, layer.key_int8_scale, layer.value_scale), first):
-        assert torch.equal(own, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    frame_rows=st.integers(1, 300),
+    frames=st.integers(2, 12),
+    sink=st.integers(0, 3),
+    chunks=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+)
+def test_touched_blocks_name_each_block_of_a_write_in_order(frame_rows, frames, sink, chunks):
+    sink = min(sink, frames - 1)
+    chunks = [min(c, frames - sink) for c in chunks]
+    capacity = frames * frame_rows
+    spare = -(-capacity // sage.K_BLOCK)
+    for plan in _session_plans(capacity, sink * frame_rows, frame_rows, chunks):
+        slots = plan.slot_rows("cpu")
+        blocks = sage.touched_blocks(slots, spare)
+        expected = torch.unique_consecutive(slots // sage.K_BLOCK)
+        assert blocks.shape == (-(-plan.new_rows // sage.K_BLOCK) + sage.WINDOW_BLOCK_SLACK,)
+        assert torch.equal(blocks[: len(expected)], expected)
+        assert (blocks[len(expected) :] == spare).all()
+
+
+def _drifting_chunk(g, rows, h=2, d=64, *, shared, drift):
+    """Keys with a per-channel offset shared by the session plus one of the chunk's own (RoPE moves an offset with
+    position), and values."""
+    k = torch.randn(1, rows, h, d, generator=g) + shared + drift * torch.randn(d, generator=g)
+    return k.bfloat16(), torch.randn(1, rows, h, d, generator=g).bfloat16()
+
+
+@pytest.mark.parametrize("granularity", ["per_thread", "per_warp"])
+def test_window_keeps_its_rows_exactly_and_every_block_quantized_from_them(granularity, monkeypatch):
+    from telefuser.models.lingbot_world_v2.kv_cache import write_window
+
+    monkeypatch.setenv("TELEFUSER_SAGE_GRANULARITY", granularity)
+    buffers = _sage_buffers()
+    layer = buffers.layer_states()[0]
+    assert layer.k.dtype == torch.int8 and layer.v.dtype == sage.FP8 and layer.v.shape == (1, 2, 64, 384)
+    assert layer.k.shape[1] == layer.key_rows.shape[1] == 384 + sage.K_BLOCK  # and a spare block
+    assert sage.window_granularity(layer.key_int8_scales, layer.k.shape[1]) == granularity
+    g = torch.Generator().manual_seed(5)
+    shared = 3 * torch.randn(64, generator=g)
+    written = {}
+    # chunks of 70 rows into a 300-row window with a 40-row sink: appends, then ring slots that wrap; keys drift
+    for index, plan in enumerate(_session_plans(300, 40, 70, [1] * 7)):
+        slots = plan.slot_rows("cpu")
+        k, v = _drifting_chunk(g, 70, shared=shared, drift=4.0 * index)
+        write_window(layer, k, v, slots)
+        if index == 0:
+            first = layer.key_mean.clone(), layer.value_scale.clone()
+            assert layer.stats_set.item() == 1.0
+        for i, row in enumerate(slots.tolist()):
+            written[row] = (k[:, i], sage.window_values(v, first[1])[..., i])
+    # the session's numbers stay those of the first write
+    assert torch.equal(layer.key_mean, first[0]) and torch.equal(layer.value_scale, first[1])
+    # data movement, exactly: bf16 keys by row, e4m3 values by the kernel's column
     values = sage.value_rows(layer.v)
-    for row, (k8_row, v8_row) in written.items():
-        assert torch.equal(layer.k[:, row], k8_row)
+    for row, (k_row, v8_row) in written.items():
+        assert torch.equal(layer.key_rows[:, row], k_row)
         assert torch.equal(values[:, row].view(torch.uint8), v8_row.view(torch.uint8))
+    # every block is what quantizing its rows now gives (no block kept scales its rows outgrew), bit for bit
+    k8, scales = sage.window_key_blocks(layer.key_rows[:, :384], layer.key_mean, granularity)
+    groups = scales.shape[-1]
+    assert torch.equal(layer.k[:, :384], k8) and torch.equal(layer.key_int8_scales[..., :groups], scales)
+    # so nothing saturates: every key dequantizes to within half a step of its group's scale, though the last
+    # chunk's keys sit 24 standard deviations from the first chunk's mean
+    rows = torch.tensor(sorted(written))
+    step = sage._expand_k_scales(layer.key_int8_scales, 384, granularity)[:, rows, :, None]
+    dequantized = layer.k[:, rows].float() * step + layer.key_mean[:, None]
+    assert ((dequantized - layer.key_rows[:, rows].float()).abs() <= step / 2 + 1e-5).all()
     # the other layer was never written
     other = buffers.layer_states()[1]
     assert other.stats_set.item() == 0 and not other.k.any() and not other.v.view(torch.uint8).any()
     buffers.load([], None, True)  # a new session in these buffers starts from scratch
-    assert layer.stats_set.item() == 0 and not layer.k.any() and torch.equal(layer.key_mean, torch.zeros(1, 2, 64))
+    assert layer.stats_set.item() == 0 and not layer.k.any() and not layer.key_rows.any()
+    assert torch.equal(layer.key_mean, torch.zeros(1, 2, 64))
 
 
 def test_pooled_buffers_refuse_a_session_of_another_kind():
@@ -336,35 +388,49 @@ def test_pooled_buffers_refuse_a_session_of_another_kind():
 
 
 @pytest.mark.numerics
-def test_window_attention_matches_fp32_over_the_rows_attended():
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowPlan, write_window
+def test_window_attention_matches_fp32_with_keys_drifting_between_chunks():
+    """Three chunks whose keys share an offset and drift by one of their own: within the kernel-level bound; the
+    first design (one INT8 key scale per head fixed by the first chunk, 1.25x headroom) lands far above it."""
+    from telefuser.models.lingbot_world_v2.kv_cache import write_window
 
     layer = _sage_buffers(capacity=300).layer_states()[0]
     g = torch.Generator().manual_seed(7)
-    offset = 6 * torch.randn(64, generator=g)
+    shared = 6 * torch.randn(64, generator=g)
     ks, vs = [], []
-    for committed in (0, 100):
-        plan = WindowPlan(300, 40, committed, 100, 0)
-        k = (torch.randn(1, 100, 2, 64, generator=g) + offset).bfloat16()
-        v = torch.randn(1, 100, 2, 64, generator=g).bfloat16()
+    for index, plan in enumerate(_session_plans(300, 100, 100, [1, 1, 1])):
+        k, v = _drifting_chunk(g, 100, shared=shared, drift=0.0 if index == 0 else 2.0)
         write_window(layer, k, v, plan.slot_rows("cpu"))
         ks.append(k)
         vs.append(v)
     q = (3 * torch.randn(1, 90, 2, 64, generator=g)).bfloat16()
-    ours = _window_emulated(q, layer, 200)
     reference = _fp32_reference(q, torch.cat(ks, 1), torch.cat(vs, 1))
+    ours = _window_emulated(q, layer, 300)
     rel = _rel_l2(ours, reference)
-    print(f"window attention against fp32: rel L2 {rel:.3e}")
+    print(f"window attention against fp32, drifting keys: rel L2 {rel:.3e}")
     assert 0 < rel <= REL_L2_BOUND
+    # negative control: the first design's keys (saturating where a chunk drifted past the first chunk's range)
+    first = ks[0].float()
+    mean = first.mean(dim=1)
+    head_scale = (first - mean[:, None]).abs().amax(dim=(1, 3)) * (1.25 / 127)  # [B, H]
+    k8 = sage._int8(torch.cat(ks, 1).float() - mean[:, None], head_scale[:, None, :, None])
+    k_scales = head_scale[:, :, None].expand(1, 2, layer.key_int8_scales.shape[-1]).contiguous()
+    old = sage.emulate_kernel(
+        *sage.quantize_queries(q, "per_thread"), k8, k_scales[..., :12].contiguous(), layer.v, layer.value_scale,
+        granularity="per_thread",
+    )  # fmt: skip
+    old_rel = _rel_l2(old, reference)
+    print(f"negative control, one key scale per head from the first chunk: rel L2 {old_rel:.3e}")
+    assert old_rel > 3 * REL_L2_BOUND
 
 
-def _window_emulated(q, layer, kv_rows: int, granularity="per_thread"):
+def _window_emulated(q, layer, kv_rows: int):
     """What the kernel op computes for a window (kv_cache.py): Q quantized per call, the window's keys and values."""
+    granularity = sage.window_granularity(layer.key_int8_scales, layer.k.shape[1])
     q8, q_scale = sage.quantize_queries(q, granularity)
-    k_scale = sage.block_scales(layer.key_int8_scale, kv_rows, granularity)
-    return sage.emulate_kernel(
-        q8, q_scale, layer.k[:, :kv_rows], k_scale, layer.v, layer.value_scale, granularity=granularity
-    )
+    return _emulated_window_kernel(
+        q8, q_scale, layer.k, layer.key_int8_scales, layer.v, layer.value_scale, out_dtype=torch.float32,
+        granularity=granularity, kv_rows=torch.tensor([kv_rows]),
+    )  # fmt: skip
 
 
 # -- inside the model, the kernel emulated --------------------------------------------------------------------------------
@@ -383,7 +449,7 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, SessionError, build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2 import attention as attention_module
 
-    monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "1")  # the quantized window is opt-in (dit.sage_window_wanted)
+    monkeypatch.delenv("TELEFUSER_SAGE_WINDOW", raising=False)  # the quantized window is the default
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
     reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention runs plain SDPA here: the window (written and attended through the kernel's layout) is under test
@@ -416,13 +482,13 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
         model.forward_chunk(session, latents, torch.tensor([500.0]), None, update_cache=False)
 
 
-def test_by_default_a_sage_session_keeps_a_bf16_window_and_quantizes_it_per_call(monkeypatch):
-    """Until the quantized window handles drifting keys, a ``sage_sm90`` session keeps a bf16 window and every call
-    goes through the generic ``attention(..., impl="sage_sm90")`` (which quantizes Q, K and V itself)."""
+def test_a_sage_session_keeps_a_bf16_window_quantized_per_call_when_asked(monkeypatch):
+    """``TELEFUSER_SAGE_WINDOW=0``: a ``sage_sm90`` session keeps a bf16 window and every call goes through the
+    generic ``attention(..., impl="sage_sm90")`` (which quantizes Q, K and V itself); any other value is refused."""
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2 import attention as attention_module
 
-    monkeypatch.delenv("TELEFUSER_SAGE_WINDOW", raising=False)
+    monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "0")
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
     impls = []
 
@@ -434,3 +500,6 @@ def test_by_default_a_sage_session_keeps_a_bf16_window_and_quantizes_it_per_call
     session, outputs = session_under_impl(model, "sage_sm90")
     assert not session.sage_window and session.layer_state(0).k.dtype == torch.bfloat16
     assert "sage_sm90" in impls and all(torch.isfinite(o).all() for o in outputs)
+    monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "yes")
+    with pytest.raises(ValueError, match="TELEFUSER_SAGE_WINDOW must be 0 or 1, got 'yes'"):
+        session_under_impl(model, "sage_sm90")

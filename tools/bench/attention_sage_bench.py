@@ -1,8 +1,8 @@
 """SageAttention2's SM90 kernel (``sage_sm90``) against cuDNN bf16 SDPA and cuDNN FP8, side by side in one run.
 
-    python tools/bench/attention_sage_bench.py --output sage_attention.json     # MiniMax H3 and LingBot shapes
-    python tools/bench/attention_sage_bench.py --shapes lingbot --iters 50
-    python tools/bench/attention_sage_bench.py --shape 1,4096,4096,24,128       # any B,S_q,S_kv,H,D
+    python -m tools.bench.attention_sage_bench --output sage_attention.json     # MiniMax H3 and LingBot shapes
+    python -m tools.bench.attention_sage_bench --shapes lingbot --iters 50
+    python -m tools.bench.attention_sage_bench --shape 1,4096,4096,24,128       # any B,S_q,S_kv,H,D
 
 Per shape, on the same bf16 ``[B, S, H, D]`` inputs, CUDA-event timed, median of --iters calls after --warmup:
 
@@ -14,6 +14,11 @@ Per shape, on the same bf16 ``[B, S, H, D]`` inputs, CUDA-event timed, median of
   quantized pays per call, less its queries);
 - ``sage_<gran>_q_only``: the kernel plus the quantization of Q alone (the LingBot window path);
 - ``sage_quantize``: the quantization of Q, K and V alone.
+
+With --window-writes, also what a LingBot forward pays per layer to write its chunk's K/V (6,240 rows) into a full
+28,080-row window at ring slots that do not align with 128-key blocks, eager and compiled (as in a block region):
+a bf16 window, the FP8-key window of ``cudnn_fp8``, and the ``sage_sm90`` window (bf16 keys copied in, every touched
+block requantized with fresh scales, values cast to e4m3 in the kernel's layout).
 
 TFLOP/s counts 4·B·H·S_q·S_kv·D. Accuracy per input kind (``random`` N(0, 1); ``key-offset``: keys plus a per-channel
 offset of 8; ``sharp``: that and queries times 4), on the first --ref-heads heads: cosine and relative L2 of each
@@ -51,6 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ref-heads", type=int, default=2, help="heads compared against the fp32 reference")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window-writes", action="store_true", help="also time the LingBot window writes per layer")
     p.add_argument("--output", type=Path, default=None, help="write the rows and the setup as JSON")
     return p.parse_args(argv)
 
@@ -166,6 +172,42 @@ def bench_shape(name: str, shape, args, fp8: bool) -> list[dict]:
     return rows
 
 
+def bench_window_writes(args) -> list[dict]:
+    """ms per layer to write a LingBot chunk's K/V into a full window, per window kind, eager and compiled."""
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowPlan, write_window
+
+    tokens_per_frame, frames, sink, chunk_frames, h, d = 1560, 18, 6, 4, 40, 128
+    capacity = frames * tokens_per_frame
+    plan = WindowPlan(
+        capacity, sink * tokens_per_frame, capacity, chunk_frames * tokens_per_frame, 3 * tokens_per_frame
+    )
+    slots = plan.slot_rows("cuda")
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    k, v = (torch.randn(1, plan.new_rows, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    kinds = {
+        "bf16": {},
+        "fp8 keys": {"key_scales": [torch.ones(1, device="cuda")]},
+        "sage_sm90": {"sage_window": True},
+    }
+    compiled = torch.compile(write_window, fullgraph=True)
+    rows = []
+    for kind, extra in kinds.items():
+        buffers = WindowBuffers.allocate(
+            1, (1, capacity, h, d), [], extra.pop("key_scales", None), device=torch.device("cuda"),
+            dtype=torch.bfloat16, **extra,
+        )  # fmt: skip
+        layer = buffers.layer_states()[0]
+        for how, fn in (("eager", write_window), ("compiled", compiled)):
+            ms, times = cuda_time_ms(lambda fn=fn, layer=layer: fn(layer, k, v, slots), args.warmup, args.iters)
+            rows.append({"window": kind, "how": how, "rows": plan.new_rows, "ms": ms, "ms_all": times})
+        del buffers, layer
+        torch.cuda.empty_cache()
+    print("\n| window | write | ms per layer |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r['window']} | {r['how']} | {r['ms']:.3f} |")
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     head = ["shape", "impl", "ms", "TFLOP/s", "× cuDNN bf16", *(f"cos / rel L2 {k}" for k in INPUTS), "what"]
     print("| " + " | ".join(head) + " |")
@@ -224,9 +266,11 @@ def main(argv=None) -> int:
         rows.extend(bench_shape(name, shape, args, fp8))
         torch.cuda.empty_cache()
     print_table(rows)
+    writes = bench_window_writes(args) if args.window_writes else None
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
+        report = {"setup": setup, "rows": rows, "window_writes": writes}
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.output}")
     return 0
 

@@ -371,6 +371,60 @@ COMPARE_COMMIT = Plan(
 )
 
 
+# ---- one H200: SageAttention2's SM90 kernel (issue 27) ------------------------------------------------------------
+SAGE_SOURCE = ".whl/sage-src"  # a SageAttention 2.2.0 source tree carried to the machine (never part of the project)
+SAGE_BUILD = (
+    "rm -rf build/sage && mkdir -p build && cp -r {src}/src build/sage && cp {src}/setup_sm90.py build/sage/setup.py "
+    "&& cd build/sage && TORCH_CUDA_ARCH_LIST=9.0 NVCC_APPEND_FLAGS='--default-stream per-thread' MAX_JOBS=16 "
+    "{{py}} setup.py build_ext --inplace && cp -r sageattention {{site}}/"
+).format(src=SAGE_SOURCE)
+SAGE_VARIANTS = "reuse+fast-vae,fp8+fp8-attn+fast-vae,fp8+sage+fast-vae"
+H200_SAGE = Plan(
+    "h200-sage",
+    "SageAttention2's SM90 kernel on one H200: its build, GPU tests, the LingBot window, sessions and the gate",
+    (
+        SETUP[0],
+        Step(
+            "sage_build",
+            300,
+            ("bash", "-c", SAGE_BUILD),
+            f"build the two SM90 extensions from {SAGE_SOURCE} (per-thread default stream) into the carried site",
+            skip_if=command("{py} -c 'import sageattention._qattn_sm90'"),
+            setup=True,
+        ),
+        Step("sage_info", 60, module("telefuser.cli info"), "what `telefuser info` reports of the build"),
+        Step(
+            "sage_tests",
+            420,
+            pytest(
+                "-s tests/gpu/test_attention_sage_cuda.py tests/gpu/test_compiled_regions_cuda.py "
+                "tests/gpu/test_lingbot_graphs_cuda.py -k sage"
+            ),
+            "the kernel against cuDNN bf16, the quantized LingBot window, its compiled regions and CUDA graphs",
+        ),
+        Step(
+            "sage_bench",
+            240,
+            module("tools.bench.attention_sage_bench --shapes lingbot --window-writes --output {out}/sage_bench.json"),
+            "the kernel at LingBot's chunk shape and the window writes per layer",
+        ),
+        Step(
+            "lingbot_ab",
+            540,
+            module(f"tools.bench.lingbot_session_ab --variants {SAGE_VARIANTS} --rounds 1 --output {{out}}/ab.json"),
+            "official LingBot sessions: bf16, FP8 GEMMs with cuDNN FP8 attention, FP8 GEMMs with sage_sm90",
+        ),
+        Step(
+            "sage_gate",
+            590,
+            module("tools.validation.sage_quality_gate --output {out}/sage_gate.json"),
+            "the quality gate: both models against cuDNN bf16 attention, random weights and peaky",
+        ),
+    ),
+    calls=("setup_wheels,sage_build,sage_info,sage_tests,sage_bench,lingbot_ab", "setup_wheels,sage_build,sage_gate"),
+)
+
+
 # ---- several GPUs, one rank each --------------------------------------------------------------------------------
 def multi_gpu(gpus: int) -> Plan:
     # at 2 GPUs LingBot runs Ulysses2; at 4 and 8 the degrees the issues name. 4-rank test cases need 4 GPUs.
@@ -503,5 +557,14 @@ def multi_gpu(gpus: int) -> Plan:
 
 PLANS: dict[str, Plan] = {
     p.name: p
-    for p in (H200_MODELS, H200_TRANSPORT, H200_GRAPHS, COMPARE_COMMIT, multi_gpu(2), multi_gpu(4), multi_gpu(8))
+    for p in (
+        H200_MODELS,
+        H200_TRANSPORT,
+        H200_GRAPHS,
+        H200_SAGE,
+        COMPARE_COMMIT,
+        multi_gpu(2),
+        multi_gpu(4),
+        multi_gpu(8),
+    )
 }

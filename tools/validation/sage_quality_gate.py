@@ -1,7 +1,7 @@
 """The quality gate for ``sage_sm90`` (SageAttention2's SM90 kernel): the models' outputs against cuDNN bf16 attention.
 
-    python tools/validation/sage_quality_gate.py --output sage_gate.json          # both models, official sizes
-    python tools/validation/sage_quality_gate.py --models lingbot --session-frames 41
+    python -m tools.validation.sage_quality_gate --output sage_gate.json          # both models, official sizes
+    python -m tools.validation.sage_quality_gate --models lingbot --session-frames 41
 
 Random weights (no checkpoint is used here): random-weight attention is flatter than a trained model's, which hides
 quantization error in the scores, so every model row also runs "peaky": the Q RMSNorm weights times --peak-gain
@@ -31,9 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv=None):

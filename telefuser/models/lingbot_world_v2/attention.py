@@ -26,7 +26,7 @@ from ...distributed.ulysses.compiled_ops import ExchangeKey, exchange_key
 from ...distributed.ulysses.schedule import PHASE_ATTENTION, Exchange, gather_heads, phase, v_first
 from ...ops.attention import attention
 from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
-from ...ops.attention_sage import block_scales, default_granularity, quantize_queries, sage_sm90_quantized
+from ...ops.attention_sage import quantize_queries, sage_sm90_quantized, window_granularity
 from ...ops.fp8 import linear_dtype
 from .kv_cache import KVWindow, LayerState, WindowPlan, write_window
 from .norms import RMSNorm
@@ -79,14 +79,14 @@ def window_rows(plan: WindowPlan) -> torch.Tensor:
 
 def sage_window_attention(q: torch.Tensor, layer: LayerState, kv_rows: torch.Tensor) -> torch.Tensor:
     """``sage_sm90`` attention of the chunk's queries ``[B, S_q, H, D]`` (bf16/fp16) over the first `kv_rows` rows of
-    a window kept in the kernel's layout (kv_cache.py): only Q is quantized here (traced into a block region); the
-    session's per-head key scale is laid out over the window's blocks, which the kernel op cuts to the rows attended."""
-    granularity = default_granularity()
+    a window kept in the kernel's layout (kv_cache.py): only Q is quantized here (traced into a block region), with
+    the granularity the window's key scales were laid out for; the kernel op cuts the keys and their scales to the
+    rows attended."""
+    granularity = window_granularity(layer.key_int8_scales, layer.k.shape[1])
     q8, q_scale = quantize_queries(q, granularity)
-    k_scale = block_scales(layer.key_int8_scale, layer.k.shape[1], granularity)
     return sage_sm90_quantized(
-        q8, q_scale, layer.k, k_scale, layer.v, layer.value_scale, out_dtype=q.dtype, granularity=granularity,
-        kv_rows=kv_rows,
+        q8, q_scale, layer.k, layer.key_int8_scales, layer.v, layer.value_scale, out_dtype=q.dtype,
+        granularity=granularity, kv_rows=kv_rows,
     )  # fmt: skip
 
 

@@ -52,11 +52,13 @@ SAGE_WINDOW_ENV = "TELEFUSER_SAGE_WINDOW"
 
 
 def sage_window_wanted() -> bool:
-    """Whether a ``sage_sm90`` session keeps its window quantized for the kernel (kv_cache.py) instead of a bf16 window
-    that each call quantizes whole. Opt-in (``TELEFUSER_SAGE_WINDOW=1``) while the quantized window fixes its key
-    scale and smoothing mean from the first chunk: keys whose per-channel offset drifts between chunks saturate
-    (docs/perf/2026-12-03). The per-call path costs a quantization pass over the window per call, not accuracy."""
-    return os.environ.get(SAGE_WINDOW_ENV, "0") == "1"
+    """Whether a ``sage_sm90`` session keeps its window quantized for the kernel (kv_cache.py), the default, or a bf16
+    window that each call quantizes whole (``TELEFUSER_SAGE_WINDOW=0``: a pass over the window per call, for
+    comparing the two)."""
+    value = os.environ.get(SAGE_WINDOW_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{SAGE_WINDOW_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def keeps_fp32(name: str) -> bool:

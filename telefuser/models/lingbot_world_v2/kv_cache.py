@@ -10,12 +10,12 @@ through the opaque custom op ``telefuser::kv_window_write``. A session may adopt
 (graphs.py pools them).
 
 A session made for ``sage_sm90`` attention (`sage_window`) keeps its window the way SageAttention2's SM90 kernel reads
-it (ops/attention_sage.py): keys in INT8 ``[B, capacity, H, D]``, values in e4m3, transposed and permuted to
-``[B, H, D, capacity rounded up to 128]``, both quantized once, when written, with numbers the session fixes at its
-first write and keeps in device memory: the keys' smoothing mean (per head and channel), one INT8 key scale per head
-and one e4m3 value scale per channel. One mean for every key keeps softmax exact (a per-chunk mean would not: it
-shifts each chunk's scores by a different ``q . mean``); one key scale per head serves ring slots that do not align
-with the kernel's 128-key blocks (it is replicated over all of them). A chunk's call then quantizes only its queries.
+it (ops/attention_sage.py): keys in INT8 ``[B, rows, H, D]`` with one scale per kernel key group, values in e4m3,
+transposed and permuted to ``[B, H, D, capacity rounded up to 128]``, plus the keys in bf16. The session fixes at its
+first write the keys' smoothing mean and the values' scales (one mean for every key keeps softmax exact: a per-chunk
+mean would shift each chunk's scores by a different ``q . mean``). Every write copies the chunk's bf16 keys in and
+requantizes, with fresh scales, each 128-key block its rows touched (ring slots do not align with blocks), so a
+block's scale always fits its keys, however they drift. A chunk's call then quantizes only its queries.
 """
 
 from __future__ import annotations
@@ -27,7 +27,18 @@ from typing import NamedTuple
 import torch
 
 from ...ops.attention_fp8 import FP8, cast_fp8
-from ...ops.attention_sage import K_BLOCK, value_columns, window_first_stats, window_quantize
+from ...ops.attention_sage import (
+    K_BLOCK,
+    block_groups,
+    block_rows,
+    default_granularity,
+    touched_blocks,
+    value_columns,
+    window_granularity,
+    window_key_blocks,
+    window_session_stats,
+    window_values,
+)
 
 
 class SessionError(RuntimeError):
@@ -105,12 +116,15 @@ class LayerState(NamedTuple):
     key_scale: torch.Tensor | None  # FP8 keys: the static scale, its reciprocal, the running max |V| (fp32 [1])
     key_descale: torch.Tensor | None
     value_amax: torch.Tensor | None
-    # A sage_sm90 window (k int8, v e4m3 [B, H_local, D, padded capacity]): the session's numbers, fixed at its first
-    # write: key mean fp32 [B, H, D], INT8 key scale fp32 [B, H], e4m3 value scale fp32 [B, H, D], set flag fp32 [1]
+    # A sage_sm90 window (k int8 [B, rows, H, D], rows = capacity rounded up to 128 plus one spare block; v e4m3
+    # [B, H_local, D, capacity rounded up to 128]): the session's numbers, fixed at its first write (key mean fp32
+    # [B, H, D], e4m3 value scale fp32 [B, H, D], set flag fp32 [1]), the INT8 key scales fp32 [B, H, groups] and
+    # the keys in bf16 [B, rows, H, D], from which every write requantizes the blocks it touched
     key_mean: torch.Tensor | None = None
-    key_int8_scale: torch.Tensor | None = None
     value_scale: torch.Tensor | None = None
     stats_set: torch.Tensor | None = None
+    key_int8_scales: torch.Tensor | None = None
+    key_rows: torch.Tensor | None = None
 
 
 @torch.library.custom_op("telefuser::kv_window_write", mutates_args=("k_cache", "v_cache"))
@@ -137,7 +151,7 @@ def _kv_window_write_sage(
     slots: torch.Tensor,
     columns: torch.Tensor,
 ) -> None:
-    # int8 keys by row; e4m3 values [B, H, D, n] by kernel column (the bytes: index_copy_ has no float8 kernels)
+    # bf16 keys by row; e4m3 values [B, H, D, n] by kernel column (the bytes: index_copy_ has no float8 kernels)
     k_cache.index_copy_(1, slots, k_new)
     v_cache.view(torch.uint8).index_copy_(3, columns, v_new.view(torch.uint8))
 
@@ -147,17 +161,41 @@ def _(k_new, v_new, k_cache, v_cache, slots, columns):
     return None
 
 
+@torch.library.custom_op("telefuser::kv_window_write_blocks", mutates_args=("k_cache", "scale_cache"))
+def _kv_window_write_blocks(
+    k8: torch.Tensor, scales: torch.Tensor, k_cache: torch.Tensor, scale_cache: torch.Tensor, rows: torch.Tensor,
+    groups: torch.Tensor,
+) -> None:  # fmt: skip
+    # whole requantized blocks: int8 key rows, and their scales by kernel group
+    k_cache.index_copy_(1, rows, k8)
+    scale_cache.index_copy_(2, groups, scales)
+
+
+@_kv_window_write_blocks.register_fake
+def _(k8, scales, k_cache, scale_cache, rows, groups):
+    return None
+
+
 def _write_sage_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
     # The session's numbers: the first write's (its chunk's statistics), kept by every later write. Device state, so
     # a captured graph replays the same choice; each write recomputes the chunk's statistics (a pass over its rows)
     # and discards them once the numbers are set.
-    mean, k_scale, v_scale = window_first_stats(k_new, v_new)
+    mean, v_scale = window_session_stats(k_new, v_new)
     keep = layer.stats_set > 0
-    for own, new in ((layer.key_mean, mean), (layer.key_int8_scale, k_scale), (layer.value_scale, v_scale)):
+    for own, new in ((layer.key_mean, mean), (layer.value_scale, v_scale)):
         own.copy_(torch.where(keep, own, new))
     layer.stats_set.fill_(1.0)
-    k8, v8 = window_quantize(k_new, v_new, layer.key_mean, layer.key_int8_scale, layer.value_scale)
-    torch.ops.telefuser.kv_window_write_sage(k8, v8.contiguous(), layer.k, layer.v, slots, value_columns(slots))
+    # bf16 keys by row and e4m3 values by kernel column, then every block those rows touched requantized from the
+    # bf16 keys (padding entries name the spare block past the window, which no call reads)
+    values = window_values(v_new, layer.value_scale).contiguous()
+    torch.ops.telefuser.kv_window_write_sage(k_new, values, layer.key_rows, layer.v, slots, value_columns(slots))
+    blocks = touched_blocks(slots, spare_block=layer.k.shape[1] // K_BLOCK - 1)
+    rows = block_rows(blocks)
+    granularity = window_granularity(layer.key_int8_scales, layer.k.shape[1])
+    k8, scales = window_key_blocks(layer.key_rows.index_select(1, rows), layer.key_mean, granularity)
+    torch.ops.telefuser.kv_window_write_blocks(
+        k8, scales, layer.k, layer.key_int8_scales, rows, block_groups(blocks, granularity)
+    )
 
 
 def write_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
@@ -185,7 +223,9 @@ class WindowBuffers:
     key_scales: list[torch.Tensor] | None = None
     key_descales: list[torch.Tensor] | None = None
     value_amax: list[torch.Tensor] | None = None
-    sage_stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # LayerState's
+    sage_stats: list[tuple[torch.Tensor, ...]] | None = None  # LayerState's sage_sm90 fields, in order
+    window_shape: tuple[int, int, int, int] | None = None  # [B, capacity, H_local, D] and the model's dtype, as asked
+    dtype: torch.dtype | None = None
     _layers: list[LayerState] | None = field(default=None, repr=False)
 
     @classmethod
@@ -206,7 +246,16 @@ class WindowBuffers:
         if sage_window:
             if key_scales is not None:
                 raise SessionError("a window is either FP8-keyed (cudnn_fp8) or quantized for sage_sm90, not both")
-            return cls._allocate_sage(num_layers, shape, cross_kv, device)
+            buffers = cls._allocate_sage(num_layers, shape, cross_kv, device, dtype)
+        else:
+            buffers = cls._allocate_plain(num_layers, shape, cross_kv, key_scales, device, dtype)
+        buffers.window_shape, buffers.dtype = tuple(shape), dtype
+        return buffers
+
+    @classmethod
+    def _allocate_plain(
+        cls, num_layers: int, shape, cross_kv, key_scales, device: torch.device, dtype
+    ) -> WindowBuffers:
         key_dtype = FP8 if key_scales is not None else dtype
         self_kv = [
             LayerKV(torch.zeros(shape, device=device, dtype=key_dtype), torch.zeros(shape, device=device, dtype=dtype))
@@ -220,12 +269,14 @@ class WindowBuffers:
         return buffers
 
     @classmethod
-    def _allocate_sage(cls, num_layers: int, shape, cross_kv, device: torch.device) -> WindowBuffers:
+    def _allocate_sage(cls, num_layers: int, shape, cross_kv, device: torch.device, dtype) -> WindowBuffers:
         b, capacity, h, d = shape
         padded = -(-capacity // K_BLOCK) * K_BLOCK  # the kernel reads V in whole 128-key blocks
+        rows = padded + K_BLOCK  # and a spare block, where a write's padding entries go (attention_sage.touched_blocks)
+        groups = rows // K_BLOCK * (4 if default_granularity() == "per_thread" else 1)
         self_kv = [
             LayerKV(
-                torch.zeros(shape, device=device, dtype=torch.int8),
+                torch.zeros((b, rows, h, d), device=device, dtype=torch.int8),
                 torch.zeros((b, h, d, padded), device=device, dtype=FP8),
             )
             for _ in range(num_layers)
@@ -234,9 +285,10 @@ class WindowBuffers:
         buffers.sage_stats = [
             (
                 torch.zeros((b, h, d), device=device),
-                torch.ones((b, h), device=device),
                 torch.ones((b, h, d), device=device),
                 torch.zeros(1, device=device),
+                torch.ones((b, h, groups), device=device),
+                torch.zeros((b, rows, h, d), device=device, dtype=dtype),
             )
             for _ in range(num_layers)
         ]
@@ -258,7 +310,7 @@ class WindowBuffers:
                     self.key_scales[i] if fp8 else None,
                     self.key_descales[i] if fp8 else None,
                     self.value_amax[i] if fp8 else None,
-                    *(self.sage_stats[i] if self.sage_window else (None,) * 4),
+                    *(self.sage_stats[i] if self.sage_window else ()),
                 )
                 for i, kv in enumerate(self.self_kv)
             ]
@@ -291,11 +343,12 @@ class WindowBuffers:
                 own.copy_(scale.reshape(1))
                 torch.reciprocal(own, out=descale)
                 amax.zero_()
-        for mean, k_scale, v_scale, stats_set in self.sage_stats or ():
+        for mean, v_scale, stats_set, k_scales, key_rows in self.sage_stats or ():
             mean.zero_()
-            k_scale.fill_(1.0)
             v_scale.fill_(1.0)
             stats_set.zero_()
+            k_scales.fill_(1.0)
+            key_rows.zero_()
 
 
 class KVWindow:
@@ -360,10 +413,10 @@ class KVWindow:
                 num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype, sage_window=sage_window
             )
         else:
-            if tuple(buffers.self_kv[0].k.shape) != shape or (
-                not buffers.sage_window and buffers.self_kv[0].v.dtype != dtype
-            ):
-                raise SessionError(f"pooled session buffers hold {tuple(buffers.self_kv[0].k.shape)}, not {shape}")
+            if buffers.window_shape != shape or buffers.dtype != dtype:
+                raise SessionError(
+                    f"pooled session buffers hold {buffers.window_shape} {buffers.dtype}, not {shape} {dtype}"
+                )
             buffers.load(cross_kv, key_scales, sage_window)
         self.self_kv: list[LayerKV] | None = buffers.self_kv
         self.cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = buffers.cross_kv
