@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 
 from telefuser.media import write_mp4
 from telefuser.models.registry import get_spec
-from telefuser.ops.attention import check_attention_impl
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
     ControlTrace,
@@ -78,7 +77,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    check_attention_impl(args.attn_impl)
     if args.resolution is None:
         args.resolution = TINY_RESOLUTION if args.config == "tiny" and args.checkpoint is None else OFFICIAL_RESOLUTION
     # Refuse a bad request before any process group or weight exists.
@@ -93,7 +91,8 @@ def main(argv=None) -> None:
     runtime = Runtime.from_args(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
-    pipe = MODEL.build_pipeline(args, runtime, seed=args.seed)
+    attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
+    pipe = MODEL.build_pipeline(args, runtime, attn_impl=attn_impl, seed=args.seed)
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)
@@ -119,13 +118,13 @@ def main(argv=None) -> None:
                     keys="".join(chunk.keys) or "-",
                 )
             if rank == 0:
-                report(args, pipe, session, frames, plan, mesh, device, dtype)
+                report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl)
     finally:
         pipe.close()
         runtime.close()
 
 
-def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
+def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl) -> None:
     import numpy as np
 
     video = np.concatenate(frames, axis=0)
@@ -138,7 +137,8 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype) -> None:
         "launch": {
             "world_size": mesh.world_size if mesh is not None else 1,
             "ulysses_degree": args.ulysses_degree,
-            "attn_impl": args.attn_impl,
+            "attn_impl": attn_impl,
+            "attn_impl_requested": args.attn_impl,
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),
             "vae_dtype": args.vae_dtype,

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from telefuser.media import write_mp4
 from telefuser.models.registry import get_spec
-from telefuser.ops.attention import check_attention_impl
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, plan_shape
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
 from telefuser.runtime import Runtime, add_runtime_args
@@ -53,7 +52,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    check_attention_impl(args.attn_impl)
     if args.enable_feature_cache and args.calibrate_feature_cache:
         raise SystemExit("--enable-feature-cache and --calibrate-feature-cache exclude each other")
     metrics_path = args.output.with_suffix(".json")
@@ -63,7 +61,8 @@ def main() -> None:
     plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
     FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
     runtime = Runtime.from_args(args)
-    pipe = MODEL.build_pipeline(args, runtime, seed=args.seed, show_progress=not args.no_progress)
+    attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
+    pipe = MODEL.build_pipeline(args, runtime, attn_impl=attn_impl, seed=args.seed, show_progress=not args.no_progress)
     feature_cache = None
     if args.enable_feature_cache:
         feature_cache = "ada_taylor"
@@ -92,20 +91,21 @@ def main() -> None:
                         "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}",
                     },
                 )
-            report(args, result, runtime)
+            report(args, result, runtime, attn_impl)
     finally:
         pipe.close()
         runtime.close()
 
 
-def report(args: argparse.Namespace, result, runtime: Runtime) -> None:
+def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str) -> None:
     write_mp4(args.output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
     metrics = result.metrics()
     metrics["launch"] = {
         "world_size": runtime.world_size,
         "ulysses_degree": args.ulysses_degree,
         "tp_degree": args.tp_degree,
-        "attn_impl": args.attn_impl,
+        "attn_impl": attn_impl,
+        "attn_impl_requested": args.attn_impl,
         "quantization": args.quantization,
         "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",

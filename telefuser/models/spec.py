@@ -38,7 +38,15 @@ class Flag:
         return self.options.get("default", False if self.options.get("action") == "store_true" else None)
 
     def add_to(self, parser, **overrides) -> None:
-        parser.add_argument(*self.names, **{**self.options, **overrides})
+        """Add the flag; `overrides` replace its argparse options. Choices narrowed to leave the declared default
+        out make their first one the default (argparse would hand out the refused one). A help's ``%(default)s``
+        shows the declared default where the entry point fills it in later (None or SUPPRESS)."""
+        options = {**self.options, **overrides}
+        if "choices" in overrides and "default" not in overrides and self.default not in (None, *options["choices"]):
+            options["default"] = next(iter(options["choices"]))
+        if options.get("default") in (None, argparse.SUPPRESS) and "help" in options:
+            options["help"] = options["help"].replace("%(default)s", str(self.default))
+        parser.add_argument(*self.names, **options)
 
 
 @dataclass(frozen=True)
@@ -47,18 +55,24 @@ class ModelSpec:
     title: str  # for people: help text, logs
     model_class: str  # "module:Class" of the DiT; Runtime.parallelize finds a model's spec by it
     flags: tuple[Flag, ...]
-    attention_impls: tuple[str, ...]  # the --attn-impl choices this model runs with
+    attention_impls: tuple[str, ...]  # the implementations this model runs with: --attn-impl's choices, less "auto"
     quantizations: tuple[str, ...]  # the --quantization choices
     plan: Callable[..., Any]  # (model, mesh, *, communicator_factory) -> model: TP, then Ulysses
     pipeline: str  # "module:function" (args, runtime, **overrides) -> the model's pipeline, from its flags
     adapters: Mapping[str, str] = field(default_factory=dict)  # service kind -> "module:function" (args) -> adapter
     loaders: Mapping[str, str] = field(default_factory=dict)  # "random" | "checkpoint" -> "module:function"
     serve_defaults: Mapping[str, Any] = field(default_factory=dict)  # flag defaults a service overrides
+    auto_attention: tuple[str, ...] = ("sdpa",)  # what --attn-impl auto picks: the first of these usable here
+    head_dim: str | None = None  # "module:function" (args) -> the DiT's attention head dim, or None when unknown
 
     def __post_init__(self):
         object.__setattr__(self, "adapters", MappingProxyType(dict(self.adapters)))
         object.__setattr__(self, "loaders", MappingProxyType(dict(self.loaders)))
         object.__setattr__(self, "serve_defaults", MappingProxyType(dict(self.serve_defaults)))
+        if not self.auto_attention or not set(self.auto_attention) <= set(self.attention_impls):
+            raise ValueError(
+                f"{self.name}: auto_attention {self.auto_attention} must name some of {self.attention_impls}"
+            )
 
     # -- flags ------------------------------------------------------------------------------------------------------
     def flag(self, dest: str) -> Flag:
@@ -90,6 +104,27 @@ class ModelSpec:
     def options(self, args: argparse.Namespace, *dests: str) -> dict[str, Any]:
         """{dest: `option(args, dest)`} for the named flags."""
         return {dest: self.option(args, dest) for dest in dests}
+
+    def attention_impl(self, args: argparse.Namespace, runtime=None) -> str:
+        """The attention implementation --attn-impl in `args` names, checked to be installed; "auto" resolved to the
+        first of `auto_attention` usable here (on `runtime`'s device when given, for the model's `head_dim`). With a `runtime` of several
+        ranks, agreed by all of them: every rank raises the same error when one cannot run it or they resolved
+        differently. Call it once, after the process group exists, and pass the result on."""
+        from ..ops.attention import resolve_attention_impl
+
+        requested = self.option(args, "attn_impl")
+        device = getattr(runtime, "device", None)
+        head_dim = resolve(self.head_dim)(args) if self.head_dim else None
+
+        def decide() -> str:
+            return resolve_attention_impl(requested, self.auto_attention, device, head_dim)
+
+        if runtime is None or runtime.world_size == 1:
+            return decide()
+        from ..distributed.agreement import agree
+
+        advice = "; install the same attention backends on every rank's host, or pass an explicit --attn-impl"
+        return agree(f"the attention implementation (--attn-impl {requested})", decide, advice=advice)
 
     # -- the model ----------------------------------------------------------------------------------------------------
     def parallelize(self, model, mesh, *, communicator_factory=None):

@@ -5,6 +5,8 @@ on Hopper its cuDNN backend is the fastest one measured on the lent H200 (see do
 cuDNN's FP8 attention (``cudnn_fp8``: nvidia-cudnn-frontend on SM90+, see attention_fp8.py) and SageAttention2's SM90
 kernel (``sage_sm90``: INT8 Q·K / FP8 P·V, built from source, see attention_sage.py) are used when importable and asked
 for; asking for a missing one is an error, never a silent fallback. ``sage`` is PyPI's Triton ``sageattention`` 1.0.6.
+``auto`` names no backend: an entry point resolves it (`resolve_attention_impl`) to the first of its model's preferred
+ones that is usable on this machine and device, and all ranks agree on the result before the model is built.
 
 Inside a compiled region (`ops.regions`) attention is the opaque custom op ``telefuser::attention``: the backend
 choice, SDPA's kernel priority and the optional kernels run eagerly inside it, and a KV window's length or a packed
@@ -16,16 +18,20 @@ and ``sage_sm90`` are traced there instead (their quantization fuses into the re
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention_fp8 import fp8_attention, fp8_attention_available
+from .attention_sage import HEAD_DIMS as SAGE_HEAD_DIMS
 from .attention_sage import sage_sm90_attention, sage_sm90_available
 from .opaque import fresh_output
 
 ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "sage_sm90", "identity")
+AUTO = "auto"  # --attn-impl auto: a model's preferred implementation that runs here (resolve_attention_impl)
+HOST_ATTENTION_IMPLS = ("sdpa", "identity")  # the ones that take CPU tensors; the others are CUDA kernels
 
 
 # torch's default SDPA order tries flash first; on Hopper cuDNN is much faster at our shapes (docs/perf). Backends
@@ -60,6 +66,11 @@ def available_attention_impls() -> list[str]:
 
 
 def check_attention_impl(impl: str) -> str:
+    if impl == AUTO:
+        raise ValueError(
+            f"attention implementation {AUTO!r} is resolved by a model's entry point (resolve_attention_impl with the "
+            f"model's preference); name one here: {', '.join(ATTENTION_IMPLS)}"
+        )
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
     if impl not in available_attention_impls():
@@ -70,6 +81,41 @@ def check_attention_impl(impl: str) -> str:
         package = {"flash_attn_4": "flash-attn-4", "sage": "sageattention"}[impl]
         raise RuntimeError(f"attention implementation {impl!r} was asked for but {package} is not installed")
     return impl
+
+
+def takes_head_dim(impl: str, head_dim: int) -> bool:
+    """Whether `impl` runs attention heads of `head_dim` channels (SageAttention2's SM90 kernel: 64 or 128 only)."""
+    return impl != "sage_sm90" or head_dim in SAGE_HEAD_DIMS
+
+
+def resolve_attention_impl(
+    requested: str,
+    preference: Sequence[str],
+    device: torch.device | str | None = None,
+    head_dim: int | None = None,
+) -> str:
+    """The implementation to run: `requested` itself, checked (`check_attention_impl`, the same errors), or for
+    ``"auto"`` the first of `preference` that is usable here: installed (`available_attention_impls`, for the current
+    CUDA device), one that takes host tensors when `device` is given and is not a CUDA device, and one that takes
+    the model's `head_dim` when given. A local decision: ranks that resolve it separately agree on the result
+    (`ModelSpec.attention_impl`)."""
+    if requested != AUTO:
+        return check_attention_impl(requested)
+    unknown = [impl for impl in preference if impl not in ATTENTION_IMPLS]
+    if unknown or not preference:
+        raise ValueError(f"{AUTO!r} needs a preference of known attention implementations, got {list(preference)}")
+    usable = available_attention_impls()
+    if device is not None and torch.device(device).type != "cuda":
+        usable = [impl for impl in usable if impl in HOST_ATTENTION_IMPLS]
+    if head_dim is not None:
+        usable = [impl for impl in usable if takes_head_dim(impl, head_dim)]
+    for impl in preference:
+        if impl in usable:
+            return impl
+    raise RuntimeError(
+        f"attention implementation {AUTO!r} found none of {', '.join(preference)} usable here "
+        f"(usable: {', '.join(usable)})"
+    )
 
 
 def attention(

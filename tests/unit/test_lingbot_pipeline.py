@@ -280,6 +280,7 @@ def test_cli_writes_an_mp4_and_metrics(tmp_path):
     assert metrics["weights"]["summary"].startswith("random (no checkpoint)")
     assert metrics["keys_per_chunk"] == [[], ["W"]]  # the bundled trace: W pressed during chunk 0
     assert metrics["schedule"]["timesteps"] == [999, 967, 908, 768]
+    assert (metrics["launch"]["attn_impl"], metrics["launch"]["attn_impl_requested"]) == ("sdpa", "sdpa")
 
 
 def test_cli_refuses_bad_requests_before_loading(tmp_path, monkeypatch):

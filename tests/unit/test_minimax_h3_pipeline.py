@@ -314,7 +314,9 @@ def test_example_cli_runs_the_tiny_config_with_the_real_dit(tmp_path):
     assert "random weights" in done.stdout
     info = probe_media(out)
     assert info.video_frames == 22 and info.has_audio and info.sample_rate == 32_000 and info.channels == 2
-    assert json.loads(out.with_suffix(".json").read_text())["dit_calls"]["computed"] == 2
+    metrics = json.loads(out.with_suffix(".json").read_text())
+    assert metrics["dit_calls"]["computed"] == 2
+    assert (metrics["launch"]["attn_impl"], metrics["launch"]["attn_impl_requested"]) == ("sdpa", "auto")
 
 
 def test_every_request_resets_the_dits_ulysses_transport_first():

@@ -87,7 +87,7 @@ def test_model_flags_are_declared_by_the_specs_only():
     )
     assert again == []
     serve = {a.dest: a for a in _subparser("serve")._actions}
-    assert tuple(serve["attn_impl"].choices) == registry.get_spec("minimax_h3").attention_impls
+    assert tuple(serve["attn_impl"].choices) == (*registry.get_spec("minimax_h3").attention_impls, "auto")
     from examples.lingbot_world_v2.run_i2v import parse_args
 
     args = parse_args(["--vae-dtype", "bfloat16"])

@@ -9,6 +9,20 @@ from ..flags import ATTENTION_IMPLS, QUANTIZATIONS, attn_impl_flag, checkpoint_f
 from ..spec import Flag, ModelSpec
 
 QKV_LAYOUTS = ("interleaved", "stacked")  # checkpoint_formats.QKV_LAYOUTS
+# --attn-impl auto (the default): SageAttention2's SM90 kernel where it is built and the GPU is Hopper (it passed the
+# H3 quality gate, tools/validation/sage_quality_gate.py, and is faster), else torch SDPA
+AUTO_ATTENTION = ("sage_sm90", "sdpa")
+
+
+def head_dim(args) -> int | None:
+    """The DiT's attention head dim that the flags in `args` describe: the random sizes' (tiny 16, official 128);
+    None for a checkpoint, whose config is read only when it loads (the released H3 has 128)."""
+    if MINIMAX_H3.option(args, "checkpoint") is not None:
+        return None
+    from .config import MiniMaxH3Config
+
+    config = MiniMaxH3Config.tiny() if MINIMAX_H3.option(args, "config") == "tiny" else MiniMaxH3Config()
+    return config.attention_head_dim
 
 
 def parallelize(model, mesh, *, communicator_factory=None):
@@ -34,7 +48,7 @@ MINIMAX_H3 = ModelSpec(
     flags=(
         config_flag(),
         checkpoint_flag("MiniMax-H3 release root or its FL2VA folder"),
-        attn_impl_flag(),
+        attn_impl_flag(default="auto", auto=AUTO_ATTENTION),
         quantization_flag("fp8: the joint blocks' QKV, output and SwiGLU GEMMs in FP8 (opt-in accuracy-for-speed)"),
         Flag(
             ("--offload-text-encoder",),
@@ -66,6 +80,8 @@ MINIMAX_H3 = ModelSpec(
         ),
     ),
     attention_impls=ATTENTION_IMPLS,
+    auto_attention=AUTO_ATTENTION,
+    head_dim="telefuser.models.minimax_h3.spec:head_dim",
     quantizations=QUANTIZATIONS,
     plan=parallelize,
     pipeline="telefuser.pipelines.minimax_h3.loading:pipeline_from_args",

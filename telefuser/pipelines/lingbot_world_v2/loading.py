@@ -79,8 +79,11 @@ def is_diffusers_layout(root: Path) -> bool:
 def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> WorldSessionPipeline:
     """The pipeline the LingBot-World v2 flags in `args` describe (`LINGBOT_WORLD_V2.flags`; a flag `args` lacks takes
     its default), on `runtime`'s device, dtype and layout; `overrides` are `build_lingbot_pipeline` keywords that
-    replace or add to those."""
-    options = LINGBOT_WORLD_V2.options(args, "config", "checkpoint", "attn_impl", "quantization", "vae_fast")
+    replace or add to those. --attn-impl (auto included) is resolved and agreed by all ranks
+    (`LINGBOT_WORLD_V2.attention_impl`) unless `overrides` names the implementation."""
+    options = LINGBOT_WORLD_V2.options(args, "config", "checkpoint", "quantization", "vae_fast")
+    if "attn_impl" not in overrides:
+        options["attn_impl"] = LINGBOT_WORLD_V2.attention_impl(args, runtime)
     options["vae_dtype"] = torch_dtype(LINGBOT_WORLD_V2.option(args, "vae_dtype"))
     options["cuda_graphs"] = cuda_graphs_wanted(
         LINGBOT_WORLD_V2.option(args, "cuda_graphs"), runtime.device, runtime.world_size

@@ -97,12 +97,15 @@ def build_minimax_h3_pipeline(
 def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> MiniMaxH3Pipeline:
     """The pipeline the MiniMax H3 flags in `args` describe (`MINIMAX_H3.flags`; a flag `args` lacks takes its
     default), on `runtime`'s device, dtype and layout; `overrides` are `build_minimax_h3_pipeline` keywords that
-    replace or add to those."""
+    replace or add to those. --attn-impl (auto included) is resolved and agreed by all ranks
+    (`MINIMAX_H3.attention_impl`) unless `overrides` names the implementation."""
     from telefuser.models.minimax_h3.spec import MINIMAX_H3
 
     options = MINIMAX_H3.options(
-        args, "config", "checkpoint", "attn_impl", "quantization", "offload_text_encoder", "offload_adaln", "qkv_layout"
+        args, "config", "checkpoint", "quantization", "offload_text_encoder", "offload_adaln", "qkv_layout"
     )
+    if "attn_impl" not in overrides:
+        options["attn_impl"] = MINIMAX_H3.attention_impl(args, runtime)
     launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
     return build_minimax_h3_pipeline(**{**options, **launch, **overrides})
 

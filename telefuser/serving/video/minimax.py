@@ -158,11 +158,10 @@ class MiniMaxRunner:
 def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
     """`telefuser serve --model minimax_h3`: the pipeline on this rank (Ulysses x TP over the torchrun world)."""
     from telefuser.models.minimax_h3.spec import MINIMAX_H3
-    from telefuser.ops.attention import check_attention_impl
     from telefuser.runtime import Runtime
 
-    attn_impl = check_attention_impl(MINIMAX_H3.option(args, "attn_impl"))
     runtime = Runtime.from_args(args)
+    attn_impl = MINIMAX_H3.attention_impl(args, runtime)  # auto resolved on this rank's device, agreed by all ranks
     device, dtype_name, world, parallel = runtime.device, runtime.dtype_name, runtime.world_size, runtime.parallel
     pipe = MINIMAX_H3.build_pipeline(args, runtime, attn_impl=attn_impl, show_progress=False)
     tiny = args.checkpoint is None and args.config == "tiny"
@@ -178,6 +177,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "device": str(device),
         "dtype": dtype_name,
         "attn_impl": attn_impl,
+        "attn_impl_requested": MINIMAX_H3.option(args, "attn_impl"),  # "auto", or the name given
         "quantization": MINIMAX_H3.option(args, "quantization"),
         "world_size": world,
         "ulysses_degree": parallel.ulysses_degree,
