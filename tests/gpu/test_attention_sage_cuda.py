@@ -159,7 +159,7 @@ def _drifting_window(drift: float):
         plan = WindowPlan(2100, 700, committed, 700, 0)
         _, k, v = _qkv(s_q=1, s_kv=700, seed=20 + index)
         k = k + shared + (drift * _rand(D, seed=40 + index) if index else 0)
-        write_window(layer, k, v, plan.slot_rows("cuda"))
+        write_window(layer, k, v, plan.slot_rows("cuda"), plan.kept == 0)
         keys.append(k)
         values.append(v)
     return layer, torch.cat(keys, 1), torch.cat(values, 1)

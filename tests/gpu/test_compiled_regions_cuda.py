@@ -89,7 +89,7 @@ def test_lingbot_regions_match_the_reference_path(variant, fusion, monkeypatch):
     from telefuser.models.lingbot_world_v2 import attention as attention_module
 
     write = attention_module.write_window
-    monkeypatch.setattr(attention_module, "write_window", lambda layer, k, v, slots: write(layer, k, v * 8, slots))
+    monkeypatch.setattr(attention_module, "write_window", lambda layer, k, v, *rest: write(layer, k, v * 8, *rest))
     wrong = _error(run_session(model, device="cuda", grid_hw=GRID_HW), reference)
     print(f"{variant}: negative control (the window's values written 8x too large): {wrong:.3e}")
     assert wrong > 5 * BOUND[variant], wrong

@@ -57,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--ref-heads", type=int, default=2, help="heads compared against the fp32 reference")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window-writes", action="store_true", help="also time the LingBot window writes per layer")
+    p.add_argument(
+        "--profile-writes", action="store_true", help="with --window-writes: the sage window write's kernels, by time"
+    )
     p.add_argument("--output", type=Path, default=None, help="write the rows and the setup as JSON")
     return p.parse_args(argv)
 
@@ -200,12 +203,26 @@ def bench_window_writes(args) -> list[dict]:
         for how, fn in (("eager", write_window), ("compiled", compiled)):
             ms, times = cuda_time_ms(lambda fn=fn, layer=layer: fn(layer, k, v, slots), args.warmup, args.iters)
             rows.append({"window": kind, "how": how, "rows": plan.new_rows, "ms": ms, "ms_all": times})
+        if kind == "sage_sm90" and args.profile_writes:
+            profile_write(lambda layer=layer: compiled(layer, k, v, slots))
         del buffers, layer
         torch.cuda.empty_cache()
     print("\n| window | write | ms per layer |\n|---|---|---|")
     for r in rows:
         print(f"| {r['window']} | {r['how']} | {r['ms']:.3f} |")
     return rows
+
+
+def profile_write(write) -> None:
+    """The CUDA kernels of 10 compiled sage window writes, by total time (where a write's time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            write()
+        torch.cuda.synchronize()
+    print("\nsage window write, 10 calls, CUDA kernels by total time:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=90))
 
 
 def print_table(rows: list[dict]) -> None:

@@ -397,15 +397,19 @@ H200_SAGE = Plan(
             "sage_tests",
             420,
             pytest(
-                "-s tests/gpu/test_attention_sage_cuda.py tests/gpu/test_compiled_regions_cuda.py "
-                "tests/gpu/test_lingbot_graphs_cuda.py -k sage"
+                "-s tests/gpu/test_attention_sage_cuda.py tests/gpu/test_attention_auto_cuda.py "
+                "tests/gpu/test_compiled_regions_cuda.py "
+                "tests/gpu/test_lingbot_graphs_cuda.py -k 'sage or auto'"
             ),
             "the kernel against cuDNN bf16, the quantized LingBot window, its compiled regions and CUDA graphs",
         ),
         Step(
             "sage_bench",
             240,
-            module("tools.bench.attention_sage_bench --shapes lingbot --window-writes --output {out}/sage_bench.json"),
+            module(
+                "tools.bench.attention_sage_bench --shapes lingbot --window-writes --profile-writes "
+                "--output {out}/sage_bench.json"
+            ),
             "the kernel at LingBot's chunk shape and the window writes per layer",
         ),
         Step(

@@ -56,6 +56,7 @@ class ChunkContext:
             self.chunk_rows,
             exchange_key(self.communicator),
             self.attn_impl,
+            self.plan.kept == 0,
         )
 
 
@@ -71,6 +72,7 @@ class ChunkInputs(NamedTuple):
     chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it
     exchange: ExchangeKey | None  # names the communicator (distributed.ulysses.compiled_ops), None dense
     attn_impl: str
+    fresh_window: bool  # the chunk rewrites every row it attends (plan.kept == 0): a sage window takes its numbers
 
 
 def window_rows(plan: WindowPlan) -> torch.Tensor:
@@ -147,7 +149,7 @@ class CausalSelfAttention(_ProjectedAttention):
         """`forward` for a compiled region or a CUDA graph: the same result from the layer's tensors and the chunk's
         inputs (the window written to `chunk.slots`, attention over its first `chunk.kv_rows` rows)."""
         q, k, v, padded_rows = self._exchange_rope(x, chunk.exchange, (chunk.cos, chunk.sin), chunk.chunk_rows)
-        write_window(layer, k, v, chunk.slots)
+        write_window(layer, k, v, chunk.slots, chunk.fresh_window)
         if kv_only:
             return None
         with phase(PHASE_ATTENTION):

@@ -273,9 +273,12 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         if session.pool_entry is not None or region_compiles(latents):
             per_block = camera.per_block if camera is not None else None
             data = ChunkData(latents, t, cos, sin, self._slot_rows(plan, latents.device), per_block)
-            program = functools.partial(self._run_regions, session.layer_states(), grid, window_rows(plan), kv_only)
+            program = functools.partial(
+                self._run_regions, session.layer_states(), grid, window_rows(plan), plan.kept == 0, kv_only
+            )
             if session.pool_entry is not None and self.graphs is not None:
-                graph_key = (kv_only, plan.total, fusion_enabled(), self.attn_impl, exchange_key(self.communicator))
+                graph_key = (kv_only, plan.total, plan.kept == 0, fusion_enabled(), self.attn_impl)
+                graph_key += (exchange_key(self.communicator),)
                 out = self.graphs.run(session.pool_entry, graph_key, data, program, camera)
             else:
                 out = program(data)
@@ -304,12 +307,16 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
         return None if kv_only else self._head_out(x, t_emb, plan.new_rows, grid)
 
-    def _run_regions(self, layers: list[LayerState], grid, kv_rows: torch.Tensor, kv_only: bool, data: ChunkData):
+    def _run_regions(
+        self, layers: list[LayerState], grid, kv_rows: torch.Tensor, fresh: bool, kv_only: bool, data: ChunkData
+    ):
         """The forward from `data`, the session buffers' `layers` and constants: one region per block (compiled on
         CUDA), the program a CUDA graph captures (graphs.py)."""
         n = data.slots.shape[0]
         x, t_emb, t_mod = self._embed(data.latents, data.t, n)
-        chunk = ChunkInputs(data.cos, data.sin, data.slots, kv_rows, n, exchange_key(self.communicator), self.attn_impl)
+        chunk = ChunkInputs(
+            data.cos, data.sin, data.slots, kv_rows, n, exchange_key(self.communicator), self.attn_impl, fresh
+        )
         per_block = data.camera if data.camera is not None else (None,) * len(self.blocks)
         last = len(self.blocks) - 1
         for layer, (block, block_camera, state) in enumerate(zip(self.blocks, per_block, layers, strict=True)):

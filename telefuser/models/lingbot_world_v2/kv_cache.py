@@ -11,8 +11,8 @@ through the opaque custom op ``telefuser::kv_window_write``. A session may adopt
 
 A session made for ``sage_sm90`` attention (`sage_window`) keeps its window the way SageAttention2's SM90 kernel reads
 it (ops/attention_sage.py): keys in INT8 ``[B, rows, H, D]`` with one scale per kernel key group, values in e4m3,
-transposed and permuted to ``[B, H, D, capacity rounded up to 128]``, plus the keys in bf16. The session fixes at its
-first write the keys' smoothing mean and the values' scales (one mean for every key keeps softmax exact: a per-chunk
+transposed and permuted to ``[B, H, D, capacity rounded up to 128]``, plus the keys in bf16. The session takes the
+keys' smoothing mean and the values' scales from its first chunk (one mean for every key keeps softmax exact: a per-chunk
 mean would shift each chunk's scores by a different ``q . mean``). Every write copies the chunk's bf16 keys in and
 requantizes, with fresh scales, each 128-key block its rows touched (ring slots do not align with blocks), so a
 block's scale always fits its keys, however they drift. A chunk's call then quantizes only its queries.
@@ -117,12 +117,11 @@ class LayerState(NamedTuple):
     key_descale: torch.Tensor | None
     value_amax: torch.Tensor | None
     # A sage_sm90 window (k int8 [B, rows, H, D], rows = capacity rounded up to 128 plus one spare block; v e4m3
-    # [B, H_local, D, capacity rounded up to 128]): the session's numbers, fixed at its first write (key mean fp32
-    # [B, H, D], e4m3 value scale fp32 [B, H, D], set flag fp32 [1]), the INT8 key scales fp32 [B, H, groups] and
-    # the keys in bf16 [B, rows, H, D], from which every write requantizes the blocks it touched
+    # [B, H_local, D, capacity rounded up to 128]): the session's numbers, taken from a forward that rewrites every
+    # row it attends (key mean fp32 [B, H, D], e4m3 value scale fp32 [B, H, D]), the INT8 key scales fp32
+    # [B, H, groups] and the keys in bf16 [B, rows, H, D], from which every write requantizes the blocks it touched
     key_mean: torch.Tensor | None = None
     value_scale: torch.Tensor | None = None
-    stats_set: torch.Tensor | None = None
     key_int8_scales: torch.Tensor | None = None
     key_rows: torch.Tensor | None = None
 
@@ -176,15 +175,16 @@ def _(k8, scales, k_cache, scale_cache, rows, groups):
     return None
 
 
-def _write_sage_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
-    # The session's numbers: the first write's (its chunk's statistics), kept by every later write. Device state, so
-    # a captured graph replays the same choice; each write recomputes the chunk's statistics (a pass over its rows)
-    # and discards them once the numbers are set.
-    mean, v_scale = window_session_stats(k_new, v_new)
-    keep = layer.stats_set > 0
-    for own, new in ((layer.key_mean, mean), (layer.value_scale, v_scale)):
-        own.copy_(torch.where(keep, own, new))
-    layer.stats_set.fill_(1.0)
+def _write_sage_window(
+    layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor, fresh: bool
+) -> None:
+    # The session's numbers come from a forward that rewrites every row it attends (`fresh`: the first chunk's
+    # forwards, each rewriting the same rows; the commit's clean keys are the last word) and stay for every later
+    # write: rows written once are read as they are.
+    if fresh:
+        mean, v_scale = window_session_stats(k_new, v_new)
+        layer.key_mean.copy_(mean)
+        layer.value_scale.copy_(v_scale)
     # bf16 keys by row and e4m3 values by kernel column, then every block those rows touched requantized from the
     # bf16 keys (padding entries name the spare block past the window, which no call reads)
     values = window_values(v_new, layer.value_scale).contiguous()
@@ -198,13 +198,16 @@ def _write_sage_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tens
     )
 
 
-def write_window(layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+def write_window(
+    layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor, fresh: bool = False
+) -> None:
     """Copy the chunk's K/V ``[B, new_rows, H_local, D]`` into the buffer rows `slots` (`WindowPlan.slot_rows`): the
     only copy. FP8 keys are cast once, here, and the layer's running max |V| grows with the rows it is given (no host
-    sync); a sage_sm90 window quantizes keys and values here with the session's numbers. In a compiled region the
-    casts and the reductions fuse into it; the copy is an opaque op."""
+    sync); a sage_sm90 window quantizes keys and values here with the session's numbers, which a `fresh` write (one
+    that rewrites every row the chunk attends: ``plan.kept == 0``) takes from its chunk first. In a compiled region
+    the casts and the reductions fuse into it; the copy is an opaque op."""
     if layer.key_mean is not None:
-        _write_sage_window(layer, k_new, v_new, slots)
+        _write_sage_window(layer, k_new, v_new, slots, fresh)
         return
     if layer.key_scale is not None:
         k_new = cast_fp8(k_new, layer.key_scale)
@@ -286,7 +289,6 @@ class WindowBuffers:
             (
                 torch.zeros((b, h, d), device=device),
                 torch.ones((b, h, d), device=device),
-                torch.zeros(1, device=device),
                 torch.ones((b, h, groups), device=device),
                 torch.zeros((b, rows, h, d), device=device, dtype=dtype),
             )
@@ -343,10 +345,9 @@ class WindowBuffers:
                 own.copy_(scale.reshape(1))
                 torch.reciprocal(own, out=descale)
                 amax.zero_()
-        for mean, v_scale, stats_set, k_scales, key_rows in self.sage_stats or ():
+        for mean, v_scale, k_scales, key_rows in self.sage_stats or ():
             mean.zero_()
             v_scale.fill_(1.0)
-            stats_set.zero_()
             k_scales.fill_(1.0)
             key_rows.zero_()
 
@@ -518,7 +519,7 @@ class KVWindow:
             raise SessionError(
                 f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {plan.new_rows}"
             )
-        write_window(self.layer_state(layer), k_new, v_new, self._slot_rows(plan, k_new.device))
+        write_window(self.layer_state(layer), k_new, v_new, self._slot_rows(plan, k_new.device), plan.kept == 0)
         self.note_written(plan, commit=commit)
         return cache.k[:, : plan.total], (cache.v if self.sage_window else cache.v[:, : plan.total])
 
