@@ -528,8 +528,8 @@ def emulate_kernel(
 # The kernel needs ONE smoothing vector for every key a query sees and ONE e4m3 scale per V channel for the whole
 # window, but its key scales are per 128-key block (per_warp) or per interleaved quarter of one (per_thread). A
 # window's rows arrive chunk by chunk into ring slots that do not align with the blocks, and a chunk's keys drift
-# from the first chunk's (RoPE turns a per-channel offset into one that moves with position). So a window fixes at
-# its first write only the smoothing mean and V's scales (V with wide headroom: e4m3 is floating), keeps its keys in
+# from the first chunk's (RoPE turns a per-channel offset into one that moves with position). So a window takes from
+# its first chunk only the smoothing mean and V's scales (V with wide headroom: e4m3 is floating), keeps its keys in
 # bf16 as well, and on every write requantizes each block the write touched from those bf16 keys, with fresh scales:
 # a block's scale always fits the keys in it (nothing saturates however far they drift from the first chunk; a mean
 # that no longer fits costs only precision), and a block is quantized once from exact keys, never requantized from
