@@ -63,6 +63,7 @@ class ModelSpec:
     loaders: Mapping[str, str] = field(default_factory=dict)  # "random" | "checkpoint" -> "module:function"
     serve_defaults: Mapping[str, Any] = field(default_factory=dict)  # flag defaults a service overrides
     auto_attention: tuple[str, ...] = ("sdpa",)  # what --attn-impl auto picks: the first of these usable here
+    served_name: str | None = None  # the name a service lists it under by default (--served-model-name); None: `name`
     head_dim: str | None = None  # "module:function" (args) -> the DiT's attention head dim, or None when unknown
 
     def __post_init__(self):

@@ -154,11 +154,13 @@ class _Service:
 
 
 def test_the_stand_in_is_served_by_telefuser_serve(tmp_path):
-    flags = ["--model", "stand_in", "--tint", "teal", "--served-model-name", "stand-in", "--artifacts", str(tmp_path)]
+    flags = ["--model", "stand_in", "--tint", "teal", "--artifacts", str(tmp_path)]
     with _Service("serve", *flags) as url, httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
         metadata = http.get("/v1/service/metadata").json()
         assert metadata["models"] == ["minimax_h3", "stand_in"] and metadata["model"]["tint"] == "teal"
-        job = http.post("/v1/videos", json={"prompt": "a kite", "model": "stand-in", "seconds": 0.2}).json()
+        # no --served-model-name: the model is served under its registry name, not MiniMax H3's
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["stand_in"]
+        job = http.post("/v1/videos", json={"prompt": "a kite", "model": "stand_in", "seconds": 0.2}).json()
         deadline = time.monotonic() + 30
         while (status := http.get(f"/v1/videos/{job['id']}").json()["status"]) not in ("completed", "failed"):
             assert time.monotonic() < deadline, status

@@ -82,6 +82,7 @@ MINIMAX_H3 = ModelSpec(
     attention_impls=ATTENTION_IMPLS,
     auto_attention=AUTO_ATTENTION,
     head_dim="telefuser.models.minimax_h3.spec:head_dim",
+    served_name="MiniMax-H3",
     quantizations=QUANTIZATIONS,
     plan=parallelize,
     pipeline="telefuser.pipelines.minimax_h3.loading:pipeline_from_args",

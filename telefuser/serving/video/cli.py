@@ -67,8 +67,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--max-body-mib", type=float, default=1.0, help="largest request body")
     g.add_argument(
         "--served-model-name",
-        default="MiniMax-H3",
-        help="the name /v1/models lists and a request's 'model' must match (case-insensitive)",
+        default=None,
+        help="the name /v1/models lists and a request's 'model' must match (case-insensitive); default: the "
+        "model's own (MiniMax-H3 for minimax_h3, its registry name for a model that declares none)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -110,6 +111,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace) -> int:
     check_replica_args(args)
     spec = chosen_spec(args, service=SERVICE, command="serve")
+    if args.served_model_name is None:
+        args.served_model_name = spec.served_name or spec.name
     build = build_fake_runner if args.fake else spec.adapter_builder(SERVICE)
     return run_service(
         args,
