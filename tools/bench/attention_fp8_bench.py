@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from telefuser.profiling.timing import cuda_time_ms
+from tools.bench.attention_rows import timed_rows
 
 SHAPES = {  # name -> (B, S_q, S_kv, H, D)
     "lingbot": (1, 6240, 28080, 40, 128),  # a LingBot-World v2 chunk reading its full KV window
@@ -60,7 +60,6 @@ def bench_shape(name: str, shape: tuple[int, ...], args) -> list[dict]:
     from telefuser.ops.attention_fp8 import O_HEADROOM, fp8_attention, fp8_attention_quantized, quantize_fp8
 
     b, s_q, s_kv, h, d = shape
-    flops = 4 * b * h * s_q * s_kv * d
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     q = torch.randn(b, s_q, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(b, s_kv, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -89,27 +88,8 @@ def bench_shape(name: str, shape: tuple[int, ...], args) -> list[dict]:
             False,
         ),
     ]
-    rows = []
-    for impl, what, fn, counts_flops in runs:
-        ms, times = cuda_time_ms(fn, args.warmup, args.iters)
-        rows.append(
-            {
-                "shape": name,
-                "B": b,
-                "S_q": s_q,
-                "S_kv": s_kv,
-                "H": h,
-                "D": d,
-                "impl": impl,
-                "what": what,
-                "ms": ms,
-                "ms_all": times,
-                "tflops": flops / (ms * 1e-3) / 1e12 if counts_flops else None,
-            }
-        )
-    base = rows[0]["ms"]
+    rows = timed_rows(name, shape, runs, warmup=args.warmup, iters=args.iters)
     for row in rows:
-        row["speedup_vs_sdpa_bf16"] = base / row["ms"] if row["tflops"] is not None else None
         if row["impl"] == "cudnn_fp8":
             row.update(cosine=cosine, rel_l2=rel_l2, first_call_s=first_call_s)
     return rows

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from telefuser.profiling.timing import cuda_time_ms
+from tools.bench.attention_rows import timed_rows
 
 SHAPES = {  # name -> (B, S_q, S_kv, H, D)
     "minimax": (1, 37966, 37966, 56, 128),  # MiniMax H3, 768p 5 s, joint self-attention
@@ -114,8 +115,6 @@ def accuracy(shape, impls, args) -> dict[str, dict[str, tuple[float, float]]]:
 def bench_shape(name: str, shape, args, fp8: bool) -> list[dict]:
     from telefuser.ops.attention_sage import quantize, quantize_queries, sage_sm90_quantized
 
-    b, s_q, s_kv, h, d = shape
-    flops = 4 * b * h * s_q * s_kv * d
     impls = implementations(fp8)
     quality = accuracy(shape, impls, args)
     q, k, v = make_inputs(shape, "random", args.seed)
@@ -149,29 +148,9 @@ def bench_shape(name: str, shape, args, fp8: bool) -> list[dict]:
             )
         )
     runs.append(("sage_quantize", "our quantization of Q, K, V alone", lambda: quantize(q, k, v), False))
-    rows = []
-    for impl, what, fn, counts_flops in runs:
-        ms, times = cuda_time_ms(fn, args.warmup, args.iters)
-        rows.append(
-            {
-                "shape": name,
-                "B": b,
-                "S_q": s_q,
-                "S_kv": s_kv,
-                "H": h,
-                "D": d,
-                "impl": impl,
-                "what": what,
-                "ms": ms,
-                "ms_all": times,
-                "tflops": flops / (ms * 1e-3) / 1e12 if counts_flops else None,
-                "first_call_s": first.get(impl),
-                "accuracy_vs_fp32": quality.get(impl),
-            }
-        )
-    base_ms = rows[0]["ms"]
+    rows = timed_rows(name, shape, runs, warmup=args.warmup, iters=args.iters)
     for row in rows:
-        row["speedup_vs_sdpa_bf16"] = base_ms / row["ms"] if row["tflops"] is not None else None
+        row.update(first_call_s=first.get(row["impl"]), accuracy_vs_fp32=quality.get(row["impl"]))
     return rows
 
 
@@ -245,9 +224,6 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("attention_sage_bench: needs an SM90 CUDA GPU; none here", file=sys.stderr)
-        return 2
     from telefuser.ops.attention_fp8 import fp8_attention_available
     from telefuser.ops.attention_sage import sage_sm90_available, sage_sm90_build_info
 

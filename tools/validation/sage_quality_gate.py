@@ -186,9 +186,6 @@ def lingbot_session_row(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("sage_quality_gate: needs an SM90 CUDA GPU; none here", file=sys.stderr)
-        return 2
     from telefuser.ops.attention_sage import default_granularity, sage_sm90_available, sage_sm90_build_info
 
     ok, why = sage_sm90_available()
