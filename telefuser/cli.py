@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("info", help="print versions, GPUs, attention backends and tf-kernel capabilities")
     p.set_defaults(func=_info)
+    from .memory.command import add_plan_parser
+
+    add_plan_parser(sub)
     try:
         from .serving.stream.cli import add_serve_stream_parser
         from .serving.video.cli import add_serve_parser

@@ -94,6 +94,9 @@ class Runtime:
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
     ) -> Runtime:
+        from .memory.allocator import configure_cuda_allocator
+
+        configure_cuda_allocator()  # before anything touches CUDA
         import torch
 
         from .distributed.mesh import ParallelConfig, init_distributed

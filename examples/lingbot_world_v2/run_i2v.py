@@ -20,6 +20,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from telefuser.media import write_mp4
+from telefuser.memory.plan import plan_or_exit
+from telefuser.profiling.timing import device_peaks
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
@@ -29,6 +31,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
     plan_session,
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
+from telefuser.pipelines.lingbot_world_v2.loading import request_from_args
 from telefuser.runtime import Runtime, add_runtime_args
 
 MODEL = get_spec("lingbot_world_v2")
@@ -92,7 +95,9 @@ def main(argv=None) -> None:
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
 
     attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
-    pipe = MODEL.build_pipeline(args, runtime, attn_impl=attn_impl, seed=args.seed)
+    memory = plan_or_exit(MODEL, args, runtime, request_from_args(args))  # before any weight loads, agreed by all
+    pipe = MODEL.build_pipeline(args, runtime, attn_impl=attn_impl, placement=memory.placement, seed=args.seed)
+    load_peak = device_peaks(device)  # loading one tensor or block at a time: never above the plan
     try:
         if args.warmup:
             seconds = pipe.warm_up(resolution=args.resolution, fps=args.fps)
@@ -118,13 +123,13 @@ def main(argv=None) -> None:
                     keys="".join(chunk.keys) or "-",
                 )
             if rank == 0:
-                report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl)
+                report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl, memory, load_peak)
     finally:
         pipe.close()
         runtime.close()
 
 
-def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl) -> None:
+def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl, memory, load_peak) -> None:
     import numpy as np
 
     video = np.concatenate(frames, axis=0)
@@ -148,6 +153,9 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl) ->
             "warmup": args.warmup,
             "config": args.config if args.checkpoint is None else "checkpoint",
         },
+        "memory_plan": memory.as_dict(),
+        "load_peak_bytes": load_peak,
+        "open_peak_bytes": getattr(session, "open_peak_bytes", {}),  # the session's start: text, image, window
         "schedule": pipe.schedule.as_dict(),
         "setup_seconds": session.setup_seconds,
         "keys_per_chunk": session.keys_history,
@@ -175,6 +183,20 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl) ->
     setup = session.setup_seconds
     print("setup: " + ", ".join(f"{k} {v:.3f}" for k, v in setup.items()))
     print(format_summary(summary))
+    peaks = [load_peak, getattr(session, "open_peak_bytes", {}), summary.get("phase_peak_bytes", {})]
+    reserved = max(
+        [
+            p.get("reserved", 0)
+            if isinstance(p.get("reserved"), int)
+            else max(p.get("reserved", {}).values(), default=0)
+            for p in peaks
+        ],
+        default=0,
+    )
+    if reserved:
+        print(
+            f"memory: planned peak {memory.peak_bytes / 2**30:.1f} GiB ({memory.placement.tier}); measured {reserved / 2**30:.1f} GiB reserved at most"
+        )
     print(f"wrote {args.output} and {metrics_path}")
 
 

@@ -17,8 +17,11 @@ import json
 from pathlib import Path
 
 from telefuser.media import write_mp4
+from telefuser.memory.plan import plan_or_exit
+from telefuser.profiling.timing import device_peaks
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, plan_shape
+from telefuser.pipelines.minimax_h3.loading import request_from_args
 from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
 from telefuser.runtime import Runtime, add_runtime_args
 
@@ -62,7 +65,16 @@ def main() -> None:
     FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
     runtime = Runtime.from_args(args)
     attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
-    pipe = MODEL.build_pipeline(args, runtime, attn_impl=attn_impl, seed=args.seed, show_progress=not args.no_progress)
+    memory = plan_or_exit(MODEL, args, runtime, request_from_args(args))  # before any weight loads, agreed by all
+    pipe = MODEL.build_pipeline(
+        args,
+        runtime,
+        attn_impl=attn_impl,
+        placement=memory.placement,
+        seed=args.seed,
+        show_progress=not args.no_progress,
+    )
+    load_peak = device_peaks(runtime.device)  # loading one tensor or block at a time: never above the plan
     feature_cache = None
     if args.enable_feature_cache:
         feature_cache = "ada_taylor"
@@ -91,13 +103,13 @@ def main() -> None:
                         "_provenance": f"examples/minimax_h3/run_t2va.py, weights: {result.weights.get('summary')}",
                     },
                 )
-            report(args, result, runtime, attn_impl)
+            report(args, result, runtime, attn_impl, memory, load_peak)
     finally:
         pipe.close()
         runtime.close()
 
 
-def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str) -> None:
+def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str, memory, load_peak: dict) -> None:
     write_mp4(args.output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate)
     metrics = result.metrics()
     metrics["launch"] = {
@@ -110,6 +122,8 @@ def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str) -
         "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",
     }
+    metrics["memory_plan"] = memory.as_dict()
+    metrics["load_peak_bytes"] = load_peak
     metrics_path = args.output.with_suffix(".json")
     metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
 
@@ -129,6 +143,12 @@ def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str) -
         f"({t.dit_total_s / max(1, len(t.dit_step_s)):.3f} s/call) | VAE {t.vae_decode_s:.2f} s"
     )
     print(f"peak memory: {result.peak_memory_bytes / 2**30:.2f} GiB ({result.peak_memory_kind})")
+    reserved = max([load_peak.get("reserved", 0), *(result.stage_peak_bytes or {}).get("reserved", {}).values()])
+    if reserved:
+        print(
+            f"memory: planned peak {memory.peak_bytes / 2**30:.1f} GiB ({memory.placement.tier}); measured "
+            f"{reserved / 2**30:.1f} GiB reserved at most (loading {load_peak.get('reserved', 0) / 2**30:.1f} GiB)"
+        )
     print(f"wrote {args.output} and {metrics_path}")
 
 

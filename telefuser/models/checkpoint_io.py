@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,6 +25,32 @@ Prepare = Callable[[str, torch.Tensor], torch.Tensor]  # (name, tensor as read) 
 Draw = Callable[[str, torch.Tensor, torch.Generator], torch.Tensor]  # (name, meta parameter, generator) -> values
 Index = tuple[slice, ...]  # which part of a checkpoint tensor to read: one slice per leading dimension
 Produce = Callable[[str], torch.Tensor]  # model tensor name -> its values, read from the checkpoint
+AfterBlock = Callable[[int], None]  # called with i once every tensor of ``blocks.<i>`` has been assigned
+BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+class BlockCompletion:
+    """Calls `after_block(i)` as soon as every expected tensor of ``blocks.<i>`` has been assigned, in whatever order
+    the tensors arrive (shards need not keep a block together), so that a loader can finish each block (quantize it,
+    move it to host memory) while the next ones load: the device holds few unfinished blocks."""
+
+    def __init__(self, names: Iterable[str], after_block: AfterBlock | None):
+        self.after_block = after_block
+        self.remaining: dict[int, int] = {}
+        for name in names:
+            match = BLOCK.match(name)
+            if match:
+                index = int(match.group(1))
+                self.remaining[index] = self.remaining.get(index, 0) + 1
+
+    def done(self, name: str) -> None:
+        match = BLOCK.match(name)
+        if match is None or self.after_block is None:
+            return
+        index = int(match.group(1))
+        self.remaining[index] -= 1
+        if self.remaining[index] == 0:
+            self.after_block(index)
 
 
 def few(names: Iterable[str], n: int = 5) -> str:
@@ -147,10 +174,14 @@ def load_shards(
     dtype_for: DtypeFor,
     error: type[Exception],
     prepare: Prepare | None = None,
+    after_block: AfterBlock | None = None,
+    model_name: Callable[[str], str] = str,
 ) -> None:
     """Assign every tensor of the shards into `model`, one at a time: read on the host (memory mapped), `prepare`d
     into the model's layout, shape-checked against `expected` (the meta state dict), moved to `device` in its
-    dtype. The host never holds more than one tensor."""
+    dtype. The host never holds more than one tensor. `after_block(i)` runs once block i is complete, its tensors
+    named by `model_name(key)` (`BlockCompletion`)."""
+    blocks = BlockCompletion((model_name(k) for k in expected), after_block)
     for shard in shards:
         with safe_open(str(shard), framework="pt", device="cpu") as f:
             for key in f.keys():
@@ -165,6 +196,7 @@ def load_shards(
                 tensor = tensor.to(device=device, dtype=dtype_for(key))
                 model.load_state_dict({key: tensor}, strict=False, assign=True)
                 del tensor
+                blocks.done(model_name(key))
 
 
 def load_tensors(
@@ -176,16 +208,20 @@ def load_tensors(
     dtype_for: DtypeFor,
     error: type[Exception],
     source: str = "checkpoint",
+    after_block: AfterBlock | None = None,
 ) -> None:
     """Assign every tensor of `expected` (the meta state dict, less what the caller fills itself) into `model`, one
     at a time: `produce(name)` reads it from the checkpoint in the model's layout (already sliced for TP), it is
-    shape-checked, moved to `device` in its dtype and assigned. The host holds one tensor (or slice) at a time."""
+    shape-checked, moved to `device` in its dtype and assigned. The host holds one tensor (or slice) at a time.
+    `after_block(i)` runs once block i is complete (`BlockCompletion`)."""
+    blocks = BlockCompletion(expected, after_block)
     for key, meta in expected.items():
         tensor = produce(key)
         if tuple(tensor.shape) != tuple(meta.shape):
             raise error(f"{source}: {key} has shape {tuple(tensor.shape)}, the config expects {tuple(meta.shape)}")
         model.load_state_dict({key: tensor.to(device=device, dtype=dtype_for(key))}, strict=False, assign=True)
         del tensor
+        blocks.done(key)
 
 
 def standard_normal(param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -212,15 +248,20 @@ def fill_random(
     dtype_for: DtypeFor,
     init_on_device: bool = False,
     draw: Draw = random_tensor,
+    after_block: AfterBlock | None = None,
 ) -> None:
     """Assign seeded random values to every parameter of the meta-built `model`. The numbers come from a CPU
     generator (the same on every rank and device), or with `init_on_device` from `device`'s (much faster for a
-    large model on a GPU, the same on every rank, not equal to the CPU draw)."""
+    large model on a GPU, the same on every rank, not equal to the CPU draw). `after_block(i)` runs once block i
+    is complete (`BlockCompletion`)."""
     generator = torch.Generator(device if init_on_device else "cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
+    named = list(model.named_parameters())
+    blocks = BlockCompletion((name for name, _ in named), after_block)
+    for name, param in named:
         model.load_state_dict(
             {name: draw(name, param, generator).to(device, dtype_for(name))}, strict=False, assign=True
         )
+        blocks.done(name)
 
 
 def finish_loading(model: nn.Module, source: str, *, error: type[Exception]) -> None:

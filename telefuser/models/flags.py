@@ -45,3 +45,34 @@ def attn_impl_flag(
 
 def quantization_flag(help: str, choices: tuple[str, ...] = QUANTIZATIONS) -> Flag:
     return Flag(("--quantization",), {"choices": choices, "default": "none", "help": help})
+
+
+OFFLOAD_TIERS = ("auto", "none", "model", "block")  # telefuser.memory.plan: AUTO and TIERS
+
+
+def offload_flag() -> Flag:
+    return Flag(
+        ("--offload",),
+        {
+            "choices": OFFLOAD_TIERS,
+            "default": "auto",
+            "help": "where weights live (default %(default)s: the cheapest tier that fits the device, checked before "
+            "anything loads); none: all on the GPU; model: what runs once per request (the text encoder, MiniMax "
+            "H3's AdaLN projections) streams from pinned host memory a layer at a time; block: the DiT's blocks "
+            "stream too, each block's copy overlapping the previous block's compute. Leftover memory keeps leading "
+            "layers resident. `telefuser plan` shows the plan",
+        },
+    )
+
+
+def gpu_memory_flag() -> Flag:
+    return Flag(
+        ("--gpu-memory-gb",),
+        {
+            "type": float,
+            "default": None,
+            "metavar": "GIB",
+            "help": "GPU memory this process may use, in GiB (default: the device's free memory): the plan fits 90%% "
+            "of it and the process is held to it (torch.cuda.set_per_process_memory_fraction)",
+        },
+    )

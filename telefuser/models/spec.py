@@ -65,6 +65,12 @@ class ModelSpec:
     auto_attention: tuple[str, ...] = ("sdpa",)  # what --attn-impl auto picks: the first of these usable here
     served_name: str | None = None  # the name a service lists it under by default (--served-model-name); None: `name`
     head_dim: str | None = None  # "module:function" (args) -> the DiT's attention head dim, or None when unknown
+    # "module:function" (args, parallel, dtype, request) -> memory.plan.Workload: one request on one rank
+    memory: str | None = None
+    # "module:function" (args, parallel, dtype, request) -> [(flags, Workload)]: what a refusal may suggest
+    memory_alternatives: str | None = None
+    # "module:function" (args) -> the request an entry point's flags describe (the model's defaults for the rest)
+    memory_request: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "adapters", MappingProxyType(dict(self.adapters)))
@@ -126,6 +132,53 @@ class ModelSpec:
 
         advice = "; install the same attention backends on every rank's host, or pass an explicit --attn-impl"
         return agree(f"the attention implementation (--attn-impl {requested})", decide, advice=advice)
+
+    # -- memory -------------------------------------------------------------------------------------------------------
+    def memory_workload(self, args: argparse.Namespace, parallel, dtype, request: Mapping[str, Any]):
+        """The `memory.plan.Workload` of `request` on one rank of `parallel` with the flags in `args`."""
+        if self.memory is None:
+            raise ValueError(f"{self.name} declares no memory workload")
+        return resolve(self.memory)(args, parallel, dtype, request)
+
+    def request_from_args(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The request the flags in `args` describe, for the memory plan (`memory_request`)."""
+        if self.memory_request is None:
+            raise ValueError(f"{self.name} declares no memory request")
+        return resolve(self.memory_request)(args)
+
+    def memory_plan(self, args: argparse.Namespace, runtime, request: Mapping[str, Any]):
+        """The plan for `request` on `runtime`'s device: --offload's tier (auto: the cheapest that fits) within
+        --gpu-memory-gb or the device's free memory, the smallest budget of all ranks. Every rank gets the same plan
+        or raises the same `memory.plan.MemoryPlanError` (naming what would fit) before anything loads; the process
+        is then held to --gpu-memory-gb. Collective under torchrun."""
+        from ..distributed.agreement import agree
+        from ..memory.budget import agreed_budget, device_budget, hold_to, host_budget_bytes
+        from ..memory.plan import TIERS, choose
+
+        gpu_memory_gb = self.option(args, "gpu_memory_gb")
+        cuda = runtime.device.type == "cuda"
+        budget = agreed_budget(lambda: device_budget(runtime.device, gpu_memory_gb))
+        workload = self.memory_workload(args, runtime.parallel, runtime.dtype, request)
+
+        def decide():
+            alternatives = (
+                resolve(self.memory_alternatives)(args, runtime.parallel, runtime.dtype, request)
+                if self.memory_alternatives
+                else ()
+            )
+            return choose(
+                workload,
+                budget.bytes,
+                tier=self.option(args, "offload"),
+                budget_source=budget.source,
+                host_bytes=host_budget_bytes() if cuda else None,
+                alternatives=alternatives,
+                tiers=TIERS if cuda else ("none",),
+            )
+
+        plan = agree("the memory plan", decide)
+        hold_to(runtime.device, gpu_memory_gb)
+        return plan
 
     # -- the model ----------------------------------------------------------------------------------------------------
     def parallelize(self, model, mesh, *, communicator_factory=None):

@@ -35,13 +35,38 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
+class MemoryPeaks:
+    """Peak CUDA memory per stage: ``peaks.mark("denoise")`` records the largest allocated and reserved bytes since
+    the previous mark (or the start) under that name, then starts the next stage's count. Nothing on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.allocated: dict[str, int] = {}
+        self.reserved: dict[str, int] = {}
+        reset_peak_memory(device)
+
+    def mark(self, name: str) -> None:
+        if self.device.type != "cuda":
+            return
+        allocated = int(torch.cuda.max_memory_allocated(self.device))
+        reserved = int(torch.cuda.max_memory_reserved(self.device))
+        self.allocated[name] = max(self.allocated.get(name, 0), allocated)
+        self.reserved[name] = max(self.reserved.get(name, 0), reserved)
+        reset_peak_memory(self.device)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"allocated": dict(self.allocated), "reserved": dict(self.reserved)}
+
+
 class PhaseClock:
-    """``clock = PhaseClock(device)`` starts it; ``clock.lap("dit_s")`` records the time since the previous mark."""
+    """``clock = PhaseClock(device)`` starts it; ``clock.lap("dit_s")`` records the time since the previous mark, and
+    on CUDA the phase's peak memory (`clock.memory`, a `MemoryPeaks`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.phases: dict[str, float] = {}
         synchronize(device)
+        self.memory = MemoryPeaks(device)
         self._start = self._mark = time.perf_counter()
 
     def lap(self, name: str) -> float:
@@ -49,6 +74,7 @@ class PhaseClock:
         now = time.perf_counter()
         seconds = now - self._mark
         self.phases[name] = self.phases.get(name, 0.0) + seconds
+        self.memory.mark(name)
         self._mark = now
         return seconds
 
@@ -86,3 +112,13 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # ru_maxrss is KiB on Linux and bytes on macOS; and it is the peak of the whole process, not of this call.
     return int(rss if sys.platform == "darwin" else rss * 1024), "process_peak_rss"
+
+
+def device_peaks(device: torch.device) -> dict[str, int]:
+    """The largest allocated and reserved CUDA bytes since the last reset (the process start if none); {} on a CPU."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "allocated": int(torch.cuda.max_memory_allocated(device)),
+        "reserved": int(torch.cuda.max_memory_reserved(device)),
+    }

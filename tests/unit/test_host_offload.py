@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from telefuser.pipelines.host_offload import HostResident
+from telefuser.memory.host import HostResident
 from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, PromptEncoder, tiny_text_config
 from telefuser.pipelines.minimax_h3.tokenizer import load_tokenizer
 from tests.numerics import UNIT_ROUNDOFF, relative_error

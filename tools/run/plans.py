@@ -559,9 +559,63 @@ def multi_gpu(gpus: int) -> Plan:
     )
 
 
+# ---- one GPU, any size: the official requests within memory budgets (issue 33) -------------------------------------
+LINGBOT_FP8 = "--quantization fp8 --attn-impl cudnn_fp8 --cuda-graphs on"
+LINGBOT_E2E = f"{RUN_I2V} --warmup --vae-dtype bfloat16 --vae-fast"
+MINIMAX_E2E = f"{RUN_T2VA} --steps 9"  # 8 DiT calls: a Turbo-LoRA-sized request
+
+
+def _budget(gib: int | None) -> str:
+    return "" if gib is None else f" --gpu-memory-gb {gib}"
+
+
+MEMORY = Plan(
+    "gpu-memory",
+    "both official requests with default flags and within GPU memory budgets: peaks, seconds, estimate vs measured",
+    (
+        Step(
+            "setup_wheels",
+            240,
+            command(
+                "{py} -m pip install -q --no-index --no-deps --no-compile --target {site} .whl/*.whl .whl/fp8/*.whl"
+            ),
+            "the carried wheels (.whl/: diffusers, av; fp8/: cuDNN frontend)",
+            setup=True,
+        ),
+        Step("gpu_streaming", 300, pytest("tests/gpu/test_memory_streaming_cuda.py"), "layer streaming on the GPU"),
+        *(
+            Step(
+                f"lingbot_{name}",
+                420,
+                command(f"{LINGBOT_E2E} {flags}{_budget(gib)} --output {{out}}/lingbot_{name}/session.mp4"),
+                f"LingBot-World v2 official session, {name}",
+            )
+            for name, flags, gib in (
+                ("bf16_default", "", None),
+                ("fp8_default", LINGBOT_FP8, None),
+                ("fp8_48", LINGBOT_FP8.replace("--cuda-graphs on", "--cuda-graphs auto"), 48),
+            )
+        ),
+        *(
+            Step(
+                f"minimax_{name}",
+                560,
+                command(f"{MINIMAX_E2E}{_budget(gib)} --output {{out}}/minimax_{name}/t2va.mp4"),
+                f"MiniMax H3 1344x768 5 s, 8 DiT calls, {name}",
+            )
+            for name, gib in (("default", None), ("48", 48), ("32", 32), ("24", 24))
+        ),
+    ),
+    calls=(
+        "setup_wheels,gpu_streaming,lingbot_bf16_default,lingbot_fp8_default,minimax_default,lingbot_fp8_48",
+        "setup_wheels,minimax_32,minimax_24",
+    ),
+)
+
 PLANS: dict[str, Plan] = {
     p.name: p
     for p in (
+        MEMORY,
         H200_MODELS,
         H200_TRANSPORT,
         H200_GRAPHS,

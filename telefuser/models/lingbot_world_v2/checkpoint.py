@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -174,10 +175,12 @@ def load_lingbot_dit(
     attn_impl: str = "sdpa",
     local_attn_size: int = V2_LOCAL_ATTN_SIZE,
     sink_size: int = V2_SINK_SIZE,
+    after_block: Callable[[LingBotWorldV2DiT, int], None] | None = None,
 ) -> LingBotWorldV2DiT:
     """Load the transformer (original layout or a diffusers-format directory) onto `device`: `dtype` for the
     blocks, fp32 for the time embedding, modulation tables and head. The streaming window comes from the arguments
-    (v2: 18 frames, 6 sink), not from config.json. The model comes back dense: `runtime.parallelize` splits it."""
+    (v2: 18 frames, 6 sink), not from config.json. The model comes back dense: `runtime.parallelize` splits it.
+    `after_block(model, i)` runs as soon as block i is loaded (to quantize it or move it to host memory)."""
     weights_dir, config_path = find_checkpoint(path)
     try:
         config = LingBotWorldV2Config.from_json(config_path).with_window(local_attn_size, sink_size)
@@ -206,6 +209,8 @@ def load_lingbot_dit(
         device=device,
         dtype_for=lambda key: target_dtype(ours[key], dtype),
         error=CheckpointError,
+        after_block=None if after_block is None else partial(after_block, model),
+        model_name=ours.__getitem__,
     )
     finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
@@ -221,8 +226,10 @@ def build_random_lingbot_dit(
     *,
     attn_impl: str = "sdpa",
     init_on_device: bool = False,
+    after_block: Callable[[LingBotWorldV2DiT, int], None] | None = None,
 ) -> LingBotWorldV2DiT:
-    """A DiT with seeded random weights, identical on every rank for the same seed, config and generator device.
+    """A DiT with seeded random weights, identical on every rank for the same seed, config and generator device;
+    `after_block(model, i)` runs as soon as block i is drawn.
 
     `init_on_device=True` draws with the target device's generator (much faster for the 14B model on a GPU; not
     equal to the CPU draw). Linear weights ~ N(0, 1/fan_in), small biases, norm scales near 1, modulation tables
@@ -238,6 +245,7 @@ def build_random_lingbot_dit(
         dtype_for=partial(target_dtype, dtype=dtype),
         init_on_device=init_on_device,
         draw=_random_tensor,
+        after_block=None if after_block is None else partial(after_block, model),
     )
     finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("LingBot-World v2 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)

@@ -24,7 +24,10 @@ from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...ops.attention import check_attention_impl
-from ...ops.fp8 import linear_dtype, quantize_blocks
+from ...memory.host import layer_tensors
+from ...memory.host import to_host as host_copy
+from ...memory.streaming import StreamedLayers
+from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
 from ...ops.fusion import fusion_enabled
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
@@ -89,6 +92,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
         self.graphs: ChunkGraphs | None = None  # enable_cuda_graphs()
+        self.block_stream: StreamedLayers | None = None  # stream_blocks(): blocks visit the device one at a time
         self._rope_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._slots_cache: tuple[tuple, torch.Tensor] | None = None
 
@@ -111,11 +115,39 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
+    def finish_block(self, index: int, *, quantization: str, to_host: bool) -> None:
+        """Block `index` as it will run, done as soon as it is loaded so the device never holds two unfinished
+        blocks: its FP8 linears quantized on the device it was loaded on, then its tensors moved to host memory
+        when it will stream."""
+        block = self.blocks[index]
+        if quantization == "fp8":
+            quantize_linears(block, lambda name, _: name in self.FP8_LINEARS)
+        if to_host:
+            for tensor in layer_tensors(block):
+                tensor.data = host_copy(tensor.data)
+
+    # -- where the weights live -------------------------------------------------------------------------------------
+    def stream_blocks(self, device: torch.device | str, *, resident: int = 0) -> int:
+        """Keep blocks ``resident:`` in pinned host memory and stream each to `device` while it computes, the next
+        one's copy overlapping (memory.streaming.StreamedLayers); every loop over the blocks goes through it. Not
+        with CUDA graphs (the slots change under a replay). Returns the host bytes."""
+        if self.graphs is not None:
+            raise ValueError("streamed blocks cannot replay as CUDA graphs; turn the graphs off (--cuda-graphs off)")
+        if self.block_stream is not None:
+            raise RuntimeError("the blocks already stream; stream_blocks once")
+        self.block_stream = StreamedLayers(self.blocks, device, resident=resident, keep_slots=True)
+        return self.block_stream.host_bytes
+
+    def _each_block(self):
+        return self.block_stream.each() if self.block_stream is not None else enumerate(self.blocks)
+
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_cuda_graphs(self, enabled: bool = True) -> LingBotWorldV2DiT:
         """Capture and replay the forwards of sessions made from now on, on CUDA, as CUDA graphs (graphs.py): their
         buffers come from a pool that outlives them. Call it once the model is loaded, quantized and parallelized.
         ``enabled=False`` drops the pool (sessions still open keep their buffers)."""
+        if enabled and self.block_stream is not None:
+            raise ValueError("streamed blocks cannot replay as CUDA graphs; turn the graphs off (--cuda-graphs off)")
         self.graphs = ChunkGraphs() if enabled else None
         return self
 
@@ -158,15 +190,12 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         _, world = self._ulysses_coordinates()
         text = F.pad(text_states.to(device), (0, 0, 0, cfg.text_len - text_states.shape[1]))
         context = run_linear(self.text_embedding[2], self.text_embedding[1](run_linear(self.text_embedding[0], text)))
-        cross_kv = []
-        for block in self.blocks:
+        cross_kv, key_scales = [], [] if self.attn_impl == "cudnn_fp8" else None
+        for _, block in self._each_block():
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
-        key_scales = (
-            [key_scale(block.self_attn.norm_k, cfg.dim) for block in self.blocks]
-            if self.attn_impl == "cudnn_fp8"
-            else None
-        )
+            if key_scales is not None:
+                key_scales.append(key_scale(block.self_attn.norm_k, cfg.dim))
         sage_window = self.attn_impl == "sage_sm90" and sage_window_wanted()
         local_heads = cfg.num_heads // world
         entry = None
@@ -208,7 +237,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         rank, world = self._ulysses_coordinates()
         rows, padded = rank_rows(tokens.shape[1], rank, world)
         cam = self._embed_camera(take_rows(tokens, rows, padded))
-        return CameraModulation(tokens.shape[1], tuple(block.camera_scale_shift(cam) for block in self.blocks))
+        return CameraModulation(
+            tokens.shape[1], tuple(block.camera_scale_shift(cam) for _, block in self._each_block())
+        )
 
     @torch.no_grad()
     def forward_chunk(
@@ -303,7 +334,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             attn_impl=self.attn_impl,
         )
         last = len(self.blocks) - 1
-        for layer, (block, block_camera) in enumerate(zip(self.blocks, per_block)):
+        for (layer, block), block_camera in zip(self._each_block(), per_block):
             x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
         return None if kv_only else self._head_out(x, t_emb, plan.new_rows, grid)
 
@@ -319,7 +350,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         )
         per_block = data.camera if data.camera is not None else (None,) * len(self.blocks)
         last = len(self.blocks) - 1
-        for layer, (block, block_camera, state) in enumerate(zip(self.blocks, per_block, layers, strict=True)):
+        for (layer, block), block_camera, state in zip(self._each_block(), per_block, layers, strict=True):
             x = block_region(block, x, t_mod, block_camera, state, chunk, kv_only=kv_only and layer == last)
         return None if kv_only else self._head_out(x, t_emb, n, grid)
 

@@ -7,7 +7,16 @@ Importing this module imports no torch: the plan and the loaders import the mode
 from __future__ import annotations
 
 from ...runtime import DTYPE_NAMES
-from ..flags import ATTENTION_IMPLS, QUANTIZATIONS, attn_impl_flag, checkpoint_flag, config_flag, quantization_flag
+from ..flags import (
+    ATTENTION_IMPLS,
+    QUANTIZATIONS,
+    attn_impl_flag,
+    checkpoint_flag,
+    config_flag,
+    gpu_memory_flag,
+    offload_flag,
+    quantization_flag,
+)
 from ..spec import Flag, ModelSpec
 
 CUDA_GRAPHS = ("auto", "on", "off")
@@ -59,14 +68,20 @@ LINGBOT_WORLD_V2 = ModelSpec(
                 "choices": CUDA_GRAPHS,
                 "default": "auto",
                 "help": "replay every chunk's DiT forwards as CUDA graphs, each captured at its first call (default "
-                "auto: on for CUDA under Ulysses, where they measured faster; off runs them eagerly)",
+                "auto: on for CUDA under Ulysses, where they measured faster, unless the DiT's blocks stream; off "
+                "runs them eagerly)",
             },
         ),
+        offload_flag(),
+        gpu_memory_flag(),
     ),
     attention_impls=ATTENTION_IMPLS,
     quantizations=QUANTIZATIONS,
     plan=parallelize,
     pipeline="telefuser.pipelines.lingbot_world_v2.loading:pipeline_from_args",
+    memory="telefuser.pipelines.lingbot_world_v2.memory:workload",
+    memory_request="telefuser.pipelines.lingbot_world_v2.loading:request_from_args",
+    memory_alternatives="telefuser.pipelines.lingbot_world_v2.memory:alternatives",
     adapters={"stream": "telefuser.serving.stream.lingbot:build_lingbot_factory"},
     loaders={
         "random": "telefuser.models.lingbot_world_v2.checkpoint:build_random_lingbot_dit",

@@ -85,6 +85,14 @@ def _index_metadata(index: Path | None) -> dict[str, str]:
     return {k: str(v) for k, v in meta.items() if isinstance(v, str)}
 
 
+def read_transformer_config(path: str | Path) -> MiniMaxH3Config:
+    """The config of the transformer checkpoint at `path` (its folder or a single file), without reading a weight."""
+    files = _Files.locate(path)
+    with ShardedCheckpoint(files.shards) as checkpoint:
+        class_name = read_class_name(files.directory / "config.json") if files.directory is not None else None
+        return _read_config(files.directory, is_diffusers_layout(checkpoint.keys(), class_name))
+
+
 # -- loading ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Files:
@@ -113,11 +121,13 @@ def load_minimax_h3_dit(
     attn_impl: str = "sdpa",
     qkv_layout: str | None = None,
     parallelize: Callable[[MiniMaxH3DiT], MiniMaxH3DiT] | None = None,
+    after_block: Callable[[MiniMaxH3DiT, int], None] | None = None,
 ) -> MiniMaxH3DiT:
     """Load a transformer checkpoint onto `device`: `dtype` for the blocks, fp32 for the released fp32 modules.
     `qkv_layout` ("interleaved" | "stacked") says how a release-named file orders its fused QKV rows when neither
     its metadata nor the released shard index does. `parallelize` (`Runtime.parallelize`) runs on the empty model
-    before any tensor is read, so that each TP rank reads only its slices."""
+    before any tensor is read, so that each TP rank reads only its slices. `after_block(model, i)` runs as soon as
+    block i is loaded (to quantize it or move it to host memory before the next one arrives)."""
     files = _Files.locate(path)
     device = torch.device(device)
     with ShardedCheckpoint(files.shards) as checkpoint:
@@ -129,7 +139,10 @@ def load_minimax_h3_dit(
             model = parallelize(model)
         tp = model.tensor_parallel
         layout = TransformerLayout(kind, layout_name, config, tp.rank if tp else 0, tp.size if tp else 1)
-        absent = _read_tensors(model, checkpoint, layout, full_shapes, files.where, device=device, dtype=dtype)
+        finish = None if after_block is None else partial(after_block, model)
+        absent = _read_tensors(
+            model, checkpoint, layout, full_shapes, files.where, device=device, dtype=dtype, after_block=finish
+        )
         model.checkpoint_bytes_read = checkpoint.bytes_read  # this rank's share only, under TP
     if "rope.inv_freq" in absent:
         model.rope.inv_freq = _rope_inv_freq(config, device)
@@ -175,6 +188,7 @@ def _read_tensors(
     *,
     device: torch.device,
     dtype: torch.dtype,
+    after_block: Callable[[int], None] | None = None,
 ) -> set[str]:
     """Fill every tensor of the (possibly TP-sliced) meta `model` with this rank's part; returns the optional
     (recomputable) keys the checkpoint lacks, left for the caller."""
@@ -216,6 +230,7 @@ def _read_tensors(
         dtype_for=partial(target_dtype, dtype=dtype),
         error=CheckpointError,
         source=where,
+        after_block=after_block,
     )
     return absent
 
@@ -234,11 +249,13 @@ def build_random_minimax_h3_dit(
     *,
     attn_impl: str = "sdpa",
     init_on_device: bool = False,
+    after_block: Callable[[MiniMaxH3DiT, int], None] | None = None,
 ) -> MiniMaxH3DiT:
     """A DiT with seeded random weights, identical on every rank and device for the same seed and config.
 
     `init_on_device=True` draws the numbers with the target device's generator instead of the CPU's: minutes faster
-    for the 62 GB official model on a GPU, identical across ranks, but not equal to the CPU draw.
+    for the 62 GB official model on a GPU, identical across ranks, but not equal to the CPU draw. `after_block(model,
+    i)` runs as soon as block i is drawn (dense weights: call it after a TP split instead).
 
     Linear weights ~ N(0, 1/fan_in) keep activations O(1) through the stack; biases and the deviation of norm
     weights from 1 are small; the AdaLN projections are random too (the release zero-initialises them for
@@ -246,7 +263,14 @@ def build_random_minimax_h3_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = MiniMaxH3DiT(config, attn_impl=attn_impl)
-    fill_random(model, seed, device=device, dtype_for=partial(target_dtype, dtype=dtype), init_on_device=init_on_device)
+    fill_random(
+        model,
+        seed,
+        device=device,
+        dtype_for=partial(target_dtype, dtype=dtype),
+        init_on_device=init_on_device,
+        after_block=None if after_block is None else partial(after_block, model),
+    )
     model.rope.inv_freq = _rope_inv_freq(config, device)
     finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("MiniMax H3 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)

@@ -22,7 +22,9 @@ from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
 from ...ops.attention import check_attention_impl, takes_head_dim
-from ...ops.fp8 import quantize_blocks
+from ...memory.host import layer_tensors, to_host
+from ...memory.streaming import StreamedLayers
+from ...ops.fp8 import quantize_blocks, quantize_linears
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
 from .adaln_tables import AdaLNTables, TimestepKey, timestep_key
@@ -93,6 +95,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.ulysses_group: dist.ProcessGroup | None = None
         self.tensor_parallel: TensorParallelState | None = None  # set by the TP plan (spec.parallelize)
         self.adaln_offloaded = False  # offload_adaln(): the projections live in host memory, tables are required
+        self.block_stream: StreamedLayers | None = None  # stream_blocks(): blocks visit the device one at a time
 
     # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a call: the joint blocks' fused QKV, output projection and SwiGLU. The token
@@ -103,6 +106,18 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         """Apply ``"fp8"`` (ops.fp8) to every block's FP8_LINEARS in place (after TP: each rank's slices), or
         nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
+
+    def finish_block(self, index: int, *, quantization: str, block_to_host: bool, adaln_to_host: bool) -> None:
+        """Block `index` as it will run, done as soon as it is loaded so the device never holds two unfinished
+        blocks: its FP8 linears quantized (on the device it was loaded on, after TP), then, when it will stream,
+        its tensors (less the AdaLN projection) moved to host memory, and its AdaLN projection when that is
+        offloaded."""
+        block = self.blocks[index]
+        if quantization == "fp8":
+            quantize_linears(block, lambda name, _: name in self.FP8_LINEARS)
+        moved = [t for name, m in block.named_children() if name != "adaln_proj" for t in layer_tensors(m)]
+        for tensor in (moved if block_to_host else []) + (layer_tensors(block.adaln_proj) if adaln_to_host else []):
+            tensor.data = to_host(tensor.data)
 
     # -- forward --------------------------------------------------------------------------------------------------
     def forward(
@@ -162,7 +177,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         )
 
         def run_blocks(h: torch.Tensor) -> torch.Tensor:
-            for block, table in zip(self.blocks, block_tables):
+            for (_, block), table in zip(self._each_block(), block_tables):
                 h = block_region(block, h, cond, adaln_rows, ctx, table)
             return h
 
@@ -181,6 +196,22 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
     def _adaln_cond(self, timesteps: torch.Tensor) -> torch.Tensor:
         """The AdaLN input of one call: silu(temb) of its [2B] timesteps (video then audio)."""
         return F.silu(self.time_embedder(timesteps.float() / TIMESTEP_SCALE))
+
+    # -- where the weights live -------------------------------------------------------------------------------------
+    def stream_blocks(self, device: torch.device | str, *, resident: int = 0) -> int:
+        """Keep blocks ``resident:`` in pinned host memory and stream each to `device` while it computes, the next
+        one's copy overlapping (memory.streaming.StreamedLayers). Their AdaLN projections are not streamed: they
+        make the request's tables (`precompute_adaln`), which a streamed DiT requires. Returns the host bytes."""
+        if self.block_stream is not None:
+            raise RuntimeError("the blocks already stream; stream_blocks once")
+        self.block_stream = StreamedLayers(
+            self.blocks, device, resident=resident, keep_slots=True, skip=("adaln_proj",)
+        )
+        self.adaln_offloaded = True  # forward reads tables, never the projections of a streamed block
+        return self.block_stream.host_bytes
+
+    def _each_block(self):
+        return self.block_stream.each() if self.block_stream is not None else enumerate(self.blocks)
 
     # -- AdaLN tables ---------------------------------------------------------------------------------------------
     def adaln_projections(self) -> list[AdaLNProjection]:
@@ -222,7 +253,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         """`projection` runnable on `device`: itself when resident there, else (offloaded) the same module, its TP
         hook included, called with device copies of its weights, freed on exit."""
         linear = projection.linear
-        if not self.adaln_offloaded and linear.weight.device == device:
+        if not getattr(linear, "host_resident", False) and linear.weight.device == device:
             yield projection
             return
         # offloaded: always this path (on a CPU-only host `.to` is then a no-op, and the tests still run it)
@@ -232,20 +263,17 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         finally:
             lent.clear()
 
-    def offload_adaln(self, device: str | torch.device = "cpu") -> int:
-        """Move every AdaLN projection (blocks and final layer; under TP this rank's slices) to `device`, in pinned
-        memory when CUDA is available; forward then needs `precompute_adaln` tables. Returns the bytes moved."""
-        device = torch.device(device)
-        pin = device.type == "cpu" and torch.cuda.is_available()
+    def offload_adaln(self, *, resident: int = 0) -> int:
+        """Move the AdaLN projections of blocks ``resident:`` and of the final layer (under TP this rank's slices)
+        to host memory, pinned when CUDA is available; forward then needs `precompute_adaln` tables. Returns the
+        bytes in host memory."""
         moved = 0
-        for projection in self.adaln_projections():
+        for projection in self.adaln_projections()[resident:]:
             linear = projection.linear
-            for name, param in list(linear.named_parameters(recurse=False)):
-                host = param.detach().to(device)
-                if pin and not host.is_pinned():
-                    host = host.pin_memory()
-                setattr(linear, name, nn.Parameter(host, requires_grad=param.requires_grad))
-                moved += host.numel() * host.element_size()
+            for tensor in layer_tensors(linear):
+                tensor.data = to_host(tensor.data)
+                moved += tensor.numel() * tensor.element_size()
+            linear.host_resident = True
         self.adaln_offloaded = True
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # hand the freed device memory back, so free-memory checks see it

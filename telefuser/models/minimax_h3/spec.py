@@ -5,7 +5,16 @@ Importing this module imports no torch: the plan imports the model's modules whe
 
 from __future__ import annotations
 
-from ..flags import ATTENTION_IMPLS, QUANTIZATIONS, attn_impl_flag, checkpoint_flag, config_flag, quantization_flag
+from ..flags import (
+    ATTENTION_IMPLS,
+    QUANTIZATIONS,
+    attn_impl_flag,
+    checkpoint_flag,
+    config_flag,
+    gpu_memory_flag,
+    offload_flag,
+    quantization_flag,
+)
 from ..spec import Flag, ModelSpec
 
 QKV_LAYOUTS = ("interleaved", "stacked")  # checkpoint_formats.QKV_LAYOUTS
@@ -50,21 +59,8 @@ MINIMAX_H3 = ModelSpec(
         checkpoint_flag("MiniMax-H3 release root or its FL2VA folder"),
         attn_impl_flag(default="auto", auto=AUTO_ATTENTION),
         quantization_flag("fp8: the joint blocks' QKV, output and SwiGLU GEMMs in FP8 (opt-in accuracy-for-speed)"),
-        Flag(
-            ("--offload-text-encoder",),
-            {
-                "action": "store_true",
-                "help": "keep the text encoder (~50 GB at official size) in host memory except while it encodes",
-            },
-        ),
-        Flag(
-            ("--offload-adaln",),
-            {
-                "action": "store_true",
-                "help": "keep the DiT's AdaLN projections (~24 GiB at official size, TP1) in host memory; each "
-                "request's tables are computed from them one block at a time (exact)",
-            },
-        ),
+        offload_flag(),
+        gpu_memory_flag(),
         Flag(
             ("--qkv-layout",),
             {
@@ -86,6 +82,9 @@ MINIMAX_H3 = ModelSpec(
     quantizations=QUANTIZATIONS,
     plan=parallelize,
     pipeline="telefuser.pipelines.minimax_h3.loading:pipeline_from_args",
+    memory="telefuser.pipelines.minimax_h3.memory:workload",
+    memory_request="telefuser.pipelines.minimax_h3.loading:request_from_args",
+    memory_alternatives="telefuser.pipelines.minimax_h3.memory:alternatives",
     adapters={"video": "telefuser.serving.video.minimax:build_minimax_runner"},
     loaders={
         "random": "telefuser.models.minimax_h3.checkpoint:build_random_minimax_h3_dit",

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
+from ...memory.plan import Placement
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime, torch_dtype
 from .camera_control import CameraFactory, lingbot_camera
@@ -36,6 +37,7 @@ T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 DIT_SUBDIR = "transformers"
 DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
+OFFICIAL_RESOLUTION, TINY_RESOLUTION = "832x480", "128x96"  # the released canvas; the tiny demo's
 
 
 def cuda_graphs_wanted(choice: str, device, ulysses_degree: int = 1) -> bool:
@@ -85,11 +87,29 @@ def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) 
     if "attn_impl" not in overrides:
         options["attn_impl"] = LINGBOT_WORLD_V2.attention_impl(args, runtime)
     options["vae_dtype"] = torch_dtype(LINGBOT_WORLD_V2.option(args, "vae_dtype"))
-    options["cuda_graphs"] = cuda_graphs_wanted(
+    if "placement" not in overrides:
+        options["placement"] = LINGBOT_WORLD_V2.memory_plan(args, runtime, request_from_args(args)).placement
+    placement = overrides.get("placement", options.get("placement"))
+    streams_blocks = placement is not None and placement.streams("dit")
+    options["cuda_graphs"] = not streams_blocks and cuda_graphs_wanted(
         LINGBOT_WORLD_V2.option(args, "cuda_graphs"), runtime.device, runtime.world_size
     )
     launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
     return build_lingbot_pipeline(**{**options, **launch, **overrides})
+
+
+def request_from_args(args: argparse.Namespace) -> dict:
+    """The session an entry point's flags describe (`run_i2v.py`'s --resolution, --num-frames, --fps; a service's
+    --max-sessions), with the model's defaults for those it lacks: what the memory plan is made for."""
+    from .request import DEFAULT_FPS, DEFAULT_NUM_FRAMES
+
+    tiny = LINGBOT_WORLD_V2.option(args, "checkpoint") is None and LINGBOT_WORLD_V2.option(args, "config") == "tiny"
+    return {
+        "resolution": getattr(args, "resolution", None) or (TINY_RESOLUTION if tiny else OFFICIAL_RESOLUTION),
+        "num_frames": getattr(args, "num_frames", None) or DEFAULT_NUM_FRAMES,
+        "fps": getattr(args, "fps", None) or DEFAULT_FPS,
+        "sessions": getattr(args, "max_sessions", None) or 1,
+    }
 
 
 def build_lingbot_pipeline(
@@ -107,6 +127,7 @@ def build_lingbot_pipeline(
     vae_fast: bool = False,
     quantization: str = "none",
     cuda_graphs: bool = False,
+    placement: Placement | None = None,
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
@@ -118,6 +139,9 @@ def build_lingbot_pipeline(
     `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
     `cuda_graphs` replays every chunk's forwards as CUDA graphs on a CUDA device (`cuda_graphs_wanted` decides it from
     the command line); a warm-up session then captures them all.
+    `placement` (a `memory.plan.Placement`; None: everything on `device`) says which layers of the ``text_encoder``
+    and ``dit`` stacks stay on the device; the others go to pinned host memory as they load, one tensor or block
+    at a time, and stream while they run (`PromptEncoder`, `LingBotWorldV2DiT.stream_blocks`; not with CUDA graphs).
     """
     device = torch.device(device)
     if config not in ("tiny", "official"):
@@ -126,16 +150,35 @@ def build_lingbot_pipeline(
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     paths = resolve_checkpoint(checkpoint) if checkpoint is not None else None  # fail before reading weights
     size = "official" if paths is not None else config
-    model, text_dim, text_len = _build_dit(
-        size, paths, device=device, dtype=dtype, mesh=mesh, seed=seed, attn_impl=attn_impl
+    text_resident = placement.resident_layers("text_encoder") if placement is not None else None
+    dit_resident = placement.resident_layers("dit") if placement is not None else None
+    if cuda_graphs and dit_resident is not None:
+        raise ValueError("streamed DiT blocks (--offload block) cannot replay as CUDA graphs; pass --cuda-graphs off")
+    vae, tokenizer, encoder, weights = _text_and_vae(
+        size, checkpoint, paths, device=device, dtype=dtype, vae_dtype=vae_dtype, seed=seed, text_from=text_resident
     )
+    model, text_dim, text_len = _build_dit(
+        size,
+        paths,
+        device=device,
+        dtype=dtype,
+        mesh=mesh,
+        seed=seed,
+        attn_impl=attn_impl,
+        finish=_block_finisher(quantization, dit_resident),
+    )
+    weights["dit"] = getattr(model, "weights_source", weights["dit"])
     if quantization != "none":
-        model.quantize(quantization)
+        model.weights_source = weights["dit"] = f"{model.weights_source}, fp8 GEMMs"
+    if dit_resident is not None:
+        moved = model.stream_blocks(device, resident=dit_resident)
+        weights["dit"] += (
+            f"; blocks {dit_resident}/{len(model.blocks)} resident, the rest streamed ({moved / 2**30:.2f} GiB)"
+        )
+    if placement is not None:
+        weights["placement"] = f"--offload {placement.tier}"
     if cuda_graphs and device.type == "cuda":
         model.enable_cuda_graphs()
-    vae, tokenizer, encoder, weights = _text_and_vae(
-        model, size, checkpoint, paths, device=device, dtype=dtype, vae_dtype=vae_dtype, seed=seed, text_dim=text_dim
-    )
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
     if vae_fast:
@@ -149,7 +192,7 @@ def build_lingbot_pipeline(
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return WorldSessionPipeline(
         model,
-        PromptEncoder(tokenizer, encoder, text_len=text_len),
+        PromptEncoder(tokenizer, encoder, text_len=text_len, streamed_from=text_resident, device=device),
         vae,
         device=device,
         dit_dtype=dtype,
@@ -160,43 +203,68 @@ def build_lingbot_pipeline(
     )
 
 
-def _text_and_vae(model, size, checkpoint, paths, *, device, dtype, vae_dtype, seed, text_dim):
+def _text_and_vae(size, checkpoint, paths, *, device, dtype, vae_dtype, seed, text_from):
     """(vae, tokenizer, text encoder, the weights' description): from the checkpoint (official or diffusers layout),
-    or random at `size` without one."""
+    or random at `size` without one. `text_from`: the encoder's blocks from there on (and its embedding) load into
+    host memory, to stream (None: all on `device`). Loaded before the DiT: the encoder's device tensors never
+    share the device with a whole unfinished DiT."""
+    streamed = "" if text_from is None else f", its first {text_from} blocks resident, the rest streamed per prompt"
     if paths is None:
         vae = WanVideoVAE.random(size, seed=seed, device=device, dtype=vae_dtype)
         tokenizer = load_tokenizer(None)
-        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(text_dim)
-        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype)
-        sources = {"summary": f"{RANDOM}, {size} sizes", "dit": getattr(model, "weights_source", RANDOM)}
-        sources["text_encoder"] = RANDOM
+        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(_tiny_text_dim())
+        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype, host_from=text_from)
+        sources = {"summary": f"{RANDOM}, {size} sizes", "dit": RANDOM}
+        sources["text_encoder"] = RANDOM + streamed
     else:
         if is_diffusers_layout(Path(checkpoint)):
             vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
-            encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype)
+            encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype, host_from=text_from)
         else:
             vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
-            encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype)
+            encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype, host_from=text_from)
         tokenizer = load_tokenizer(paths["tokenizer"])
-        sources = {"summary": str(checkpoint), "dit": getattr(model, "weights_source", str(paths["dit"]))}
-        sources["text_encoder"] = str(paths["text_encoder"])
+        sources = {"summary": str(checkpoint), "dit": str(paths["dit"])}
+        sources["text_encoder"] = str(paths["text_encoder"]) + streamed
     weights = {**sources, "tokenizer": tokenizer.description, "vae": vae.description}
     return vae, tokenizer, encoder, weights
 
 
-def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl):
-    """(dit, text_dim, text_len) from the model package (imported here, lazily)."""
+def _tiny_text_dim() -> int:
+    from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
+
+    return int(LingBotWorldV2Config.tiny(**TINY_WINDOW).text_dim)
+
+
+def _block_finisher(quantization: str, resident: int | None):
+    """The DiT loaders' `after_block(model, i)`: quantize block i on the device, then move it to host memory when
+    it streams (blocks ``resident:``)."""
+
+    def finish(model, index: int) -> None:
+        model.finish_block(index, quantization=quantization, to_host=resident is not None and index >= resident)
+
+    return finish
+
+
+def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl, finish):
+    """(dit, text_dim, text_len) from the model package (imported here, lazily), each block finished as it loads."""
     from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit, load_lingbot_dit
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
     if paths is not None:
-        model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, attn_impl=attn_impl)
+        model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, attn_impl=attn_impl, after_block=finish)
     else:
         # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
         dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
         # on a GPU, draw there: the 14B official DiT takes minutes to draw on the host
         model = build_random_lingbot_dit(
-            dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
+            dit_config,
+            seed,
+            device,
+            dtype,
+            attn_impl=attn_impl,
+            init_on_device=device.type == "cuda",
+            after_block=finish,
         )
     Runtime(mesh, device, dtype).parallelize(model)
     config = model.config

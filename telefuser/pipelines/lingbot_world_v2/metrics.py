@@ -49,7 +49,18 @@ def summarize(measurements: Sequence[Mapping]) -> dict:
         "steady_compute_fps": steady_frames / steady_seconds if steady and steady_seconds > 0 else None,
         "chunk_seconds": seconds_summary([float(m["compute_seconds"]) for m in steady]),
         "phase_mean_seconds": _phase_means(steady),
+        "phase_peak_bytes": _phase_peaks(measurements),
     }
+
+
+def _phase_peaks(measurements: Sequence[Mapping]) -> dict[str, dict[str, int]]:
+    """The largest allocated and reserved CUDA bytes each phase reached in any chunk (empty off CUDA)."""
+    out: dict[str, dict[str, int]] = {"allocated": {}, "reserved": {}}
+    for m in measurements:
+        for kind, phases in (m.get("peak_bytes") or {}).items():
+            for phase, value in phases.items():
+                out[kind][phase] = max(out[kind].get(phase, 0), int(value))
+    return out
 
 
 def _phase_means(steady: Sequence[Mapping]) -> dict[str, float | None]:

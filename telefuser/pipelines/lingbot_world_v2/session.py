@@ -216,6 +216,7 @@ class WorldSession:
         )
         self._camera = pipe.camera_factory(geometry, device, pipe.dit_dtype)
         clock.lap("session_init_s")
+        self.open_peak_bytes = clock.memory.as_dict()
         return dict(clock.phases)
 
     def _with_mask(self, latents: torch.Tensor, first_latent_frame: int) -> torch.Tensor:
@@ -298,6 +299,7 @@ class WorldSession:
             "frames": int(frames.shape[0]),
             "compute_seconds": clock.total,
             "phases": dict(clock.phases),  # dit_s, kv_update_s, decode_s, convert_s (+ condition_s per chunk)
+            "peak_bytes": clock.memory.as_dict(),  # per phase, on CUDA: allocated and reserved
         }
         self.measurements.append(measurement)
         self.keys_history.append(list(keys))

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from ...memory.host import to_host
+from ...memory.streaming import StreamedLayers
+
 TEXT_LEN = 512
 TOKENIZER_SUBDIR = "google/umt5-xxl"
 # umT5-XXL encoder (Wan's `umt5_xxl`: dim 4096, ffn 10240, 64 heads, 24 layers, vocab 256384, 32 buckets).
@@ -99,24 +102,46 @@ def load_tokenizer(path: str | Path | None):
     return UMT5Tokenizer(path)
 
 
-def build_umt5_encoder(config: dict, *, seed: int = 0, device="cpu", dtype=torch.float32):
-    """A `UMT5EncoderModel` with deterministic random weights, allocated directly on `device`."""
+def build_umt5_encoder(config: dict, *, seed: int = 0, device="cpu", dtype=torch.float32, host_from: int | None = None):
+    """A `UMT5EncoderModel` with deterministic random weights, drawn on `device` one tensor at a time. `host_from`:
+    the token embedding and blocks ``host_from:`` go to host memory as they are drawn (the encoder then streams
+    them: `PromptEncoder(streamed_from=...)`)."""
     from accelerate import init_empty_weights
     from transformers import UMT5Config, UMT5EncoderModel
 
     with init_empty_weights():
         model = UMT5EncoderModel(UMT5Config(**config))
-    model.to(dtype=dtype).to_empty(device=device)
+    device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("layer_norm.weight"):
-                param.fill_(1.0)
-            else:  # T5-like scales: embeddings ~1, projections ~1/sqrt(fan_in)
-                std = 1.0 if "shared" in name or "embed" in name else param.shape[-1] ** -0.5
-                param.copy_(torch.randn(param.shape, generator=generator, device=device, dtype=torch.float32) * std)
+    for name, param in model.named_parameters():  # the tied embedding is listed once, as shared.weight
+        if name.endswith("layer_norm.weight"):
+            value = torch.ones(param.shape, device=device, dtype=dtype)
+        else:  # T5-like scales: embeddings ~1, projections ~1/sqrt(fan_in)
+            std = 1.0 if "shared" in name or "embed" in name else param.shape[-1] ** -0.5
+            value = (torch.randn(param.shape, generator=generator, device=device, dtype=torch.float32) * std).to(dtype)
+        model.load_state_dict({name: to_host(value) if on_host(name, host_from) else value}, strict=False, assign=True)
     model.tie_weights()
     return model.eval().requires_grad_(False)
+
+
+def on_host(name: str, host_from: int | None) -> bool:
+    """Whether `UMT5EncoderModel` tensor `name` lives in host memory when blocks ``host_from:`` stream: those
+    blocks and the (tied) token embedding, looked up on the host."""
+    if host_from is None:
+        return False
+    if name in ("shared.weight", "encoder.embed_tokens.weight"):
+        return True
+    parts = name.split(".")
+    return parts[:2] == ["encoder", "block"] and int(parts[2]) >= host_from
+
+
+def place_umt5(model, device, host_from: int | None):
+    """A host-loaded `UMT5EncoderModel` placed tensor by tensor: `on_host` ones pinned, the rest on `device`."""
+    device = torch.device(device)
+    for name, tensor in model.named_parameters():
+        tensor.data = to_host(tensor.data) if on_host(name, host_from) else tensor.data.to(device)
+    model.tie_weights()
+    return model
 
 
 def official_t5_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
@@ -149,8 +174,11 @@ def official_t5_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[s
     return out
 
 
-def load_official_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, config: dict | None = None):
-    """``models_t5_umt5-xxl-enc-bf16.pth`` -> `UMT5EncoderModel` on `device`."""
+def load_official_umt5(
+    path: str | Path, *, device="cpu", dtype=torch.bfloat16, config: dict | None = None, host_from: int | None = None
+):
+    """``models_t5_umt5-xxl-enc-bf16.pth`` -> `UMT5EncoderModel` on `device`, one tensor at a time (`host_from` as
+    in `build_umt5_encoder`)."""
     from accelerate import init_empty_weights
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -173,27 +201,36 @@ def load_official_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, 
     ]
     if mis_shaped:
         raise ValueError(f"{path}: tensors of the wrong shape for umT5-XXL: {mis_shaped[:3]}")
-    mapped = {k: v.to(device=device, dtype=dtype) for k, v in mapped.items()}
+    for name in list(mapped):
+        value = mapped.pop(name).to(dtype=dtype)
+        mapped[name] = to_host(value) if on_host(name, host_from) else value.to(device)
     model.load_state_dict(mapped, strict=True, assign=True)
     model.tie_weights()
     return model.eval().requires_grad_(False)
 
 
-def load_pretrained_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16):
-    """A transformers-format ``text_encoder/`` folder -> `UMT5EncoderModel` on `device` (local files only)."""
+def load_pretrained_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16, host_from: int | None = None):
+    """A transformers-format ``text_encoder/`` folder -> `UMT5EncoderModel` on `device` (local files only; read on
+    the host, then placed: `host_from` as in `build_umt5_encoder`)."""
     from transformers import UMT5EncoderModel
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no umT5 encoder at {path}: config.json is missing")
     model = UMT5EncoderModel.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return model.to(device=device).eval().requires_grad_(False)
+    return place_umt5(model, device, host_from).eval().requires_grad_(False)
 
 
 class PromptEncoder:
-    """Tokenizer + umT5 encoder: prompt -> ``[1, text_len, d_model]`` (real rows, then zeros)."""
+    """Tokenizer + umT5 encoder: prompt -> ``[1, text_len, d_model]`` (real rows, then zeros).
 
-    def __init__(self, tokenizer, encoder, *, text_len: int = TEXT_LEN) -> None:
+    `streamed_from`: blocks ``streamed_from:`` live in pinned host memory and stream to `device` one at a time while
+    a prompt is encoded (`StreamedLayers`), and the token embedding is looked up on the host. None: the encoder
+    runs where its weights are."""
+
+    def __init__(
+        self, tokenizer, encoder, *, text_len: int = TEXT_LEN, streamed_from: int | None = None, device=None
+    ) -> None:
         vocab = int(encoder.config.vocab_size)
         if tokenizer.vocab_size > vocab:
             raise ValueError(f"tokenizer vocabulary ({tokenizer.vocab_size}) exceeds the encoder's ({vocab})")
@@ -202,6 +239,12 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.encoder = encoder
         self.text_len = int(text_len)
+        self.stream = None
+        if streamed_from is not None:
+            self.stream = StreamedLayers(
+                encoder.encoder.block, device, resident=streamed_from, keep_slots=False
+            ).attach()
+            self.device = torch.device(device)
 
     @property
     def hidden_size(self) -> int:
@@ -212,9 +255,17 @@ class PromptEncoder:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         ids = self.tokenizer.encode(clean_prompt(prompt), self.text_len)
-        encoder_device = next(self.encoder.parameters()).device
-        input_ids = torch.tensor([ids], dtype=torch.long, device=encoder_device)
-        states = self.encoder(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
+        if self.stream is None:
+            encoder_device = next(self.encoder.parameters()).device
+            input_ids = torch.tensor([ids], dtype=torch.long, device=encoder_device)
+            states = self.encoder(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state
+        else:
+            embeds = self.encoder.shared(torch.tensor([ids], dtype=torch.long)).to(self.device)  # host lookup
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=self.device)
+            try:
+                states = self.encoder(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+            finally:
+                self.stream.reset()  # after an error too: every block back on its host copy, the slots freed
         context = states.new_zeros(1, self.text_len, states.shape[-1])
         context[:, : states.shape[1]] = states
         return context.to(device)

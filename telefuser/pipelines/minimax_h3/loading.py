@@ -9,13 +9,17 @@ its tests run) without them.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ...memory.plan import Placement
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
+from .scheduler import DEFAULT_NUM_STEPS
+from .shapes import OFFICIAL_SHORT_EDGE
 from .text_encoder import (
     SELECTED_LAYER,
     MiniMaxH3TextEncoder,
@@ -28,9 +32,8 @@ from .vae import AudioDecoder, VideoDecoder, random_audio_vae, random_video_vae
 from .vae_checkpoint import load_audio_vae, load_video_vae
 
 RANDOM = "random (no checkpoint)"
-OFFLOADED = ", kept in host memory between prompts"
-ADALN_OFFLOADED = ", AdaLN projections kept in host memory, streamed once per request for its tables"
 TINY_TEXT_LAYERS = 2
+DEFAULT_DURATION = 5.0  # seconds: the official request
 
 
 def resolve_partition(checkpoint: str | Path, partition: str = "FL2VA") -> Path:
@@ -60,19 +63,20 @@ def build_minimax_h3_pipeline(
     attn_impl: str = "sdpa",
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
     show_progress: bool = True,
-    offload_text_encoder: bool = False,
-    offload_adaln: bool = False,
+    placement: Placement | None = None,
     qkv_layout: str | None = None,
     quantization: str = "none",
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
-    `offload_text_encoder` keeps the text encoder in host memory except while it encodes (see `PromptEncoder`).
-    `offload_adaln` keeps the DiT's AdaLN projections in (pinned) host memory: each request's tables are computed
-    from them, one projection on the device at a time (`MiniMaxH3DiT.offload_adaln`; after TP, this rank's slices).
-    `qkv_layout` is passed to the DiT loader (for re-exported single files). `quantization` "fp8" runs the joint
-    blocks' GEMMs in FP8 (`MiniMaxH3DiT.quantize`, applied after TP: each rank quantizes its slices)."""
+    `placement` (a `memory.plan.Placement`; None: everything on `device`) says which layers of the ``text_encoder``,
+    ``adaln`` and ``dit`` stacks stay on the device; the others are put in pinned host memory as they load, one
+    tensor or block at a time, and stream while they run (`PromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
+    `MiniMaxH3DiT.stream_blocks`). `qkv_layout` is passed to the DiT loader (for re-exported single files).
+    `quantization` "fp8" runs the joint blocks' GEMMs in FP8, each block quantized on the device as soon as it is
+    loaded (after TP: each rank quantizes its slices)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    where = Where.of(placement)
     pipe = _build(
         config=config,
         checkpoint=checkpoint,
@@ -83,15 +87,62 @@ def build_minimax_h3_pipeline(
         attn_impl=attn_impl,
         timestep_scale=timestep_scale,
         show_progress=show_progress,
-        offload_text_encoder=offload_text_encoder,
+        where=where,
         qkv_layout=qkv_layout,
+        quantization=quantization,
     )
-    pipe.dit.quantize(quantization)
-    if offload_adaln:
-        moved = pipe.dit.offload_adaln()
-        pipe.adaln_tables = True  # an offloaded DiT needs them for every call
-        pipe.weights["dit"] = f"{pipe.weights['dit']}{ADALN_OFFLOADED} ({moved / 2**30:.2f} GiB on this rank)"
+    dit = pipe.dit
+    if quantization != "none":
+        dit.weights_source = f"{dit.weights_source}, fp8 GEMMs"
+    notes = []
+    if where.adaln is not None:
+        moved = dit.offload_adaln(resident=where.adaln)
+        notes.append(
+            f"AdaLN projections {where.adaln}/{len(dit.blocks)} resident ({moved / 2**30:.2f} GiB in host memory)"
+        )
+    if where.dit is not None:
+        moved = dit.stream_blocks(device, resident=where.dit)
+        notes.append(f"blocks {where.dit}/{len(dit.blocks)} resident, the rest streamed ({moved / 2**30:.2f} GiB)")
+    if dit.adaln_offloaded:
+        pipe.adaln_tables = True  # a DiT without its projections on the device needs them for every call
+    if notes:
+        pipe.weights["dit"] = f"{pipe.weights['dit']}; " + "; ".join(notes)
+    if placement is not None:
+        pipe.weights["placement"] = f"--offload {placement.tier}"
     return pipe
+
+
+@dataclass(frozen=True)
+class Where:
+    """Resident layers of each streamable stack (None: all of it on the device), read off a `Placement`."""
+
+    text_encoder: int | None = None
+    adaln: int | None = None
+    dit: int | None = None
+    vae: bool = False  # the VAEs live in host memory, lent to the device for each decode
+
+    @classmethod
+    def of(cls, placement: Placement | None) -> Where:
+        if placement is None:
+            return cls()
+        layers = (placement.resident_layers(name) for name in ("text_encoder", "adaln", "dit"))
+        return cls(*layers, vae=placement.streams("vae"))
+
+    def lend_vae_to(self, device):
+        return device if self.vae else None
+
+    def finish_block(self, quantization: str):
+        """The loaders' `after_block(model, i)`: quantize block i, then move what streams to host memory."""
+
+        def finish(model, index: int) -> None:
+            model.finish_block(
+                index,
+                quantization=quantization,
+                block_to_host=self.dit is not None and index >= self.dit,
+                adaln_to_host=self.adaln is not None and index >= self.adaln,
+            )
+
+        return finish
 
 
 def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> MiniMaxH3Pipeline:
@@ -101,13 +152,24 @@ def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) 
     (`MINIMAX_H3.attention_impl`) unless `overrides` names the implementation."""
     from telefuser.models.minimax_h3.spec import MINIMAX_H3
 
-    options = MINIMAX_H3.options(
-        args, "config", "checkpoint", "quantization", "offload_text_encoder", "offload_adaln", "qkv_layout"
-    )
+    options = MINIMAX_H3.options(args, "config", "checkpoint", "quantization", "qkv_layout")
     if "attn_impl" not in overrides:
         options["attn_impl"] = MINIMAX_H3.attention_impl(args, runtime)
+    if "placement" not in overrides:
+        options["placement"] = MINIMAX_H3.memory_plan(args, runtime, request_from_args(args)).placement
     launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
     return build_minimax_h3_pipeline(**{**options, **launch, **overrides})
+
+
+def request_from_args(args: argparse.Namespace) -> dict:
+    """The request an entry point's flags describe (`run_t2va.py`'s --duration, --resolution, --aspect-ratio,
+    --steps), with the official request's values for those it lacks: what the memory plan is made for."""
+    return {
+        "duration": getattr(args, "duration", None) or DEFAULT_DURATION,
+        "resolution": getattr(args, "resolution", None) or str(OFFICIAL_SHORT_EDGE),
+        "aspect_ratio": getattr(args, "aspect_ratio", None) or "16:9",
+        "steps": getattr(args, "steps", None) or DEFAULT_NUM_STEPS,
+    }
 
 
 def _build(
@@ -121,8 +183,9 @@ def _build(
     attn_impl,
     timestep_scale,
     show_progress,
-    offload_text_encoder,
+    where: Where,
     qkv_layout,
+    quantization: str,
 ) -> MiniMaxH3Pipeline:
     device = torch.device(device)
     if checkpoint is not None:
@@ -134,8 +197,9 @@ def _build(
             attn_impl=attn_impl,
             timestep_scale=timestep_scale,
             show_progress=show_progress,
-            offload_text_encoder=offload_text_encoder,
+            where=where,
             qkv_layout=qkv_layout,
+            quantization=quantization,
         )
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
@@ -147,26 +211,49 @@ def _build(
         text_config, text_layers = tiny_text_config(hidden_size=int(dit_config.text_dim)), TINY_TEXT_LAYERS
     else:
         text_config, text_layers = official_text_config(), SELECTED_LAYER
-    encoder = MiniMaxH3TextEncoder.random(text_config, num_layers=text_layers, seed=seed, device=device, dtype=dtype)
+    encoder = MiniMaxH3TextEncoder.random(
+        text_config, num_layers=text_layers, seed=seed, device=device, dtype=dtype, host_from=where.text_encoder
+    )
     # on a GPU, draw there: drawing the 33B-parameter official DiT on the host takes minutes
     on_device = device.type == "cuda"
-    dit = build_random_minimax_h3_dit(dit_config, seed, device, dtype, attn_impl=attn_impl, init_on_device=on_device)
+    finish = where.finish_block(quantization)
+    dense = mesh is None or mesh.config.tp_degree == 1  # TP slices after the draw: blocks are finished after it
+    dit = build_random_minimax_h3_dit(
+        dit_config,
+        seed,
+        device,
+        dtype,
+        attn_impl=attn_impl,
+        init_on_device=on_device,
+        after_block=finish if dense else None,
+    )
     Runtime(mesh, device, dtype).parallelize(dit)
+    if not dense:
+        for index in range(len(dit.blocks)):
+            finish(dit, index)
     video_vae = random_video_vae(config, seed=seed, device=device, dtype=dtype, init_on_device=on_device)
     audio_vae = random_audio_vae(config, seed=seed, device=device, init_on_device=on_device)
     tokenizer = load_tokenizer(None)
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(tokenizer, encoder, offload=offload_text_encoder),
-        VideoDecoder(video_vae, f"{video_vae.weights_source}: AutoencoderKLMiniMaxH3 (diffusers)"),
-        AudioDecoder(audio_vae, f"{audio_vae.weights_source}: AutoencoderKLMiniMaxH3Audio (diffusers)"),
+        PromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
+        VideoDecoder(
+            video_vae,
+            f"{video_vae.weights_source}: AutoencoderKLMiniMaxH3 (diffusers)",
+            lend_to=where.lend_vae_to(device),
+        ),
+        AudioDecoder(
+            audio_vae,
+            f"{audio_vae.weights_source}: AutoencoderKLMiniMaxH3Audio (diffusers)",
+            lend_to=where.lend_vae_to(device),
+        ),
         device=device,
         patch_size=tuple(dit_config.patch_size),
         timestep_scale=timestep_scale,
         weights={
             "summary": f"{RANDOM}, {config} sizes",
             "dit": getattr(dit, "weights_source", RANDOM),
-            "text_encoder": RANDOM + (OFFLOADED if offload_text_encoder else ""),
+            "text_encoder": RANDOM + _streamed_note(where.text_encoder, text_layers),
             "tokenizer": tokenizer.description,
             "video_vae": f"{RANDOM}, {config} sizes (diffusers AutoencoderKLMiniMaxH3)",
             "audio_vae": f"{RANDOM}, {config} sizes (diffusers AutoencoderKLMiniMaxH3Audio)",
@@ -184,8 +271,9 @@ def _from_checkpoint(
     attn_impl,
     timestep_scale,
     show_progress,
-    offload_text_encoder: bool,
+    where: Where,
     qkv_layout: str | None,
+    quantization: str,
 ) -> MiniMaxH3Pipeline:
     part = resolve_partition(checkpoint)
     video_vae = load_video_vae(_first_dir(part, "video_vae", "vae"), device=device, dtype=dtype)
@@ -194,8 +282,9 @@ def _from_checkpoint(
 
     tokenizer_dir = next((part / n for n in ("processor", "tokenizer") if (part / n).is_dir()), None)
     tokenizer = load_tokenizer(tokenizer_dir)
-    encoder_device = "cpu" if offload_text_encoder else device  # offloaded: read straight into host memory
-    encoder = MiniMaxH3TextEncoder.from_checkpoint(part / "text_encoder", device=encoder_device, dtype=dtype)
+    encoder = MiniMaxH3TextEncoder.from_checkpoint(
+        part / "text_encoder", device=device, dtype=dtype, host_from=where.text_encoder
+    )
     dit = load_minimax_h3_dit(
         part / "transformer",
         device=device,
@@ -203,14 +292,15 @@ def _from_checkpoint(
         attn_impl=attn_impl,
         qkv_layout=qkv_layout,
         parallelize=Runtime(mesh, device, dtype).parallelize,  # before the read: a TP rank reads only its slices
+        after_block=where.finish_block(quantization),
     )
     config = getattr(dit, "config", None)
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(tokenizer, encoder, offload=offload_text_encoder),
-        VideoDecoder(video_vae, video_vae.weights_source),
-        AudioDecoder(audio_vae, audio_vae.weights_source),
+        PromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
+        VideoDecoder(video_vae, video_vae.weights_source, lend_to=where.lend_vae_to(device)),
+        AudioDecoder(audio_vae, audio_vae.weights_source, lend_to=where.lend_vae_to(device)),
         device=device,
         patch_size=patch_size,
         timestep_scale=timestep_scale,
@@ -218,10 +308,16 @@ def _from_checkpoint(
             "summary": str(part),
             "dit": f"{part / 'transformer'} ({getattr(dit, 'checkpoint_layout', 'layout not recorded')})",
             "text_encoder": f"{part / 'text_encoder'} (first {SELECTED_LAYER} language layers)"
-            + (OFFLOADED if offload_text_encoder else ""),
+            + _streamed_note(where.text_encoder, SELECTED_LAYER),
             "tokenizer": tokenizer.description,
             "video_vae": video_vae.weights_source,
             "audio_vae": audio_vae.weights_source,
         },
         show_progress=show_progress,
     )
+
+
+def _streamed_note(resident: int | None, layers: int) -> str:
+    if resident is None:
+        return ""
+    return f", layers {resident}/{layers} resident, the rest streamed from host memory per prompt"

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
-from telefuser.profiling.timing import Stopwatch, peak_memory, reset_peak_memory, synchronize
+from telefuser.profiling.timing import MemoryPeaks, Stopwatch, peak_memory, reset_peak_memory, synchronize
 
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
@@ -82,6 +82,7 @@ class MiniMaxH3Result:
     fps: int = FPS
     sample_rate: int = AUDIO_SAMPLE_RATE
     feature_cache: object | None = None  # the hook that ran (e.g. a calibrator to save), not part of metrics()
+    stage_peak_bytes: dict | None = None  # on CUDA: {"allocated"|"reserved": {stage: bytes}} (text, tables, ...)
 
     def metrics(self) -> dict:
         """Everything worth recording about the run, JSON-serializable."""
@@ -97,6 +98,7 @@ class MiniMaxH3Result:
                 "bytes": self.peak_memory_bytes,
                 "gib": self.peak_memory_bytes / 2**30,
                 "kind": self.peak_memory_kind,
+                "stages": self.stage_peak_bytes or {},
             },
             "dit_calls": {"computed": self.dit_calls_computed, "skipped": self.dit_calls_skipped},
             "weights": dict(self.weights),
@@ -204,14 +206,19 @@ class MiniMaxH3Pipeline:
         reset_peak_memory(device)
         synchronize(device)
         started = time.perf_counter()
+        stages = MemoryPeaks(device)  # the peaks the memory plan's stages are checked against
         with Stopwatch(device) as sw:
             text = self.prompt_encoder(prompt, device)
         timings.text_encode_s = sw.seconds
+        stages.mark("text")
         video, audio = initial_noise(shape, seed, device)
-        video, audio = self._denoise(schedule, video, audio, text, cache, hooks, timings)
+        video, audio = self._denoise(schedule, video, audio, text, cache, hooks, timings, stages)
         frames, waveform = self._decode(video, audio, timings)
+        stages.mark("decode")
         timings.pipeline_s = time.perf_counter() - started
         peak_bytes, peak_kind = peak_memory(device)
+        if stages.allocated:
+            peak_bytes, peak_kind = max(stages.allocated.values()), "cuda_max_memory_allocated"
 
         stats = cache.stats() if cache is not None else {"computed": schedule.num_dit_calls, "skipped": 0}
         request = {
@@ -242,14 +249,16 @@ class MiniMaxH3Pipeline:
             video_latents=video.float().cpu(),
             audio_latents=audio.float().cpu(),
             feature_cache=cache,
+            stage_peak_bytes=stages.as_dict(),
         )
 
-    def _denoise(self, schedule: FlowSchedule, video, audio, text, cache, hooks: StepHooks, timings):
+    def _denoise(self, schedule: FlowSchedule, video, audio, text, cache, hooks: StepHooks, timings, stages):
         """Every DiT call of the schedule, timed one by one, with the hooks around each."""
         device, total = self.device, schedule.num_dit_calls
         with Stopwatch(device) as sw:
             adaln = self._precompute_adaln(schedule, video.shape[0])
         timings.adaln_tables_s = sw.seconds
+        stages.mark("tables")
         try:
             bar = tqdm(range(total), desc="MiniMax H3 DiT", unit="call", disable=not self._progress_on_this_rank())
             for step in bar:
@@ -262,6 +271,7 @@ class MiniMaxH3Pipeline:
         finally:
             if adaln is not None:
                 adaln.clear()  # the request's tables go with it, also on an error or a cancel
+        stages.mark("denoise")
         timings.dit_total_s = sum(timings.dit_step_s)
         return video, audio
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..host_offload import HostResident
+from ...memory.host import to_host
+from ...memory.streaming import StreamedLayers
 
 SELECTED_LAYER = 50
 OFFICIAL_TEXT_DIM = 5120
@@ -102,22 +103,25 @@ class MiniMaxH3TextEncoder(nn.Module):
         seed: int = 0,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
+        host_from: int | None = None,
     ) -> MiniMaxH3TextEncoder:
-        """Deterministic random weights, allocated directly on `device` (no host copy of a large model)."""
+        """Deterministic random weights, drawn on `device` one tensor at a time (no host copy of a large model).
+        `host_from`: the token embedding and layers ``host_from:`` go to host memory as they are drawn (the
+        encoder then streams them: `PromptEncoder(streamed_from=...)`)."""
         from accelerate import init_empty_weights
 
         with init_empty_weights():
             encoder = cls(config, num_layers)
         device = torch.device(device)
-        encoder.to(dtype=dtype).to_empty(device=device)  # cast while still on meta: no fp32 copy is ever allocated
         generator = torch.Generator(device=device).manual_seed(seed)
         std = float(getattr(config, "initializer_range", 0.02))
-        with torch.no_grad():
-            for name, param in encoder.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.fill_(1.0)
-                else:
-                    param.copy_(torch.randn(param.shape, generator=generator, device=device) * std)
+        for name, param in encoder.model.named_parameters():
+            if name.endswith("norm.weight"):
+                value = torch.ones(param.shape, device=device, dtype=dtype)
+            else:
+                value = (torch.randn(param.shape, generator=generator, device=device) * std).to(dtype)
+            value = to_host(value) if on_host(name, host_from) else value
+            encoder.model.load_state_dict({name: value}, strict=False, assign=True)
         _reset_rotary(encoder, device)
         return encoder.eval()
 
@@ -129,8 +133,10 @@ class MiniMaxH3TextEncoder(nn.Module):
         num_layers: int = SELECTED_LAYER,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.bfloat16,
+        host_from: int | None = None,
     ) -> MiniMaxH3TextEncoder:
-        """Load the first `num_layers` language layers of a full Qwen3-VL checkpoint folder."""
+        """Load the first `num_layers` language layers of a full Qwen3-VL checkpoint folder, one tensor at a time;
+        `host_from` as in `random`."""
         from accelerate import init_empty_weights
         from transformers import Qwen3VLConfig
 
@@ -141,10 +147,21 @@ class MiniMaxH3TextEncoder(nn.Module):
         with init_empty_weights():
             encoder = cls(config, num_layers)
         wanted = encoder.model.state_dict().keys()
-        state = _read_language_tensors(path, wanted, device=device, dtype=dtype)
+        state = _read_language_tensors(path, wanted, device=device, dtype=dtype, host_from=host_from)
         encoder.model.load_state_dict(state, strict=True, assign=True)
         _reset_rotary(encoder, device)
-        return encoder.to(device=device).eval()
+        return encoder.eval()
+
+
+def on_host(name: str, host_from: int | None) -> bool:
+    """Whether `Qwen3VLTextModel` tensor `name` lives in host memory when layers ``host_from:`` stream: those
+    layers and the token embedding (looked up on the host)."""
+    if host_from is None:
+        return False
+    if name.startswith("embed_tokens."):
+        return True
+    parts = name.split(".")
+    return parts[0] == "layers" and int(parts[1]) >= host_from
 
 
 def _reset_rotary(encoder: MiniMaxH3TextEncoder, device: str | torch.device) -> None:
@@ -155,7 +172,7 @@ def _reset_rotary(encoder: MiniMaxH3TextEncoder, device: str | torch.device) -> 
 
 
 def _read_language_tensors(
-    folder: Path, wanted, *, device: str | torch.device, dtype: torch.dtype
+    folder: Path, wanted, *, device: str | torch.device, dtype: torch.dtype, host_from: int | None = None
 ) -> dict[str, torch.Tensor]:
     """Read only the tensors `wanted` (Qwen3VLTextModel names) from the shards, mapping checkpoint prefixes."""
     from safetensors import safe_open
@@ -171,7 +188,8 @@ def _read_language_tensors(
                     continue
                 name = key[len(prefix) :]
                 if name in wanted:
-                    state[name] = handle.get_tensor(key).to(device=device, dtype=dtype)
+                    tensor = handle.get_tensor(key).to(dtype=dtype)
+                    state[name] = to_host(tensor) if on_host(name, host_from) else tensor.to(device)
     missing = sorted(wanted - state.keys())
     if missing:
         raise ValueError(
@@ -211,11 +229,15 @@ def _detect_prefix(shards: list[Path]) -> str:
 class PromptEncoder:
     """Tokenizer + text encoder: a prompt to the DiT's text conditioning [1, L, text_dim].
 
-    `offload=True` keeps the encoder in host memory between prompts (`HostResident`): the official encoder is about
-    50 GB, and it runs once per request while the DiT needs the GPU memory for the rest of it.
+    `streamed_from`: layers ``streamed_from:`` live in pinned host memory and stream to the device one at a time
+    while a prompt is encoded (`StreamedLayers`), and the token embedding is looked up on the host: the official
+    encoder is 47 GiB and runs once per request, while the DiT needs the device for the rest of it. None: the
+    whole encoder stays on its device.
     """
 
-    def __init__(self, tokenizer, encoder: MiniMaxH3TextEncoder, *, offload: bool = False) -> None:
+    def __init__(
+        self, tokenizer, encoder: MiniMaxH3TextEncoder, *, streamed_from: int | None = None, device=None
+    ) -> None:
         if tokenizer.vocab_size > encoder.vocab_size:
             raise ValueError(
                 f"tokenizer vocabulary ({tokenizer.vocab_size}) is larger than the text encoder's "
@@ -223,11 +245,15 @@ class PromptEncoder:
             )
         self.tokenizer = tokenizer
         self.encoder = encoder
-        self._host_resident = HostResident(encoder) if offload else None
+        self.stream = None
+        if streamed_from is not None:
+            model = encoder.model
+            model.embed_tokens.weight.data = to_host(model.embed_tokens.weight.data)
+            self.stream = StreamedLayers(model.layers, device, resident=streamed_from, keep_slots=False).attach()
 
     @property
     def offload(self) -> bool:
-        return self._host_resident is not None
+        return self.stream is not None
 
     @property
     def hidden_size(self) -> int:
@@ -239,8 +265,13 @@ class PromptEncoder:
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise ValueError(f"prompt {prompt!r} produced no tokens")
-        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-        if self._host_resident is None:
-            return self.encoder(input_ids)
-        with self._host_resident.on(device) as encoder:
-            return encoder(input_ids)
+        if self.stream is None:
+            return self.encoder(torch.tensor([ids], dtype=torch.long, device=device))
+        model = self.encoder.model
+        embeds = model.embed_tokens(torch.tensor([ids], dtype=torch.long)).to(device)  # the table stays on the host
+        try:
+            with torch.no_grad():
+                out = model(inputs_embeds=embeds, attention_mask=torch.ones(embeds.shape[:2], device=device))
+            return out.last_hidden_state
+        finally:
+            self.stream.reset()  # after an error too: every layer back on its host copy, the slots freed

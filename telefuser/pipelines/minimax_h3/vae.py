@@ -7,8 +7,13 @@ weights, at ``tiny`` or ``official`` size, and say so; loading from files is `va
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
+
+from telefuser.memory.host import HostResident
 
 from telefuser.models.checkpoint_io import RANDOM_WEIGHTS, fill_random, finish_loading
 
@@ -48,13 +53,28 @@ TINY_AUDIO_VAE = {  # two stages and one AMP block per stage: CPU cost is per op
 _IDENTITY_AUDIO_STATS = {"latents_mean": [0.0] * 32, "latents_std": [1.0] * 32}
 
 
-class VideoDecoder(nn.Module):
-    """Normalized latents [B, 24, T, h, w] -> RGB [B, 3, F, 16h, 16w] in [0, 1], float32, F = 17n + 5."""
+class _Decoder(nn.Module):
+    """A VAE that decodes where its weights are, or, with `lend_to`, lives in pinned host memory and is lent to that
+    device for each decode (`memory.host.HostResident`: the offload tiers' VAE)."""
 
-    def __init__(self, vae, description: str) -> None:
+    def __init__(self, vae, description: str, lend_to: torch.device | str | None = None) -> None:
         super().__init__()
         self.vae = vae
-        self.description = description
+        self.description = description + ("" if lend_to is None else ", kept in host memory between decodes")
+        self._lend_to = None if lend_to is None else torch.device(lend_to)
+        self._resident = None if lend_to is None else HostResident(vae)
+
+    @contextmanager
+    def _on_device(self) -> Iterator[torch.device]:
+        if self._resident is None:
+            yield next(self.vae.parameters()).device
+            return
+        with self._resident.on(self._lend_to):
+            yield self._lend_to
+
+
+class VideoDecoder(_Decoder):
+    """Normalized latents [B, 24, T, h, w] -> RGB [B, 3, F, 16h, 16w] in [0, 1], float32, F = 17n + 5."""
 
     @torch.no_grad()
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
@@ -63,7 +83,11 @@ class VideoDecoder(nn.Module):
             raise ValueError(
                 f"video latents must be [B, {config.latent_channels}, T, h, w], got {tuple(latents.shape)}"
             )
-        device = self.vae.post_quant_conv.weight.device
+        with self._on_device() as device:
+            return self._decode(latents, device)
+
+    def _decode(self, latents: torch.Tensor, device: torch.device) -> torch.Tensor:
+        config = self.vae.config
         mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1, 1, 1)
         std = torch.tensor(config.latents_std, device=device).view(1, -1, 1, 1, 1)
         video = self.vae.decode(latents.to(device, torch.float32) * std + mean, return_dict=False)[0]
@@ -72,18 +96,16 @@ class VideoDecoder(nn.Module):
         return (video.float() * pixel_std + pixel_mean).clamp(0, 1)
 
 
-class AudioDecoder(nn.Module):
+class AudioDecoder(_Decoder):
     """DiT audio tokens [B, 32, 2T] (left channel's T, then right's; normalized) -> stereo [B, 2, T * 800] fp32."""
-
-    def __init__(self, vae, description: str) -> None:
-        super().__init__()
-        self.vae = vae
-        self.description = description
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        with self._on_device() as device:
+            return self._decode(tokens, device)
+
+    def _decode(self, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
         config = self.vae.config
-        device = self.vae.dec_in_proj.weight.device
         mono = split_stereo_tokens(tokens.to(device, torch.float32))
         mean = torch.tensor(config.latents_mean, device=device).view(1, -1, 1)
         std = torch.tensor(config.latents_std, device=device).view(1, -1, 1)

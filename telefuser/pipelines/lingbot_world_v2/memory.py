@@ -1,0 +1,251 @@
+"""LingBot-World v2's memory workload: sessions on one rank, as `memory.plan` weighs them.
+
+Weights are counted from the modules themselves, built on the meta device: the DiT (its blocks in FP8 where
+`--quantization fp8` puts them), the umT5 encoder, the Wan VAE. A session holds its KV window (the layout its attention
+implementation keeps: bf16, FP8 keys for ``cudnn_fp8``, the ``sage_sm90`` window) and its latents; a service holds
+`request["sessions"]` of them. The per-chunk terms are formulas over the session's shape, calibrated against measured
+peaks (serving/README.md and docs/perf).
+
+Stacks: ``dit`` (its blocks stream in the block tier), ``text_encoder`` (umT5: once per session; its token embedding
+is looked up on the host once offloaded), ``vae`` (never streamed). Stages: ``text``, ``condition`` (the VAE encode
+of the reference image), ``chunk`` (the DiT forwards), ``decode``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ...memory.plan import Stack, Stage, Workload
+from .request import DEFAULT_FPS, DEFAULT_NUM_FRAMES, plan_session
+
+# One chunk's forward: ACTIVATION_ROW_FACTOR x dim elements per query row on a rank. Calibrated: the official 832x480
+# session peaked 1.7 GiB above its weights and KV window on the H200 (29 elements a row; serving/README.md).
+ACTIVATION_ROW_FACTOR = 32
+# The Wan VAE's full-resolution float32 feature maps held at once by an encode or a decode, x base_dim channels.
+VAE_FEATURE_MAPS = 24
+LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
+TEXT_TOKENS = 512
+FP8_LINEARS = (  # LingBotWorldV2DiT.FP8_LINEARS
+    "self_attn.q",
+    "self_attn.k",
+    "self_attn.v",
+    "self_attn.o",
+    "cross_attn.q",
+    "cross_attn.o",
+    "ffn.0",
+    "ffn.2",
+)
+
+
+def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
+    """`request` ({resolution, num_frames, fps, sessions}) with the LingBot flags in `args` on one rank of `parallel`,
+    the DiT and text encoder in `dtype`."""
+    from ...models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
+
+    size = _size(args)
+    quantization = LINGBOT_WORLD_V2.option(args, "quantization")
+    attn_impl = LINGBOT_WORLD_V2.option(args, "attn_impl")
+    vae_dtype = getattr(torch, LINGBOT_WORLD_V2.option(args, "vae_dtype"))
+    ulysses = parallel.ulysses_degree
+    element = torch.empty((), dtype=dtype).element_size()
+    vae_element = torch.empty((), dtype=vae_dtype).element_size()
+    config = _dit_config(size)
+    dit = _dit_bytes(size, element, quantization)
+    text = _text_encoder_bytes(size, element)
+
+    plan = plan_session(
+        resolution=request["resolution"],
+        num_frames=int(request.get("num_frames", DEFAULT_NUM_FRAMES)),
+        fps=float(request.get("fps", DEFAULT_FPS)),
+    )
+    sessions = int(request.get("sessions", 1))
+    local_channels = config.dim // ulysses  # heads / U x head_dim
+    window = config.local_attn_size if config.local_attn_size > 0 else plan.latent_frames  # -1: the whole session
+    window_rows = max(window, plan.chunk_latent_frames) * plan.tokens_per_frame
+    kv = config.num_layers * window_rows * local_channels * window_element_bytes(attn_impl, element)
+    cross = 2 * config.num_layers * config.text_len * local_channels * element
+    grid = plan.latent_frames * plan.latent_height * plan.latent_width
+    rows = plan.chunk_latent_frames * plan.tokens_per_frame
+    pixels = plan.width * plan.height
+    base_dim = _vae_base_dim(size)
+    frames = max(plan.frames_per_chunk)
+    vae_maps = VAE_FEATURE_MAPS * pixels * base_dim * vae_element
+
+    title = (
+        f"LingBot-World v2 {plan.width}x{plan.height}, {sessions} session(s)"
+        f" ({_label(size)}, {str(dtype).removeprefix('torch.')}{', fp8 GEMMs' if quantization == 'fp8' else ''},"
+        f" attention {attn_impl}, ulysses {ulysses})"
+    )
+    cuda_graphs = LINGBOT_WORLD_V2.option(args, "cuda_graphs")
+    refused = {}
+    if cuda_graphs == "on":
+        refused["block"] = "CUDA graphs cannot replay streamed blocks; pass --cuda-graphs off (or auto)"
+    return Workload(
+        title=title,
+        stacks=(
+            Stack("dit", fixed=dit["fixed"], layer=dit["block"], count=config.num_layers),
+            Stack(
+                "text_encoder",
+                fixed=text["fixed"],
+                layer=text["layer"],
+                count=text["count"],
+                per_request=True,
+                fixed_offloads=True,
+            ),
+            Stack("vae", fixed=_vae_bytes(size, vae_element)),
+        ),
+        held={
+            "kv windows": sessions * (kv + cross),
+            "latents": sessions * (LATENT_CHANNELS + CONDITION_CHANNELS) * grid * 4,
+        },
+        stages=(
+            Stage("text", uses=("text_encoder",), transient={"prompt activations": _prompt_bytes(size, element)}),
+            Stage("condition", uses=("vae",), transient={"encode": vae_maps}),
+            Stage(
+                "chunk",
+                uses=("dit",),
+                transient={"activations": -(-rows // ulysses) * ACTIVATION_ROW_FACTOR * config.dim * element},
+            ),
+            Stage("decode", uses=("vae",), transient={"decode": vae_maps + frames * pixels * 3 * 5}),
+        ),
+        refused_tiers=refused,
+    )
+
+
+def window_element_bytes(attn_impl: str, element: int) -> int:
+    """Bytes of one key and one value element in a session's window (kv_cache.WindowBuffers): both in the model's
+    dtype; e4m3 keys for ``cudnn_fp8``; int8 keys, e4m3 values and the keys in the model's dtype for ``sage_sm90``."""
+    if attn_impl == "cudnn_fp8":
+        return 1 + element
+    if attn_impl == "sage_sm90":
+        return 1 + 1 + element
+    return 2 * element
+
+
+def alternatives(args, parallel, dtype: torch.dtype, request: Mapping) -> list[tuple[str, Workload]]:
+    """What a refusal may suggest: FP8 GEMMs (with FP8 keys), twice the Ulysses degree (it splits the KV window by
+    heads), fewer sessions, a 416x240 canvas."""
+    import argparse
+
+    from ...distributed.mesh import ParallelConfig
+
+    out = []
+    if getattr(args, "quantization", "none") != "fp8":
+        fp8 = argparse.Namespace(**{**vars(args), "quantization": "fp8", "attn_impl": "cudnn_fp8"})
+        out.append(("--quantization fp8 --attn-impl cudnn_fp8", workload(fp8, parallel, dtype, request)))
+    config = _dit_config(_size(args))
+    ulysses = parallel.ulysses_degree * 2
+    if config.num_heads % ulysses == 0:
+        wider = ParallelConfig(ulysses_degree=ulysses, tp_degree=1)
+        out.append((f"--ulysses-degree {ulysses} ({ulysses} GPUs)", workload(args, wider, dtype, request)))
+    if int(request.get("sessions", 1)) > 1:
+        out.append(("--max-sessions 1", workload(args, parallel, dtype, {**request, "sessions": 1})))
+    if str(request.get("resolution")) != "416x240":
+        out.append(("--resolution 416x240", workload(args, parallel, dtype, {**request, "resolution": "416x240"})))
+    return out
+
+
+def _size(args) -> str:
+    from ...models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
+
+    checkpoint = LINGBOT_WORLD_V2.option(args, "checkpoint")
+    return str(checkpoint) if checkpoint is not None else LINGBOT_WORLD_V2.option(args, "config")
+
+
+def _label(size: str) -> str:
+    return size if size in ("tiny", "official") else "checkpoint"
+
+
+@functools.lru_cache(maxsize=16)
+def _dit_config(size: str):
+    from ...models.lingbot_world_v2.config import LingBotWorldV2Config
+    from .loading import TINY_WINDOW
+
+    if size == "tiny":
+        return LingBotWorldV2Config.tiny(**TINY_WINDOW)
+    if size == "official":
+        return LingBotWorldV2Config()
+    from ...models.lingbot_world_v2.checkpoint import V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE, find_checkpoint
+    from .loading import DIFFUSERS_SUBDIRS, DIT_SUBDIR, is_diffusers_layout
+
+    root = Path(size)
+    dit = root / DIFFUSERS_SUBDIRS["dit"] if is_diffusers_layout(root) else root / DIT_SUBDIR
+    _, config_path = find_checkpoint(dit if dit.is_dir() else root)
+    return LingBotWorldV2Config.from_json(config_path).with_window(V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE)
+
+
+@functools.lru_cache(maxsize=16)
+def _dit_bytes(size: str, element: int, quantization: str) -> dict[str, int]:
+    """Bytes of the non-block tensors (`fixed`) and of one block (`block`), in the dtypes they run in."""
+    from ...models.lingbot_world_v2.dit import LingBotWorldV2DiT, keeps_fp32
+
+    with torch.device("meta"):
+        model = LingBotWorldV2DiT(_dit_config(size))
+    out = {"fixed": 0, "block": 0}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        module, _, leaf = name.rpartition(".")
+        fp8 = (
+            quantization == "fp8"
+            and module.count(".") >= 2
+            and module.startswith("blocks.")
+            and module.split(".", 2)[2] in FP8_LINEARS
+        )
+        if keeps_fp32(name):
+            size_bytes = 4 * tensor.numel()
+        elif fp8 and leaf == "weight":
+            size_bytes = tensor.numel() + 4 * tensor.shape[0]
+        else:
+            size_bytes = element * tensor.numel()
+        if name.startswith("blocks.0."):
+            out["block"] += size_bytes
+        elif not name.startswith("blocks."):
+            out["fixed"] += size_bytes
+    return out
+
+
+def _text_config(size: str) -> dict:
+    from .text_encoder import OFFICIAL_UMT5, tiny_umt5_config
+
+    return tiny_umt5_config(int(_dit_config("tiny").text_dim)) if size == "tiny" else dict(OFFICIAL_UMT5)
+
+
+@functools.lru_cache(maxsize=16)
+def _text_encoder_bytes(size: str, element: int) -> dict[str, int]:
+    """umT5's non-block tensors (`fixed`: the tied token embedding, the final norm), one block, how many blocks."""
+    from accelerate import init_empty_weights
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with init_empty_weights():
+        model = UMT5EncoderModel(UMT5Config(**_text_config(size)))
+    model.tie_weights()  # the token embedding is one tensor, counted once
+    layer = sum(p.numel() for p in model.encoder.block[0].parameters()) * element
+    total = sum(p.numel() for p in model.parameters()) * element  # tied weights are listed once
+    count = len(model.encoder.block)
+    return {"fixed": total - count * layer, "layer": layer, "count": count}
+
+
+def _prompt_bytes(size: str, element: int) -> int:
+    config = _text_config(size)
+    return TEXT_TOKENS * (4 * config["d_model"] + 3 * config["d_ff"]) * element
+
+
+def _vae_base_dim(size: str) -> int:
+    from .vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
+
+    return int((TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG)["base_dim"])
+
+
+@functools.lru_cache(maxsize=16)
+def _vae_bytes(size: str, element: int) -> int:
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKLWan
+
+    from .vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
+
+    with init_empty_weights():
+        model = AutoencoderKLWan(**(TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG))
+    return sum(p.numel() for p in model.parameters()) * element
