@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from telefuser.memory.plan import Placement
 from telefuser.models.minimax_h3 import (
     AdaLNTables,
     MiniMaxH3Config,
@@ -144,7 +145,7 @@ def _pipeline(**kwargs):
     from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
 
     pipe = build_minimax_h3_pipeline(config="tiny", device="cpu", dtype=torch.float32, show_progress=False, **kwargs)
-    if not kwargs.get("offload_adaln"):
+    if kwargs.get("placement") is None:
         assert not pipe.adaln_tables  # opt-in: off by default
         pipe.adaln_tables = True
     pipe.video_decoder = pipe.audio_decoder = _NoDecode()
@@ -155,6 +156,8 @@ def _pipeline(**kwargs):
 
 
 REQUEST = {"duration": 0.9, "resolution": 32, "aspect_ratio": "16:9", "steps": 5, "seed": 3}
+# the model tier's AdaLN placement alone: every projection in host memory, streamed for the tables
+ADALN_OFFLOADED = Placement("model", {"dit": 2, "adaln": 0, "text_encoder": 2, "vae": 0}, frozenset({"adaln"}))
 
 
 def test_pipeline_latents_with_tables_equal_those_without_also_offloaded():
@@ -164,9 +167,9 @@ def test_pipeline_latents_with_tables_equal_those_without_also_offloaded():
     pipe.adaln_tables = False
     without = pipe("a fox in snow", **REQUEST)
     assert len(made) == 1
-    offloaded, made_offloaded = _pipeline(offload_adaln=True)
+    offloaded, made_offloaded = _pipeline(placement=ADALN_OFFLOADED)
     assert offloaded.adaln_tables  # turned on by the offload, which needs them
-    assert offloaded.dit.adaln_offloaded and "AdaLN projections kept in host memory" in offloaded.weights["dit"]
+    assert offloaded.dit.adaln_offloaded and "AdaLN projections 0/2 resident" in offloaded.weights["dit"]
     streamed = offloaded("a fox in snow", **REQUEST)
     assert len(made_offloaded) == 1
     for result in (with_tables, streamed):

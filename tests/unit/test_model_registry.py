@@ -59,8 +59,8 @@ def test_a_flag_shared_by_two_models_is_checked_against_the_chosen_ones(monkeypa
     from tests.stand_in_model.spec import STAND_IN
 
     monkeypatch.setitem(registry.MODELS, STAND_IN.name, STAND_IN)
-    args = build_parser().parse_args(["serve", "--model", "stand_in", "--offload-adaln"])
-    with pytest.raises(SystemExit, match=r"--offload-adaln is not a flag of --model stand_in \(its flags: --tint\)"):
+    args = build_parser().parse_args(["serve", "--model", "stand_in", "--qkv-layout", "stacked"])
+    with pytest.raises(SystemExit, match=r"--qkv-layout is not a flag of --model stand_in \(its flags: --tint\)"):
         chosen_spec(args, service="video", command="serve")
     args = build_parser().parse_args(["serve", "--model", "stand_in"])
     assert chosen_spec(args, service="video", command="serve") is STAND_IN and args.tint == "grey"

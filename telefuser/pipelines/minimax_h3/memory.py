@@ -199,6 +199,7 @@ def _text_encoder_bytes(size: str, element: int) -> dict[str, int]:
         encoder = MiniMaxH3TextEncoder(config, layers)
     layer = sum(p.numel() for p in encoder.model.layers[0].parameters()) * element
     total = sum(p.numel() for p in encoder.parameters()) * element
+    total += sum(b.numel() * b.element_size() for b in encoder.buffers())  # the rotary tables (float32)
     return {"fixed": total - layers * layer, "layer": layer, "count": layers}
 
 
@@ -222,7 +223,8 @@ def _vae_bytes(size: str, element: int) -> int:
     pinned = getattr(video, "_keep_in_fp32_modules", None)
     total = sum(p.numel() * (4 if keeps_fp32(n, pinned) else element) for n, p in video.named_parameters())
     audio = build_empty(AutoencoderKLMiniMaxH3Audio, dict(TINY_AUDIO_VAE) if size == "tiny" else {})
-    return total + 4 * sum(p.numel() for p in audio.parameters())
+    buffers = [*video.buffers(), *audio.buffers()]  # computed tables, in the dtype they were made in
+    return total + 4 * sum(p.numel() for p in audio.parameters()) + sum(b.numel() * b.element_size() for b in buffers)
 
 
 def alternatives(args, parallel, dtype: torch.dtype, request: Mapping) -> list[tuple[str, Workload]]:
