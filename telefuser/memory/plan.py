@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 
 GIB = 1 << 30
 TIERS = ("none", "model", "block")
@@ -68,7 +67,7 @@ class Stage:
     transient: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
-        object.__setattr__(self, "transient", MappingProxyType(dict(self.transient)))
+        object.__setattr__(self, "transient", dict(self.transient))  # a copy: plain data, picklable
 
 
 @dataclass(frozen=True)
@@ -82,8 +81,8 @@ class Workload:
     refused_tiers: Mapping[str, str] = field(default_factory=dict)  # tier -> why this launch cannot use it
 
     def __post_init__(self):
-        object.__setattr__(self, "held", MappingProxyType(dict(self.held)))
-        object.__setattr__(self, "refused_tiers", MappingProxyType(dict(self.refused_tiers)))
+        object.__setattr__(self, "held", dict(self.held))  # copies: plain data, picklable (ranks agree on plans)
+        object.__setattr__(self, "refused_tiers", dict(self.refused_tiers))
         names = [s.name for s in self.stacks]
         unknown = {u for stage in self.stages for u in stage.uses} - set(names)
         if unknown or len(set(names)) != len(names):
@@ -107,7 +106,7 @@ class Placement:
     offloaded: frozenset[str] = frozenset()
 
     def __post_init__(self):
-        object.__setattr__(self, "resident", MappingProxyType(dict(self.resident)))
+        object.__setattr__(self, "resident", dict(self.resident))
 
     def streams(self, name: str) -> bool:
         return name in self.offloaded
