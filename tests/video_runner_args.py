@@ -19,6 +19,7 @@ def tiny_runner_args(**overrides) -> argparse.Namespace:
         size_default=None,
         seconds_default=None,
         served_model_name="MiniMax-H3",
-        offload_text_encoder=False,
+        offload="auto",
+        gpu_memory_gb=None,
     )
     return argparse.Namespace(**{**base, **overrides})

@@ -103,7 +103,7 @@ def tiny_runner():
     """The real MiniMax H3 pipeline, tiny random weights, CPU, built the way `telefuser serve` builds it."""
     from telefuser.serving.video.minimax import build_minimax_runner
 
-    runner = build_minimax_runner(tiny_runner_args(offload_text_encoder=True))
+    runner = build_minimax_runner(tiny_runner_args())
     yield runner
     runner.close()
 

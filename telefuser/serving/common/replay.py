@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .out_of_memory import free_cached_memory, is_out_of_memory, what_ran_out
+
 log = logging.getLogger("telefuser.serving")
 
 
@@ -46,7 +48,11 @@ class Leader:
             handle = self._next_handle
             self._next_handle += 1
             self._send(("make", handle, kind, args))
-            return Replayed(self, handle, local())
+            try:
+                return Replayed(self, handle, local())
+            except BaseException:  # e.g. out of memory here: the followers made theirs, which must not hold memory
+                self._send(("close", handle))
+                raise
 
     def share(self, value: Any) -> Any:
         """Hand the followers a value decided during a call (their `receive()`); only inside a replayed call."""
@@ -100,28 +106,40 @@ class Replayed:
         self._leader._replay(("close", self.handle), self.local.close)
 
 
+class LeaderLeftCall(RuntimeError):
+    """Rank 0 sent its next message where this rank waited for a shared value: the call failed there (out of memory,
+    say). The follower ends its own call and runs that message next."""
+
+
 class Follower:
     """A follower rank's side: replays rank 0's calls until it broadcasts stop."""
 
     def __init__(self, group):
         self._group = group
+        self._pending: tuple | None = None  # a message `receive()` got instead of a shared value
 
     def receive(self) -> Any:
         """The value rank 0 shares next (`Leader.share`), from inside the call being replayed."""
         message = _broadcast(None, self._group)
         if message[0] != "share":
-            raise RuntimeError(f"follower: expected the value rank 0 shares, got {message[0]!r}")
+            self._pending = message
+            raise LeaderLeftCall(f"rank 0 left the call ({message[0]!r} came where a shared value was expected)")
         return message[1]
+
+    def _next(self) -> tuple:
+        message, self._pending = self._pending, None
+        return message if message is not None else _broadcast(None, self._group)
 
     def follow(self, makers: Mapping[str, Callable[..., Any]]) -> int:
         """Replay until stop; returns the number of calls run (pings, shared values and stop are not calls).
 
         A call that fails here is logged and the loop goes on (rank 0 decides what the client sees); an object whose
-        making failed is skipped for its later calls."""
+        making failed is skipped for its later calls, and values rank 0 shares inside a call that failed here are
+        skipped too. What that means when one rank runs out of memory: serving/README.md."""
         objects: dict[int, Any] = {}
         calls = 0
         while True:
-            message = _broadcast(None, self._group)
+            message = self._next()
             op = message[0]
             if op == "stop":
                 for handle, obj in objects.items():  # rank 0 closes before stopping; this is a safety net
@@ -130,6 +148,9 @@ class Follower:
                         _quietly(obj.close)
                 return calls
             if op == "ping":
+                continue
+            if op == "share":  # for a call that failed on this rank and goes on on rank 0
+                log.debug("follower: skipped a value shared inside a call that failed here")
                 continue
             calls += 1
             handle = message[1]
@@ -152,8 +173,16 @@ def _unknown(kind: str) -> None:
 
 
 def _quietly(fn, *args) -> Any:
+    name = getattr(fn, "__qualname__", fn)
     try:
         return fn(*args)
-    except Exception:
-        log.exception("follower: %s failed", getattr(fn, "__qualname__", fn))
+    except LeaderLeftCall as exc:
+        log.info("follower: %s ended: %s", name, exc)
         return None
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            log.exception("follower: %s failed", name)
+            return None
+        log.error("follower: %s ran out of memory: %s", name, what_ran_out(exc))
+    free_cached_memory()  # after the except block, which held the call's tensors through the traceback
+    return None

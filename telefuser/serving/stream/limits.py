@@ -13,6 +13,7 @@ from ..common.memory_budget import available_memory, gib
 from .contract import parse_resolution
 
 STREAM_SECONDS = 600  # the longest session, in seconds of video at the model's frame rate
+POOL = "session_memory_budget_bytes"  # the memory all open sessions' estimates share
 IMAGE_PIXELS = 40_000_000  # a 40-megapixel photo: 120 MB decoded; the image is resized to the canvas anyway
 
 
@@ -49,9 +50,12 @@ def derive_stream_limits(
             budget.bytes // max_sessions,
             f"device: {budget.source} / {max_sessions} session slot(s)",
         )
+        # All open sessions together; it binds only when --max-session-memory-gib promises more than a slot's share.
+        pool = Limit(POOL, budget.bytes, "measured at start-up", f"device: {budget.source}")
     else:
         memory = Limit("max_session_memory_bytes", None, "--max-session-memory-gib", "the model gives no estimate")
-    limits.append(memory)
+        pool = Limit(POOL, None, "measured at start-up", "the model gives no estimate")
+    limits += [memory, pool]
     limits.append(
         pick(
             "max_image_pixels",

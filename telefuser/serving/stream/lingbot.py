@@ -8,6 +8,7 @@ One GPU group computes one chunk at a time, so chunks of different sessions are 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import threading
 from typing import Any
@@ -15,15 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from telefuser.memory.plan import plan_or_exit
 from telefuser.models.lingbot_world_v2.controls import KEY_BINDINGS
 
 from ..common.warmup import warmup_wanted
 
 log = logging.getLogger("telefuser.serving")
 NATIVE_RESOLUTION = "832x480"  # the released model's canvas
-ACTIVATION_ROW_FACTOR = 32
-DECODE_FEATURE_MAPS = 24
-LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
 
 
 class _LockedSession:
@@ -60,13 +59,16 @@ class LingBotSessionFactory:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         ulysses_degree: int = 1,
+        memory_plan=None,
+        memory=None,
     ):
+        """`memory_plan`: the service's `memory.plan.MemoryPlan` (its placement); `memory(request)`: the model's
+        workload of one session request, for each session's estimate."""
         self._pipeline = pipeline
         self._lock = threading.Lock()
         self.defaults = defaults
         self.warmup_s: float | None = None
-        self._dtype_bytes = torch.empty((), dtype=dtype).element_size()
-        self._ulysses = max(1, int(ulysses_degree))
+        self._memory_plan, self._memory = memory_plan, memory
         self._fixed_metadata = {
             "model": "LingBot-World v2",
             "weights": weights,
@@ -106,32 +108,16 @@ class LingBotSessionFactory:
         )
 
     def memory_estimate(self, config: dict) -> dict[str, int]:
-        """Bytes one session needs on this rank beyond the weights (serving/README.md); config is validated."""
+        """Bytes one session needs on this rank beyond what stays resident: its KV window and latents and its largest
+        stage, from the model's memory workload under the service's placement (serving/README.md); config is
+        validated."""
+        from telefuser.memory.plan import MemoryPlan
+
         request = self._request(config)
-        plan = self._pipeline.plan(
-            resolution=request["resolution"],
-            num_frames=request["num_frames"],
-            fps=request["fps"],
-            frame_policy=request["frame_policy"],
-        )
-        dit = self._pipeline.dit.config
-        b, u = self._dtype_bytes, self._ulysses
-        local_channels = dit.dim // u  # heads/U x head_dim
-        window = dit.local_attn_size if dit.local_attn_size > 0 else plan.latent_frames  # -1: the whole session
-        window_rows = max(window, plan.chunk_latent_frames) * plan.tokens_per_frame
-        kv = 2 * dit.num_layers * window_rows * local_channels * b  # every layer's K and V (no scratch: a ring)
-        text = 2 * dit.num_layers * getattr(dit, "text_len", 512) * local_channels * b
-        grid = plan.latent_frames * plan.latent_height * plan.latent_width
-        rows = plan.chunk_latent_frames * plan.tokens_per_frame
-        base_dim = int(getattr(getattr(getattr(self._pipeline.vae, "model", None), "config", None), "base_dim", 96))
-        pixels = plan.width * plan.height
-        frames = max(plan.frames_per_chunk)
-        return {
-            "kv_window": kv + text,
-            "latents": (LATENT_CHANNELS + CONDITION_CHANNELS) * grid * 4,
-            "activations": -(-rows // u) * ACTIVATION_ROW_FACTOR * dit.dim * b,
-            "decode": DECODE_FEATURE_MAPS * pixels * base_dim * 4 + frames * pixels * 3 * 5,
-        }
+        session = {**{k: request[k] for k in ("resolution", "num_frames", "fps")}, "sessions": 1}
+        job = MemoryPlan(self._memory(session), self._memory_plan.placement, None, "")
+        stage = job.peak_stage
+        return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
     def create(self, image: np.ndarray, prompt: str, config: dict) -> _LockedSession:
         request = self._request(config)
@@ -159,7 +145,6 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
 
     runtime = Runtime.from_args(args)
     device, dtype, world = str(runtime.device), runtime.dtype, runtime.world_size
-    pipeline = LINGBOT_WORLD_V2.build_pipeline(args, runtime)
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "seed": 42,
@@ -168,6 +153,10 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         "fps": args.fps or 16,
         "frame_policy": "truncate",
     }
+    # the plan holds --max-sessions default sessions at once; each session is checked again when it is made
+    request = {**{k: defaults[k] for k in ("resolution", "num_frames", "fps")}, "sessions": args.max_sessions or 1}
+    memory_plan = plan_or_exit(LINGBOT_WORLD_V2, args, runtime, request)
+    pipeline = LINGBOT_WORLD_V2.build_pipeline(args, runtime, placement=memory_plan.placement)
     weights = str(args.checkpoint) if args.checkpoint else "random (no checkpoint)"
     factory = LingBotSessionFactory(
         pipeline,
@@ -177,6 +166,8 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         device=device,
         dtype=dtype,
         ulysses_degree=world,
+        memory_plan=memory_plan,
+        memory=functools.partial(LINGBOT_WORLD_V2.memory_workload, args, runtime.parallel, runtime.dtype),
     )
     if warmup_wanted(args, device):  # every rank: the DiT is collective; with CUDA graphs it also captures them
         seconds = pipeline.warm_up(resolution=defaults["resolution"], fps=defaults["fps"])

@@ -1,8 +1,10 @@
 """The sessions of one service: slot accounting, lookup, idle reaping and shutdown.
 
 A slot is taken when a create starts and given back when the model session's close() returns, so `max_sessions`
-bounds the model's KV slots, not the HTTP objects. Closed sessions stay findable for a while (`finished`) so that a
-late delivery ack or a status query still gets an answer.
+bounds the model's KV slots, not the HTTP objects; a session's memory estimate is held against the device's budget
+for as long as its slot. Closed sessions stay findable for a while (`finished`) so that a late delivery ack or a
+status query still gets an answer. A create that runs out of device memory is refused with 503 and the service goes
+on (PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..common.http_errors import RequestError
-from ..common.limits import LimitSet
+from ..common.limits import LimitSet, size_text
+from ..common.out_of_memory import (
+    STREAM_ADVICE,
+    free_cached_memory,
+    is_out_of_memory,
+    out_of_memory_message,
+    what_ran_out,
+)
 from .contract import SessionFactory
-from .limits import check_stream_config, delivery_bytes
+from .limits import POOL, check_stream_config, delivery_bytes
 from .metrics import StreamMetrics
 from .request import CreateRequest
 from .session import SessionRuntime, StreamSettings
@@ -46,6 +55,8 @@ class SessionRegistry:
         self.finished: OrderedDict[str, SessionRuntime] = OrderedDict()
         self._holding: set[str] = set()  # sessions whose model slot is not yet released
         self._reserved = 0  # creates in progress
+        self._estimates: dict[str, int] = {}  # the memory estimate of each session in `_holding`
+        self._pending_bytes = 0  # the estimates of the creates in progress
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
         self.shutting_down = False
@@ -55,6 +66,11 @@ class SessionRegistry:
     @property
     def slots_in_use(self) -> int:
         return len(self._holding) + self._reserved
+
+    @property
+    def memory_in_use(self) -> int:
+        """Estimated bytes of the sessions holding a slot and of the creates in progress."""
+        return sum(self._estimates.values()) + self._pending_bytes
 
     def run_blocking(self, fn, *args) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -79,7 +95,7 @@ class SessionRegistry:
         config = self.effective_config(request.config)
         try:
             check_stream_config(self.limits, config)  # cheap bounds first: nothing is planned past them
-            await self.run_blocking(self._validate, request, config)
+            need = await self.run_blocking(self._validate, request, config)
         except (ValueError, RequestError) as exc:
             self.metrics.inc("sessions_rejected_total", reason="invalid")
             if isinstance(exc, RequestError):
@@ -92,31 +108,60 @@ class SessionRegistry:
                 f"all {self.settings.max_sessions} session slot(s) are in use "
                 f"(max_sessions={self.settings.max_sessions}); retry when a session ends",
             )
+        self._check_room(need, config)
         self._reserved += 1
+        self._pending_bytes += need
         # Shielded: if the HTTP request goes away mid-create, the session still registers and the idle reaper frees it.
-        return await asyncio.shield(self._create(request, config))
+        return await asyncio.shield(self._create(request, config, need))
 
-    def _validate(self, request: CreateRequest, config: dict[str, Any]) -> None:
-        """The model's own checks, then its memory estimate against the session's share of the device."""
+    def _validate(self, request: CreateRequest, config: dict[str, Any]) -> int:
+        """The model's own checks, then its memory estimate against the session's share of the device and against
+        the whole budget (422: past either it never fits here, however idle); returns the estimate (0: none)."""
         self.factory.validate(request.image, request.prompt, config)
         estimate = getattr(self.factory, "memory_estimate", None)
-        if callable(estimate) and self.limits.value("max_session_memory_bytes") is not None:
-            terms = dict(estimate(config))
-            chunk = int((self.factory.metadata.get("chunk_frames") or {}).get("later", 16))
-            terms["delivery"] = delivery_bytes(config, chunk, self.settings.buffer_chunks)
-            self.limits.check_memory(terms, f"a {config.get('resolution')} session", "max_session_memory_bytes")
+        if not callable(estimate) or self.limits.value("max_session_memory_bytes") is None:
+            return 0
+        terms = dict(estimate(config))
+        chunk = int((self.factory.metadata.get("chunk_frames") or {}).get("later", 16))
+        terms["delivery"] = delivery_bytes(config, chunk, self.settings.buffer_chunks)
+        what = f"a {config.get('resolution')} session"
+        self.limits.check_memory(terms, what, "max_session_memory_bytes")
+        self.limits.check_memory(terms, what, POOL)
+        return sum(terms.values())
 
-    async def _create(self, request: CreateRequest, config: dict[str, Any]) -> SessionRuntime:
+    def _check_room(self, need: int, config: dict[str, Any]) -> None:
+        """503 when the session fits the device's budget but not beside the sessions already open (only possible
+        when --max-session-memory-gib promises more than a slot's share): it can be served once one ends."""
+        budget, in_use = self.limits.value(POOL), self.memory_in_use
+        if not need or budget is None or in_use + need <= budget:
+            return
+        self.metrics.inc("sessions_rejected_total", reason="memory")
+        raise RequestError(
+            503,
+            f"a {config.get('resolution')} session needs an estimated {size_text(need)}, and the sessions open now "
+            f"hold {size_text(in_use)} of the {size_text(budget)} memory budget ({POOL}); retry when a session ends",
+        )
+
+    async def _create(self, request: CreateRequest, config: dict[str, Any], need: int) -> SessionRuntime:
+        model, out_of_memory = None, None
         try:
             model = await self.run_blocking(self.factory.create, request.image, request.prompt, config)
         except ValueError as exc:
             self.metrics.inc("sessions_rejected_total", reason="invalid")
             raise RequestError(422, f"invalid request: {exc}") from None
-        except Exception:
-            self.metrics.inc("sessions_rejected_total", reason="error")
-            raise  # a server fault: logged with the request id, answered with a generic 500
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                self.metrics.inc("sessions_rejected_total", reason="error")
+                raise  # a server fault: logged with the request id, answered with a generic 500
+            log.error("session create ran out of memory: %s", what_ran_out(exc))
+            out_of_memory = out_of_memory_message(exc, f"retry when a session ends, or {STREAM_ADVICE}")
         finally:
             self._reserved -= 1
+            self._pending_bytes -= need
+        if out_of_memory is not None:  # out of the except block: the create's tensors in the traceback are gone
+            self.metrics.inc("sessions_rejected_total", reason="out_of_memory")
+            await self.run_blocking(free_cached_memory)
+            raise RequestError(503, out_of_memory)  # answered with Retry-After
         runtime = SessionRuntime(
             self.new_id(),
             model,
@@ -132,6 +177,7 @@ class SessionRegistry:
         runtime.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
         self.live[runtime.id] = runtime
         self._holding.add(runtime.id)
+        self._estimates[runtime.id] = need
         self.metrics.inc("sessions_created_total")
         if self.shutting_down:
             await runtime.aclose("shutdown")
@@ -140,6 +186,7 @@ class SessionRegistry:
 
     def _released(self, runtime: SessionRuntime) -> None:
         self._holding.discard(runtime.id)
+        self._estimates.pop(runtime.id, None)
 
     def _closed(self, runtime: SessionRuntime) -> None:
         if runtime.close_reason == "shutdown":

@@ -16,6 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from ..common.out_of_memory import (
+    STREAM_ADVICE,
+    free_cached_memory,
+    is_out_of_memory,
+    out_of_memory_message,
+    what_ran_out,
+)
 from ..common.request_body import encodable_text
 from .contract import StreamSession, parse_resolution
 from .envelope import chunk_checksum, encode_frame, frame_crc32, pack
@@ -339,7 +346,7 @@ class SessionRuntime:
 
     async def _generate(self, codec: str | None) -> None:
         index = first_frame = 0
-        reason = "completed"
+        reason, failed = "completed", False
         try:
             while True:
                 if self.stop_requested:
@@ -381,20 +388,24 @@ class SessionRuntime:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("session %s: generation failed at chunk %d", self.id, index)
-            self.close_reason = "error"
+            failed = True
+            if is_out_of_memory(exc):  # this session no longer fits beside the others; they go on
+                log.error("session %s: out of memory at chunk %d: %s", self.id, index, what_ran_out(exc))
+                self.close_reason = "out_of_memory"
+                message = out_of_memory_message(exc, STREAM_ADVICE, where=f" at chunk {index}")
+            else:
+                log.exception("session %s: generation failed at chunk %d", self.id, index)
+                self.close_reason = "error"
+                message = f"generation failed at chunk {index}: {type(exc).__name__}: {exc}"
+            self._inflight = None  # the failed call's future holds the exception, and through it the chunk's tensors
             self.notices.put_nowait(
                 Notice(
-                    {
-                        "type": "status",
-                        "stage": "error",
-                        "fatal": True,
-                        "message": encodable_text(f"generation failed at chunk {index}: {type(exc).__name__}: {exc}"),
-                    },
+                    {"type": "status", "stage": "error", "fatal": True, "message": encodable_text(message)},
                     final=True,
                 )
             )
-            await self._release_model("error")
+        if failed:  # out of the except block, whose traceback holds the failed chunk's tensors
+            await self._release_model(self.close_reason)
 
     async def _publish(self, item: ChunkItem | DoneItem) -> None:
         if self.settings.delivery_mode == "lossless":
@@ -427,6 +438,8 @@ class SessionRuntime:
             self.model.close()
         except Exception:
             log.exception("session %s: model close() failed", self.id)
+        if self.close_reason == "out_of_memory":
+            free_cached_memory()  # the session's buffers are gone now; whatever happens to the generator task
 
     def _released(self, reason: str) -> None:
         self.model_released = True

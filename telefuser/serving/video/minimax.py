@@ -8,15 +8,15 @@ replays each job on the others (replay.py). `memory_estimate`'s terms and calibr
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
-import torch
 
+from telefuser.memory.plan import plan_or_exit
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
-from telefuser.runtime import torch_dtype
 
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
@@ -24,9 +24,6 @@ from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec
 
 log = logging.getLogger(__name__)
 NATIVE_SIZE = "1344x768"  # the official canvas policy's 16:9 size (short edge 768, area cap)
-TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
-LATENT_COPIES = 6
-DECODE_FEATURE_MAPS, DECODE_CHANNELS = 8, 128
 
 
 class MiniMaxRunner:
@@ -38,15 +35,16 @@ class MiniMaxRunner:
         defaults: dict[str, Any],
         info: dict[str, Any] | None = None,
         feature_cache: str | None = None,
-        lent_bytes: int = 0,
+        memory_plan=None,
+        memory=None,
     ):
+        """`memory_plan`: the service's `memory.plan.MemoryPlan` (its placement); `memory(request)`: the model's
+        workload of one request, for each job's estimate."""
         from telefuser.pipelines.minimax_h3.shapes import AUDIO_SAMPLE_RATE, FPS, VAE_SPATIAL
 
         self._pipe = pipeline
-        self._lent_bytes = int(lent_bytes)
+        self._memory_plan, self._memory = memory_plan, memory
         info = dict(info or {})
-        self._dtype_bytes = torch.empty((), dtype=torch_dtype(info.get("dtype", "float32"))).element_size()
-        self._ulysses, self._tp = int(info.get("ulysses_degree", 1)), int(info.get("tp_degree", 1))
         self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
         self.model = model
         self.feature_cache = feature_cache
@@ -77,36 +75,18 @@ class MiniMaxRunner:
         return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, schedule.num_dit_calls)
 
     def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
-        """Bytes one job needs on this rank beyond the resident weights (serving/README.md)."""
-        shape = self._pipe.plan(duration=plan.duration_s, resolution=f"{plan.width}x{plan.height}")
-        config = self._pipe.dit.config
-        hidden, ffn = int(config.hidden_size), int(config.ffn_hidden_size)
-        pt, ph, pw = self._pipe.patch_size
-        video_tokens = (shape.video_latent_t // pt) * (shape.latent_h // ph) * (shape.latent_w // pw)
-        tokens = video_tokens + shape.audio_tokens + TEXT_TOKENS
-        latents = int(torch.Size(shape.video_latent_shape).numel()) + int(torch.Size(shape.audio_latent_shape).numel())
-        pixels = plan.frames * plan.width * plan.height
-        return {
-            "activations": -(-tokens // self._ulysses) * (12 * hidden + 4 * ffn // self._tp) * self._dtype_bytes,
-            "latents": LATENT_COPIES * latents * 4,
-            "decode": pixels * 3 * (2 * 4 + 1) + DECODE_FEATURE_MAPS * plan.width * plan.height * DECODE_CHANNELS * 4,
-            "text_encoder": self._lent_bytes,
-            "adaln_tables": self._adaln_bytes(plan.dit_calls),
+        """Bytes one job needs on this rank beyond what stays resident: what it holds throughout and its largest
+        stage, from the model's memory workload under the service's placement (serving/README.md)."""
+        from telefuser.memory.plan import MemoryPlan
+
+        request = {
+            "duration": plan.duration_s,
+            "resolution": f"{plan.width}x{plan.height}",
+            "steps": plan.dit_calls + 1,
         }
-
-    def _adaln_bytes(self, dit_calls: int) -> int:
-        """The request's AdaLN tables (gathered: full on every TP rank), plus one projection's slice lent to the
-        device while they are computed when the projections are offloaded; 0 for a DiT without tables."""
-        dit = self._pipe.dit
-        if not getattr(self._pipe, "adaln_tables", False) or not callable(getattr(dit, "precompute_adaln", None)):
-            return 0
-        from telefuser.models.minimax_h3 import adaln_table_bytes
-
-        tables = adaln_table_bytes(dit.config, dit_calls, dtype_bytes=self._dtype_bytes)
-        lent = 0
-        if getattr(dit, "adaln_offloaded", False):
-            lent = max(_module_bytes(p) for p in dit.adaln_projections())
-        return tables + lent
+        job = MemoryPlan(self._memory(request), self._memory_plan.placement, None, "")
+        stage = job.peak_stage
+        return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
@@ -163,7 +143,6 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
     runtime = Runtime.from_args(args)
     attn_impl = MINIMAX_H3.attention_impl(args, runtime)  # auto resolved on this rank's device, agreed by all ranks
     device, dtype_name, world, parallel = runtime.device, runtime.dtype_name, runtime.world_size, runtime.parallel
-    pipe = MINIMAX_H3.build_pipeline(args, runtime, attn_impl=attn_impl, show_progress=False)
     tiny = args.checkpoint is None and args.config == "tiny"
     defaults = {
         "size": args.size_default or ("64x32" if tiny else "1344x768"),
@@ -171,6 +150,12 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "steps": args.steps_default or 50,
         "seed": 0,
     }
+    # the plan is made for the default job; every job is checked against the memory left (limits.py)
+    request = {"duration": defaults["seconds"], "resolution": defaults["size"], "steps": defaults["steps"]}
+    memory_plan = plan_or_exit(MINIMAX_H3, args, runtime, request)
+    pipe = MINIMAX_H3.build_pipeline(
+        args, runtime, attn_impl=attn_impl, placement=memory_plan.placement, show_progress=False
+    )
     info = {
         "config": "checkpoint" if args.checkpoint else args.config,
         "checkpoint": str(args.checkpoint) if args.checkpoint else None,
@@ -182,26 +167,19 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
         "world_size": world,
         "ulysses_degree": parallel.ulysses_degree,
         "tp_degree": parallel.tp_degree,
-        "offload_adaln": MINIMAX_H3.option(args, "offload_adaln"),
+        "offload": memory_plan.placement.tier,
+        "memory_plan": memory_plan.summary(),
     }
     if warmup_wanted(args, device):  # every rank: the DiT is collective
         seconds = pipe.warm_up(duration=defaults["seconds"], resolution=defaults["size"])
         info["warmup_s"] = round(seconds, 3)
         log.info("warm-up request (%s, %g s, one DiT call) took %.1f s", defaults["size"], defaults["seconds"], seconds)
-    lent = _module_bytes(getattr(pipe.prompt_encoder, "encoder", None)) if args.offload_text_encoder else 0
     return MiniMaxRunner(
         pipe,
         model=args.served_model_name,
         defaults=defaults,
         info=info,
-        lent_bytes=lent,
         feature_cache="ada_taylor" if args.enable_feature_cache else None,
+        memory_plan=memory_plan,
+        memory=functools.partial(MINIMAX_H3.memory_workload, args, parallel, runtime.dtype),
     )
-
-
-def _module_bytes(module) -> int:
-    """Bytes of a module's parameters and buffers (0 for anything that is not a module)."""
-    if not isinstance(module, torch.nn.Module):
-        return 0
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -6,6 +6,8 @@ cancels, deletes and reads (serving/README.md). While a job runs, each progress 
 back a client's cancel (and a `LeaseKeeper` renews it through long phases without steps, such as the decode); the
 runner stops at its next denoising step once `claim.stop` is set. A database that cannot be reached never ends the
 thread: the worker retries with backoff, and what it could not record is left to the lease (the job runs again).
+A job that runs out of device memory fails alone (`out_of_memory`, saying what ran out and what to change); the
+allocator's cache is freed and the next job runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from typing import TypeVar
 
 from telefuser.pipelines.hooks import StepHooks
 
+from ..common.out_of_memory import (
+    VIDEO_ADVICE,
+    free_cached_memory,
+    is_out_of_memory,
+    out_of_memory_message,
+    what_ran_out,
+)
 from ..common.request_body import encodable_text
 from .contract import JobCancelled, RunOutcome, VideoRunner, VideoSpec
 from .metrics import VideoMetrics
@@ -122,10 +131,16 @@ class VideoWorker:
         except JobCancelled as exc:
             stopped_at = exc.step
         except Exception as exc:  # any model or storage error becomes the job's error, told to the client
-            log.exception("video job %s failed", job.id)
-            error = {"code": "generation_failed", "message": encodable_text(f"{type(exc).__name__}: {exc}")}
+            if is_out_of_memory(exc):  # this job was too large for the memory free now; the next one may fit
+                log.error("video job %s ran out of memory: %s", job.id, what_ran_out(exc))
+                error = {"code": "out_of_memory", "message": encodable_text(out_of_memory_message(exc, VIDEO_ADVICE))}
+            else:
+                log.exception("video job %s failed", job.id)
+                error = {"code": "generation_failed", "message": encodable_text(f"{type(exc).__name__}: {exc}")}
         finally:
             self.artifacts.discard(staged)
+        if error is not None and error["code"] == "out_of_memory":
+            free_cached_memory()  # here, once the exception and the job's tensors in its traceback are gone
 
         if self.stopping and not published and error is None:
             self._record(lambda: self.store.release(claim, stopped_at))
