@@ -8,9 +8,12 @@ layer at a time for a stack too large to lend whole.
 
 from __future__ import annotations
 
+import math
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,13 +23,36 @@ def pinning() -> bool:
     return torch.cuda.is_available()
 
 
+# torch's pinned allocator (`pin_memory=True`) rounds every block up to a power of two: weights pinned tensor by
+# tensor would take up to twice their size of host memory. Tensors from this size on are pinned in place instead
+# (cudaHostRegister on their own pages); smaller ones waste little and use torch's allocator.
+REGISTER_FROM_BYTES = 1 << 20
+
+
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` in host memory, pinned where CUDA exists (itself when it is there already); a device tensor is
-    copied once, straight into page-locked memory."""
-    if tensor.device.type == "cpu":
-        return tensor.pin_memory() if pinning() and not tensor.is_pinned() else tensor
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinning())
-    return host.copy_(tensor)
+    """`tensor` in host memory, page-locked where CUDA exists (itself when it is there already, pinned); otherwise a
+    copy in exactly its size of page-locked memory."""
+    if tensor.device.type == "cpu" and (not pinning() or tensor.is_pinned()):
+        return tensor
+    if not pinning():
+        return tensor.to("cpu")
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes < REGISTER_FROM_BYTES:
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)
+    return _registered(tensor.shape, tensor.dtype).copy_(tensor)
+
+
+def _registered(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An empty host tensor in memory of its own, page-locked with cudaHostRegister; unregistered when its memory
+    goes (the numpy buffer's finalizer runs before numpy frees it, after the last tensor using it is gone)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buffer = np.empty(nbytes, dtype=np.uint8)  # large: its own mmap'd pages, shared with no other allocation
+    pointer = buffer.ctypes.data
+    status = torch.cuda.cudart().cudaHostRegister(pointer, nbytes, 0)
+    if int(status) != 0:  # not lockable (a limit on locked memory): torch's allocator says why if it cannot either
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    weakref.finalize(buffer, torch.cuda.cudart().cudaHostUnregister, pointer)
+    return torch.from_numpy(buffer).view(dtype).view(shape)
 
 
 def layer_tensors(module: nn.Module) -> list[torch.Tensor]:

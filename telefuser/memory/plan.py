@@ -43,8 +43,8 @@ def gib(n: int | float) -> str:
 class Stack:
     """One component's weights: `count` equal layers of `layer` bytes that can stream, and `fixed` bytes that do not
     (embeddings, heads). `per_request`: it runs once per request (offloaded from the model tier on), not every step.
-    `fixed_offloads`: once the stack is offloaded its fixed bytes leave the device too (a text encoder's embedding
-    table is looked up on the host)."""
+    `fixed_offloads`: once the stack is offloaded its fixed bytes leave the device too; `fixed_lent`: and visit it
+    while the stack runs (a VAE lent whole; a text encoder's embedding table is looked up on the host instead)."""
 
     name: str
     fixed: int
@@ -52,6 +52,7 @@ class Stack:
     count: int = 0
     per_request: bool = False
     fixed_offloads: bool = False
+    fixed_lent: bool = True
 
     @property
     def total(self) -> int:
@@ -148,13 +149,13 @@ class MemoryPlan:
         return out
 
     def window_bytes(self, stack: Stack) -> int:
-        """What a stack takes on the device only while its stage runs: the stream's slots (and a fixed part that
-        lives on the host and is lent, counted whole)."""
+        """What a stack takes on the device only while its stage runs: the stream's slots, and a fixed part that
+        lives on the host and is lent whole."""
         if not self.placement.streams(stack.name):
             return 0
         streamed = stack.count - self.placement.resident[stack.name]
         window = min(STREAM_SLOTS, streamed) * stack.layer
-        return window + (stack.fixed if stack.fixed_offloads else 0)
+        return window + (stack.fixed if stack.fixed_offloads and stack.fixed_lent else 0)
 
     def stage_bytes(self) -> dict[str, int]:
         return {

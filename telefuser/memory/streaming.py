@@ -1,7 +1,8 @@
 """`StreamedLayers`: a stack of layers whose weights live in host memory and visit the device one layer at a time.
 
-The first `resident` layers of a stack stay on the device; every later layer keeps its tensors in pinned host memory
-and is copied into one of two device slots just before it computes. The copy of the next layer is issued on a side
+`resident` layers of a stack stay on the device; every other layer keeps its tensors in pinned host memory and is
+copied into one of two device slots just before it computes. A stack that runs every step streams layers spread
+evenly through it (`streamed_layers`), so a copy overlaps the resident layers' compute too. The copy of the next layer is issued on a side
 stream while the current one computes (CUDA events order the copy after the compute that last read the slot, and the
 compute after the copy), so a layer whose compute takes longer than its copy costs no time. The numbers are the same
 as a resident stack's: the same kernels read the same values from other addresses.
@@ -27,8 +28,19 @@ from torch import nn
 from .host import layer_tensors, to_host
 
 
+def streamed_layers(count: int, resident: int) -> list[int]:
+    """Which of `count` layers stream when `resident` of them stay on the device: spread evenly, so that each
+    streamed layer's copy overlaps the compute of the resident layers before it (the last layers all streaming would
+    leave their copies nothing to hide behind but each other)."""
+    if not 0 <= resident <= count:
+        raise ValueError(f"resident must lie in [0, {count}], got {resident}")
+    streamed = count - resident
+    return sorted({int((j + 0.5) * count / streamed) for j in range(streamed)}) if streamed else []
+
+
 class StreamedLayers:
-    """Stream ``layers[resident:]`` from host memory on `device`.
+    """Stream `streamed_layers(len(layers), resident)` of `layers` from host memory on `device`; `spread=False`
+    streams the last ones instead (a stack that runs once per request: nothing to hide its copies behind).
 
     `keep_slots`: keep the two device slots between passes and, at the end of a pass, prefetch the first streamed
     layer for the next one (a stack that runs every step: a DiT); otherwise free the slots when a pass ends (a stack
@@ -42,6 +54,7 @@ class StreamedLayers:
         resident: int = 0,
         keep_slots: bool,
         skip: tuple[str, ...] = (),
+        spread: bool = True,
     ):
         if not 0 <= resident <= len(layers):
             raise ValueError(f"resident must lie in [0, {len(layers)}], got {resident}")
@@ -50,7 +63,9 @@ class StreamedLayers:
         self.device = torch.device(device)
         self.resident = int(resident)
         self.keep_slots = keep_slots
-        self.streamed = list(range(self.resident, len(layers)))
+        self.streamed = (
+            streamed_layers(len(layers), self.resident) if spread else list(range(self.resident, len(layers)))
+        )
         for index in self.streamed:
             for tensor in self._tensors(index):
                 tensor.data = to_host(tensor.data)
@@ -86,7 +101,7 @@ class StreamedLayers:
     @contextmanager
     def using(self, index: int) -> Iterator[nn.Module]:
         """Layer `index` with its tensors on the device inside the block (a resident layer: as it is)."""
-        if index < self.resident:
+        if index not in self._host:
             yield self.layers[index]
             return
         self.enter(index)

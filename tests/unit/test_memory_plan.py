@@ -29,7 +29,7 @@ from telefuser.memory.plan import (
     placement_for,
     plan_tier,
 )
-from telefuser.memory.streaming import StreamedLayers
+from telefuser.memory.streaming import StreamedLayers, streamed_layers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,11 +212,18 @@ def test_streamed_stack_equals_resident_exactly_and_every_layer_goes_back(reside
     x = torch.randn(4, 16)
     want = _run(stack, x)
     stream = StreamedLayers(stack, "cpu", resident=resident, keep_slots=True)
-    host = {i: [t.data_ptr() for t in layer_tensors(stack[i])] for i in range(resident, 5)}
+    assert stream.streamed == streamed_layers(5, resident) and len(stream.streamed) == 5 - resident
+    host = {i: [t.data_ptr() for t in layer_tensors(stack[i])] for i in stream.streamed}
     for _ in range(2):
         assert torch.equal(_run(stack, x, stream), want)
-    assert {i: [t.data_ptr() for t in layer_tensors(stack[i])] for i in range(resident, 5)} == host
+    assert {i: [t.data_ptr() for t in layer_tensors(stack[i])] for i in stream.streamed} == host
     assert stream.host_bytes == (5 - resident) * stream.slot_bytes
+
+
+def test_streamed_layers_spread_through_the_stack():
+    assert streamed_layers(10, 5) == [1, 3, 5, 7, 9] and streamed_layers(4, 0) == [0, 1, 2, 3]
+    assert streamed_layers(50, 14) == sorted(set(streamed_layers(50, 14))) and len(streamed_layers(50, 14)) == 36
+    assert streamed_layers(3, 3) == []
 
 
 def test_streamed_stack_computes_from_slots_not_from_host_copies():

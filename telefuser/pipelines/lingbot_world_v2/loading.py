@@ -14,6 +14,7 @@ import torch
 
 from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...memory.plan import Placement
+from ...memory.streaming import streamed_layers
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime, torch_dtype
 from .camera_control import CameraFactory, lingbot_camera
@@ -238,10 +239,11 @@ def _tiny_text_dim() -> int:
 
 def _block_finisher(quantization: str, resident: int | None):
     """The DiT loaders' `after_block(model, i)`: quantize block i on the device, then move it to host memory when
-    it streams (blocks ``resident:``)."""
+    it streams (`streamed_layers`: `resident` blocks stay, the streamed ones spread through the stack)."""
 
     def finish(model, index: int) -> None:
-        model.finish_block(index, quantization=quantization, to_host=resident is not None and index >= resident)
+        streamed = () if resident is None else streamed_layers(len(model.blocks), resident)
+        model.finish_block(index, quantization=quantization, to_host=index in streamed)
 
     return finish
 

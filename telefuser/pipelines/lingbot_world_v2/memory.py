@@ -22,11 +22,13 @@ import torch
 from ...memory.plan import Stack, Stage, Workload
 from .request import DEFAULT_FPS, DEFAULT_NUM_FRAMES, plan_session
 
-# One chunk's forward: ACTIVATION_ROW_FACTOR x dim elements per query row on a rank. Calibrated: the official 832x480
-# session peaked 1.7 GiB above its weights and KV window on the H200 (29 elements a row; serving/README.md).
-ACTIVATION_ROW_FACTOR = 32
-# The Wan VAE's full-resolution float32 feature maps held at once by an encode or a decode, x base_dim channels.
-VAE_FEATURE_MAPS = 24
+# One chunk's DiT phase, per query row on a rank, in dim-wide elements of the compute dtype: every block's camera scale
+# and shift (2 x layers, computed once a chunk) plus ACTIVATION_ROW_FACTOR for the forward. Calibrated: the official
+# 832x480 bf16 session's DiT phase peaked 8.1 GiB above its weights and window on the H100 (docs/perf/2026-12-06).
+ACTIVATION_ROW_FACTOR = 56
+# The Wan VAE's encode and decode of one chunk, in full-resolution maps of base_dim channels per frame of the chunk,
+# in the VAE's dtype: 4.8 and 9.6 GiB measured at 832x480, 16 frames, bf16 (2026-12-06).
+VAE_ENCODE_MAPS, VAE_DECODE_MAPS = 4.5, 9
 LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
 TEXT_TOKENS = 512
 FP8_LINEARS = (  # LingBotWorldV2DiT.FP8_LINEARS
@@ -73,7 +75,7 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     pixels = plan.width * plan.height
     base_dim = _vae_base_dim(size)
     frames = max(plan.frames_per_chunk)
-    vae_maps = VAE_FEATURE_MAPS * pixels * base_dim * vae_element
+    frame_maps = frames * pixels * base_dim * vae_element
 
     title = (
         f"LingBot-World v2 {plan.width}x{plan.height}, {sessions} session(s)"
@@ -95,6 +97,7 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
                 count=text["count"],
                 per_request=True,
                 fixed_offloads=True,
+                fixed_lent=False,  # the token embedding is looked up on the host
             ),
             Stack("vae", fixed=_vae_bytes(size, vae_element)),
         ),
@@ -104,13 +107,18 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
         },
         stages=(
             Stage("text", uses=("text_encoder",), transient={"prompt activations": _prompt_bytes(size, element)}),
-            Stage("condition", uses=("vae",), transient={"encode": vae_maps}),
+            Stage("condition", uses=("vae",), transient={"encode": int(VAE_ENCODE_MAPS * frame_maps)}),
             Stage(
                 "chunk",
                 uses=("dit",),
-                transient={"activations": -(-rows // ulysses) * ACTIVATION_ROW_FACTOR * config.dim * element},
+                transient={
+                    "camera modulation and activations": -(-rows // ulysses)
+                    * (2 * config.num_layers + ACTIVATION_ROW_FACTOR)
+                    * config.dim
+                    * element
+                },
             ),
-            Stage("decode", uses=("vae",), transient={"decode": vae_maps + frames * pixels * 3 * 5}),
+            Stage("decode", uses=("vae",), transient={"decode": VAE_DECODE_MAPS * frame_maps}),
         ),
         refused_tiers=refused,
     )

@@ -242,7 +242,7 @@ class PromptEncoder:
         self.stream = None
         if streamed_from is not None:
             self.stream = StreamedLayers(
-                encoder.encoder.block, device, resident=streamed_from, keep_slots=False
+                encoder.encoder.block, device, resident=streamed_from, keep_slots=False, spread=False
             ).attach()
             self.device = torch.device(device)
 

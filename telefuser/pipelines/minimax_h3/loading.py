@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ...memory.plan import Placement
+from ...memory.streaming import streamed_layers
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
@@ -135,10 +136,11 @@ class Where:
         """The loaders' `after_block(model, i)`: quantize block i, then move what streams to host memory."""
 
         def finish(model, index: int) -> None:
+            streamed = () if self.dit is None else streamed_layers(len(model.blocks), self.dit)
             model.finish_block(
                 index,
                 quantization=quantization,
-                block_to_host=self.dit is not None and index >= self.dit,
+                block_to_host=index in streamed,
                 adaln_to_host=self.adaln is not None and index >= self.adaln,
             )
 

@@ -23,11 +23,14 @@ from ...memory.plan import Stack, Stage, Workload
 from .shapes import plan_shape
 
 # Per token of the joint sequence on a rank: (ACTIVATION_HIDDEN x hidden + ACTIVATION_FFN x ffn / TP) elements in the
-# compute dtype. Calibrated: the official DiT call (37,966 tokens) peaked 8.4 GiB above its weights on the H200.
-ACTIVATION_HIDDEN, ACTIVATION_FFN = 12, 4
+# compute dtype: 5.7 GiB for the official call (37,966 tokens), whose compiled blocks peaked 4.9 GiB above the weights
+# and tables on the H100 (docs/perf/2026-12-06).
+ACTIVATION_HIDDEN, ACTIVATION_FFN = 7, 3
 TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
 LATENT_COPIES = 6  # video and audio latents in fp32 alive at once (state, noise, velocity, x0...)
-DECODE_FEATURE_MAPS, DECODE_CHANNELS = 8, 128  # full-resolution float32 feature maps the video decode holds at once
+# The decode: the clip as float32 (two copies) and uint8, plus DECODE_FEATURE_MAPS full-resolution float32 maps of
+# DECODE_CHANNELS; 3.7 GiB at 1344x768 x 124 frames, where the decode peaked 3.0 GiB above the lent VAE (2026-12-06).
+DECODE_FEATURE_MAPS, DECODE_CHANNELS = 1, 128
 FP8_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")  # MiniMaxH3DiT.FP8_LINEARS
 
 
@@ -94,6 +97,7 @@ def workload(
                 count=text["count"],
                 per_request=True,
                 fixed_offloads=True,
+                fixed_lent=False,  # the token embedding is looked up on the host
             ),
             Stack("vae", fixed=vae, per_request=True, fixed_offloads=True),
         ),

@@ -249,7 +249,9 @@ class PromptEncoder:
         if streamed_from is not None:
             model = encoder.model
             model.embed_tokens.weight.data = to_host(model.embed_tokens.weight.data)
-            self.stream = StreamedLayers(model.layers, device, resident=streamed_from, keep_slots=False).attach()
+            self.stream = StreamedLayers(
+                model.layers, device, resident=streamed_from, keep_slots=False, spread=False
+            ).attach()
 
     @property
     def offload(self) -> bool:
