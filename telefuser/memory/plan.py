@@ -59,6 +59,14 @@ class Stack:
         return self.fixed + self.layer * self.count
 
 
+def text_encoder_stack(fixed: int, layer: int, count: int) -> Stack:
+    """A prompt encoder's weights: run once per request, its token embedding (`fixed`) looked up on the host once
+    offloaded."""
+    return Stack(
+        "text_encoder", fixed=fixed, layer=layer, count=count, per_request=True, fixed_offloads=True, fixed_lent=False
+    )
+
+
 @dataclass(frozen=True)
 class Stage:
     """A step of the request: the stacks it computes with and the bytes it holds only while it runs."""

@@ -69,9 +69,15 @@ def quantize_blocks(model: nn.Module, quantization: str, linears: tuple[str, ...
         raise ValueError(f"quantization must be 'none' or 'fp8', got {quantization!r}")
     if quantization == "none":
         return []
-    names = quantize_linears(model, lambda name, _: name.startswith("blocks.") and name.split(".", 2)[2] in linears)
+    names = quantize_linears(model, lambda name, _: is_block_linear(name, linears))
     model.weights_source = f"{getattr(model, 'weights_source', '')}, fp8 GEMMs"
     return names
+
+
+def is_block_linear(module: str, linears: tuple[str, ...]) -> bool:
+    """Whether the module named `module` is one of `linears` inside a ``blocks.<i>`` (what `quantize_blocks` takes)."""
+    parts = module.split(".", 2)
+    return len(parts) == 3 and parts[0] == "blocks" and parts[2] in linears
 
 
 def linear_dtype(layer: nn.Module) -> torch.dtype:

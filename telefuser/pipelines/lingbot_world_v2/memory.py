@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ...memory.plan import Stack, Stage, Workload
+from ...memory.plan import Stack, Stage, Workload, text_encoder_stack
+from ...ops.fp8 import is_block_linear
 from .request import DEFAULT_FPS, DEFAULT_NUM_FRAMES, plan_session
 
 # One chunk's DiT phase, per query row on a rank, in dim-wide elements of the compute dtype: every block's camera scale
@@ -31,16 +32,6 @@ ACTIVATION_ROW_FACTOR = 56
 VAE_ENCODE_MAPS, VAE_DECODE_MAPS = 4.5, 9
 LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
 TEXT_TOKENS = 512
-FP8_LINEARS = (  # LingBotWorldV2DiT.FP8_LINEARS
-    "self_attn.q",
-    "self_attn.k",
-    "self_attn.v",
-    "self_attn.o",
-    "cross_attn.q",
-    "cross_attn.o",
-    "ffn.0",
-    "ffn.2",
-)
 
 
 def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
@@ -90,15 +81,7 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
         title=title,
         stacks=(
             Stack("dit", fixed=dit["fixed"], layer=dit["block"], count=config.num_layers),
-            Stack(
-                "text_encoder",
-                fixed=text["fixed"],
-                layer=text["layer"],
-                count=text["count"],
-                per_request=True,
-                fixed_offloads=True,
-                fixed_lent=False,  # the token embedding is looked up on the host
-            ),
+            text_encoder_stack(text["fixed"], text["layer"], text["count"]),
             Stack("vae", fixed=_vae_bytes(size, vae_element)),
         ),
         held={
@@ -196,12 +179,7 @@ def _dit_bytes(size: str, element: int, quantization: str) -> dict[str, int]:
     out = {"fixed": 0, "block": 0}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         module, _, leaf = name.rpartition(".")
-        fp8 = (
-            quantization == "fp8"
-            and module.count(".") >= 2
-            and module.startswith("blocks.")
-            and module.split(".", 2)[2] in FP8_LINEARS
-        )
+        fp8 = quantization == "fp8" and is_block_linear(module, LingBotWorldV2DiT.FP8_LINEARS)
         if keeps_fp32(name):
             size_bytes = 4 * tensor.numel()
         elif fp8 and leaf == "weight":

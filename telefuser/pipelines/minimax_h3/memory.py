@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ...memory.plan import Stack, Stage, Workload
+from ...memory.plan import Stack, Stage, Workload, text_encoder_stack
+from ...ops.fp8 import is_block_linear
 from .shapes import plan_shape
 
 # Per token of the joint sequence on a rank: (ACTIVATION_HIDDEN x hidden + ACTIVATION_FFN x ffn / TP) elements in the
@@ -31,7 +32,6 @@ LATENT_COPIES = 6  # video and audio latents in fp32 alive at once (state, noise
 # The decode: the clip as float32 (two copies) and uint8, plus DECODE_FEATURE_MAPS full-resolution float32 maps of
 # DECODE_CHANNELS; 3.7 GiB at 1344x768 x 124 frames, where the decode peaked 3.0 GiB above the lent VAE (2026-12-06).
 DECODE_FEATURE_MAPS, DECODE_CHANNELS = 1, 128
-FP8_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")  # MiniMaxH3DiT.FP8_LINEARS
 
 
 def workload(
@@ -90,15 +90,7 @@ def workload(
                 per_request=True,
                 fixed_offloads=True,
             ),
-            Stack(
-                "text_encoder",
-                fixed=text["fixed"],
-                layer=text["layer"],
-                count=text["count"],
-                per_request=True,
-                fixed_offloads=True,
-                fixed_lent=False,  # the token embedding is looked up on the host
-            ),
+            text_encoder_stack(text["fixed"], text["layer"], text["count"]),
             Stack("vae", fixed=vae, per_request=True, fixed_offloads=True),
         ),
         held={"latents": LATENT_COPIES * latents},
@@ -146,12 +138,7 @@ def _dit_bytes(size: str, element: int, quantization: str, tp: int) -> dict[str,
         module, _, leaf = name.rpartition(".")
         split = tp if tp > 1 and style_for(module) is not None else 1
         numel = tensor.numel() // split
-        fp8 = (
-            quantization == "fp8"
-            and module.count(".") >= 2
-            and module.startswith("blocks.")
-            and module.split(".", 2)[2] in FP8_LINEARS
-        )
+        fp8 = quantization == "fp8" and is_block_linear(module, MiniMaxH3DiT.FP8_LINEARS)
         if name in FP32_PARAMETER_NAMES or name in FP32_BUFFER_NAMES:
             size_bytes = 4 * numel
         elif fp8 and leaf == "weight":
