@@ -18,11 +18,11 @@ from pathlib import Path
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
-from telefuser.profiling.timing import device_peaks
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, plan_shape
 from telefuser.pipelines.minimax_h3.loading import request_from_args
-from telefuser.pipelines.minimax_h3.scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_VIDEO_FLOW_SHIFT
+from telefuser.pipelines.minimax_h3.presets import PRESETS, get_preset
+from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
 
 MODEL = get_spec("minimax_h3")
@@ -35,10 +35,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="seconds; snapped up to 17n+5 frames at 24 fps")
     p.add_argument("--resolution", default="768", help="short edge in pixels (with --aspect-ratio) or WIDTHxHEIGHT")
     p.add_argument("--aspect-ratio", default="16:9", choices=list(ASPECT_RATIOS))
-    p.add_argument("--steps", type=int, default=50, help="sigma points; the DiT runs steps-1 times")
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default="release",
+        help="sampling preset: DiT calls and flow shifts (default %(default)s; turbo-8 and turbo-4 for a step-distilled "
+        "Turbo LoRA: which one its model card says); --steps and the shifts override it. "
+        + "; ".join(
+            f"{p.name}: {p.dit_calls} DiT calls, shifts {p.video_shift:g}/{p.audio_shift:g}" for p in PRESETS.values()
+        ),
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="sigma points; the DiT runs steps-1 times (default: the preset's)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--flow-shift", type=float, default=DEFAULT_VIDEO_FLOW_SHIFT)
-    p.add_argument("--audio-flow-shift", type=float, default=DEFAULT_AUDIO_FLOW_SHIFT)
+    p.add_argument("--flow-shift", type=float, default=None, help="video flow shift (default: the preset's)")
+    p.add_argument("--audio-flow-shift", type=float, default=None, help="audio flow shift (default: the preset's)")
     p.add_argument(
         "--calibrate-feature-cache",
         type=Path,
@@ -50,7 +62,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=Path("outputs/minimax_h3/t2va.mp4"))
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, tp=True)
-    return p.parse_args()
+    args = p.parse_args()
+    preset = get_preset(args.preset)  # what the preset fills in, where the flags leave it
+    args.steps = preset.steps if args.steps is None else args.steps
+    args.flow_shift = preset.video_shift if args.flow_shift is None else args.flow_shift
+    args.audio_flow_shift = preset.audio_shift if args.audio_flow_shift is None else args.audio_flow_shift
+    return args
 
 
 def main() -> None:
@@ -121,6 +138,7 @@ def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str, m
         "quantization": args.quantization,
         "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",
+        "preset": args.preset,
     }
     metrics["memory_plan"] = memory.as_dict()
     metrics["load_peak_bytes"] = load_peak
