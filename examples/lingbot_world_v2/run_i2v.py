@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
-from telefuser.profiling.timing import device_peaks
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
@@ -32,6 +31,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
 )
 from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
 from telefuser.pipelines.lingbot_world_v2.loading import request_from_args
+from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
 
 MODEL = get_spec("lingbot_world_v2")

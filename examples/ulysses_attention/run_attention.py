@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from attention_layer import UlyssesSelfAttention  # beside this script
 
 from telefuser.distributed.mesh import ParallelConfig, init_distributed
 from telefuser.distributed.ulysses import UlyssesCommunicator
-from attention_layer import UlyssesSelfAttention  # beside this script
 from telefuser.ops.rotary import rope_frequencies
 
 

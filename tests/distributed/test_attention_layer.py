@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ulysses_reference import recording_communicator
 from examples.ulysses_attention.attention_layer import UlyssesSelfAttention
 from telefuser.ops.rotary import rope_frequencies
+from tests.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 

@@ -59,11 +59,10 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from telefuser.runtime import Runtime
+from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.models.registry import get_spec
 from telefuser.ops.attention import CUDA_SDPA_PRIORITY
-from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
 from telefuser.profiling.flop_rates import (
     NO_ATTENTION_IMPLS,
@@ -74,6 +73,7 @@ from telefuser.profiling.flop_rates import (
     flop_counter,
     rate,
 )
+from telefuser.runtime import Runtime
 from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
 
 MODEL = get_spec("lingbot_world_v2")

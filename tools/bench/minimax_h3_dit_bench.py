@@ -38,13 +38,13 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from telefuser.runtime import Runtime
+from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
 from telefuser.models.minimax_h3.packing import pack_layout
 from telefuser.models.registry import get_spec
-from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.ops.fusion import set_fusion
+from telefuser.pipelines.minimax_h3.shapes import plan_shape
 from telefuser.profiling.flop_rates import (
     NO_ATTENTION_IMPLS,
     attention_flops,
@@ -54,8 +54,8 @@ from telefuser.profiling.flop_rates import (
     flop_counter,
     rate,
 )
+from telefuser.runtime import Runtime
 from tools.bench.transport_ab import TransportSwitch, agree_on_arguments, default_transports, parse_transports, rotated
-from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
 MODEL = get_spec("minimax_h3")
 

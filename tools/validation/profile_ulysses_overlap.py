@@ -47,9 +47,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from telefuser.distributed.ulysses import UlyssesCommunicator
+from telefuser.distributed.ulysses.schedule import PHASE_QK_PREP, PHASE_SCATTER_V
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.distributed.ulysses.sequence import rank_rows
-from telefuser.distributed.ulysses.schedule import PHASE_QK_PREP, PHASE_SCATTER_V
 from telefuser.profiling.overlap import (
     OverlapReport,
     gpu_intervals_of_phase,

@@ -7,19 +7,18 @@ Residual stream in fp32; the camera scale/shift applies after self-attention and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from collections.abc import Callable
-
-from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, ChunkInputs, run_linear
-from .config import MODULATION_PARAMS, LingBotWorldV2Config
-from .kv_cache import LayerState
 from ...ops.fp8 import linear_dtype
 from ...ops.fusion import cuda_fused
 from ...ops.regions import compiled_region
+from .attention import CachedCrossAttention, CausalSelfAttention, ChunkContext, ChunkInputs, run_linear
+from .config import MODULATION_PARAMS, LingBotWorldV2Config
+from .kv_cache import LayerState
 from .norms import FP32LayerNorm, layer_norm_modulate, layer_norm_to
 
 

@@ -23,10 +23,10 @@ from torch import nn
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
-from ...ops.attention import check_attention_impl
 from ...memory.host import layer_tensors
 from ...memory.host import to_host as host_copy
 from ...memory.streaming import StreamedLayers
+from ...ops.attention import check_attention_impl
 from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
 from ...ops.fusion import fusion_enabled
 from ...ops.regions import region_compiles

@@ -21,9 +21,9 @@ from torch.func import functional_call
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
-from ...ops.attention import check_attention_impl, takes_head_dim
 from ...memory.host import layer_tensors, to_host
 from ...memory.streaming import StreamedLayers
+from ...ops.attention import check_attention_impl, takes_head_dim
 from ...ops.fp8 import quantize_blocks, quantize_linears
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
@@ -33,7 +33,15 @@ from .blocks import FinalLayer, MiniMaxH3Block, TokenRefiner, block_region
 from .config import MiniMaxH3Config
 from .embeddings import Rope3D, TimestepEmbedder
 from .modulation import AdaLNProjection, table_rows, timestep_rows
-from .packing import PACKED_SEQUENCE_ALIGNMENT, PackedLayout, pack_layout, patchify_video, unpatchify_video
+from .packing import (
+    PACKED_SEQUENCE_ALIGNMENT,
+    TAG_VIDEO,
+    Conditions,
+    PackedLayout,
+    pack_layout,
+    patchify_video,
+    unpatchify_video,
+)
 from .tp import TensorParallelState
 
 logger = logging.getLogger(__name__)
@@ -131,24 +139,35 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         block_hook: BlockHook | None = None,
         audio_channels: int = STEREO,
         adaln: AdaLNTables | None = None,
+        conditions: Conditions | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """video [B, C, T, H, W] latents; audio [B, C_a, A] latents, A = audio_channels x T_a, channel-major;
         text [B, L, text_dim] (all L rows are live text); t_video, t_audio [B] in [0, 1000] (1000 = clean).
         `adaln`: tables from `precompute_adaln` holding this call's timesteps, used instead of the projections
-        (a call they do not hold is a ValueError). Returns fp32 velocities shaped like video and audio."""
+        (a call they do not hold is a ValueError; with `conditions`, tables made with the same `conditions`).
+        `conditions` (packing.Conditions): FL2VA keyframe / Ref2VA reference rows packed between the text and the
+        audio with their own positions, tags and timesteps (max(t_video, floor) for video rows, a fixed one for
+        audio rows); they get no velocity. None: the T2VA sequence, unchanged.
+        Returns fp32 velocities shaped like video and audio (the generated rows only)."""
         self._check_inputs(video, audio, text, t_video, t_audio)
+        if conditions is not None:
+            self._check_conditions(conditions, video.shape[0], text.shape[1])
+        # [t_video, t_audio], then the condition rows' timesteps: what this call embeds and its tables are keyed by
+        timesteps = (
+            torch.cat([t_video, t_audio]) if conditions is None else _call_timesteps(t_video, t_audio, conditions)
+        )
         if adaln is None:
             if self.adaln_offloaded:
                 raise RuntimeError(
                     "MiniMaxH3DiT.forward: the AdaLN projections are offloaded (offload_adaln); pass "
                     "adaln=model.precompute_adaln(t_video_list, t_audio_list) holding this call's timesteps "
-                    f"(t_video={t_video.tolist()}, t_audio={t_audio.tolist()})"
+                    f"(t_video={t_video.tolist()}, t_audio={t_audio.tolist()}; with conditions=, the same conditions)"
                 )
-            cond = self._adaln_cond(torch.cat([t_video, t_audio]))
+            cond = self._adaln_cond(timesteps)
             block_tables, final_table = (None,) * len(self.blocks), None
         else:
             cond = None
-            block_tables, final_table = adaln.lookup(t_video, t_audio, video.device)
+            block_tables, final_table = adaln.lookup(t_video, timesteps[t_video.shape[0] :], video.device)
             if len(block_tables) != len(self.blocks):
                 raise ValueError(f"AdaLN tables for {len(block_tables)} blocks, the model has {len(self.blocks)}")
         batch, channels, lt, lh, lw = video.shape
@@ -161,13 +180,14 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
             patch_size=self.config.patch_size,
             alignment=self.sequence_alignment,
             multiple_of=world,
+            **({} if conditions is None else {"conditions": conditions.layout, "text_tags": conditions.text_tags}),
         )
         rows = layout.local_rows(rank, world)
         tags = layout.tags[rows].to(video.device)
         timesteps = timestep_rows(layout.timestep_slots[rows].to(video.device), batch)
         adaln_rows = table_rows(tags, timesteps)
 
-        hidden = self._embed_rows(layout, rows, video, audio, text)
+        hidden = self._embed_rows(layout, rows, video, audio, text, conditions)
         compiled = region_compiles(hidden)  # a compiled region takes the exchange key and the documents as a tensor
         ctx = AttentionContext(
             rope=self.rope(layout.positions[rows].to(video.device)),
@@ -218,10 +238,13 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         return [*(block.adaln_proj for block in self.blocks), self.final_layer.adaln_proj]
 
     @torch.no_grad()
-    def precompute_adaln(self, t_video: Sequence[torch.Tensor], t_audio: Sequence[torch.Tensor]) -> AdaLNTables:
-        """The AdaLN tables of the DiT calls ``forward(..., t_video[i], t_audio[i])`` ([B] each, same B): for each
-        call the same time embedding and the same ``adaln_proj(cond)`` calls as `forward` (same modules, input
-        shapes and dtype; under TP the same all-gather), so the tables are bit-identical to the per-call ones.
+    def precompute_adaln(
+        self, t_video: Sequence[torch.Tensor], t_audio: Sequence[torch.Tensor], *, conditions: Conditions | None = None
+    ) -> AdaLNTables:
+        """The AdaLN tables of the DiT calls ``forward(..., t_video[i], t_audio[i], conditions=conditions)`` ([B]
+        each, same B; `conditions` adds its rows' timesteps to each call): for each call the same time embedding and
+        the same ``adaln_proj(cond)`` calls as `forward` (same modules, input shapes and dtype; under TP the same
+        all-gather), so the tables are bit-identical to the per-call ones.
         A collective under TP: every TP rank calls it with the same timesteps. Projections offloaded by
         `offload_adaln` are copied to the compute device one at a time, for that projection's tables only."""
         if len(t_video) != len(t_audio):
@@ -235,9 +258,13 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
                     f"{tuple(ta.shape)}" + (f" (B={batch})" if batch is not None else "")
                 )
             batch = tv.shape[0]
-            timesteps = torch.cat([tv.to(device), ta.to(device)])
+            if conditions is None:
+                timesteps = torch.cat([tv.to(device), ta.to(device)])
+                key = timestep_key(tv, ta)
+            else:  # the condition rows' timesteps too, as forward embeds them (and looks them up)
+                timesteps = _call_timesteps(tv.to(device), ta.to(device), conditions)
+                key = timestep_key(timesteps[:batch], timesteps[batch:])
             _check_timesteps(timesteps)
-            key = timestep_key(tv, ta)
             if key not in conds:  # a repeated call shares its tables
                 conds[key] = self._adaln_cond(timesteps)
         outputs: dict[TimestepKey, list] = {key: [] for key in conds}
@@ -279,14 +306,25 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
             torch.cuda.empty_cache()  # hand the freed device memory back, so free-memory checks see it
         return moved
 
-    def _embed_rows(self, layout: PackedLayout, rows: slice, video, audio, text) -> torch.Tensor:
+    def _embed_rows(
+        self, layout: PackedLayout, rows: slice, video, audio, text, conditions: Conditions | None = None
+    ) -> torch.Tensor:
         """This rank's packed rows [B, S_local, hidden]: its part of each modality, in packed order, then padding.
         Only the rows a rank owns are projected; the text refiner runs when the rank owns any text row, since it
-        attends over the whole prompt."""
+        attends over the whole prompt. Condition rows go through the projection of their modality."""
         text_part, audio_part, video_part = (_overlap(s, rows) for s in (layout.text, layout.audio, layout.video))
         parts = []
         if text_part is not None:
             parts.append(self._embed_text(text)[:, text_part])
+        for sequence, modality, offset in layout.condition_parts():
+            part = _overlap(sequence, rows)
+            if part is None:
+                continue
+            source = slice(offset + part.start, offset + part.stop)
+            if modality == TAG_VIDEO:
+                parts.append(self._embed_latents(self.video_patch_proj, conditions.video[:, source]))
+            else:
+                parts.append(self._embed_latents(self.audio_patch_proj, conditions.audio.transpose(1, 2)[:, source]))
         if audio_part is not None:
             parts.append(self._embed_latents(self.audio_patch_proj, audio.transpose(1, 2)[:, audio_part]))
         if video_part is not None:
@@ -321,6 +359,31 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         if problems:
             raise ValueError("MiniMaxH3DiT.forward: " + "; ".join(problems))
         _check_timesteps(torch.cat([t_video.float(), t_audio.float()]))
+
+    def _check_conditions(self, conditions: Conditions, batch: int, text_rows: int) -> None:
+        cfg, layout = self.config, conditions.layout
+        problems = []
+        video_shape = (batch, layout.video_rows, cfg.video_patch_dim)
+        if tuple(conditions.video.shape) != video_shape:
+            problems.append(f"conditions.video must be {list(video_shape)}, got {list(conditions.video.shape)}")
+        audio_shape = (batch, cfg.audio_latents_dim, layout.audio_rows)
+        if tuple(conditions.audio.shape) != audio_shape:
+            problems.append(f"conditions.audio must be {list(audio_shape)}, got {list(conditions.audio.shape)}")
+        tags = conditions.text_tags
+        if tags is not None and tuple(tags.shape) != (text_rows,):
+            problems.append(f"conditions.text_tags must be [{text_rows}], got {list(tags.shape)}")
+        if problems:
+            raise ValueError("MiniMaxH3DiT.forward: " + "; ".join(problems))
+
+
+def _call_timesteps(t_video: torch.Tensor, t_audio: torch.Tensor, conditions: Conditions) -> torch.Tensor:
+    """The [4B] timesteps a conditioned call embeds, in timestep-slot order (packing.VIDEO_TIMESTEP,
+    AUDIO_TIMESTEP, CONDITION_VIDEO_TIMESTEP, CONDITION_AUDIO_TIMESTEP): video condition rows at
+    max(t_video, floor), audio ones at their fixed timestep (diffusers' `MiniMaxH3SetTimestepsStep`)."""
+    floor = torch.full_like(t_video, conditions.video_timestep_floor)
+    return torch.cat(
+        [t_video, t_audio, torch.maximum(t_video, floor), torch.full_like(t_video, conditions.audio_timestep)]
+    )
 
 
 def _check_timesteps(ts: torch.Tensor) -> None:

@@ -4,6 +4,7 @@ The causal DiT, its camera geometry and its key vocabulary live in `telefuser.mo
 pipeline drives any DiT with the same session contract. See README.md for facts, sources and assumptions.
 """
 
+from ...models.lingbot_world_v2.controls import CONTROL_KEYS, normalize_keys  # the model's vocabulary
 from .camera_control import (
     CameraFactory,
     CameraGeometry,
@@ -14,7 +15,6 @@ from .camera_control import (
     lingbot_camera,
     no_camera,
 )
-from ...models.lingbot_world_v2.controls import CONTROL_KEYS, normalize_keys  # the model's vocabulary
 from .controls import ControlTrace, load_control_trace, parse_control_trace
 from .loading import build_lingbot_pipeline, resolve_checkpoint
 from .metrics import format_summary, seconds_summary, summarize

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...memory.plan import Placement
 from ...memory.streaming import streamed_layers
+from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime, torch_dtype
 from .camera_control import CameraFactory, lingbot_camera

@@ -1,5 +1,5 @@
-"""Assemble a `MiniMaxH3Pipeline` from a checkpoint folder (the release, its ``FL2VA/`` partition or a diffusers
-directory) or from random weights.
+"""Assemble a `MiniMaxH3Pipeline` from a checkpoint folder (the release, its ``FL2VA/`` or ``Ref2VA/`` partition or a
+diffusers directory) or from random weights.
 
 The layouts are in this folder's README. The VAEs load first (seconds), so a folder with a broken VAE fails before
 the 120 GB of DiT and text encoder; the DiT modules are imported inside the functions, so this package imports (and
@@ -18,7 +18,7 @@ from ...memory.plan import Placement
 from ...memory.streaming import streamed_layers
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
-from .pipeline import DEFAULT_TIMESTEP_SCALE, MiniMaxH3Pipeline
+from .pipeline import DEFAULT_TIMESTEP_SCALE, PARTITION_TASKS, MiniMaxH3Pipeline
 from .scheduler import DEFAULT_NUM_STEPS
 from .shapes import OFFICIAL_SHORT_EDGE
 from .text_encoder import (
@@ -35,14 +35,26 @@ from .vae_checkpoint import load_audio_vae, load_video_vae
 RANDOM = "random (no checkpoint)"
 TINY_TEXT_LAYERS = 2
 DEFAULT_DURATION = 5.0  # seconds: the official request
+PARTITIONS = tuple(PARTITION_TASKS)  # ("FL2VA", "Ref2VA")
+# Random weights: the Ref2VA DiT is another seeded draw than the FL2VA one (its text encoder and VAEs are the same).
+REF2VA_RANDOM_SEED_OFFSET = 1
 
 
 def resolve_partition(checkpoint: str | Path, partition: str = "FL2VA") -> Path:
-    """The folder that holds ``transformer/``: ``<root>/<partition>`` or `checkpoint` itself."""
+    """The folder that holds ``transformer/``: ``<root>/<partition>`` or `checkpoint` itself. A partition folder
+    named after the other partition (``.../FL2VA`` asked for "Ref2VA") is refused: its DiT is the wrong one."""
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
     root = Path(checkpoint)
-    for candidate in (root / partition, root):
-        if (candidate / "transformer").is_dir():
-            return candidate
+    if (root / partition / "transformer").is_dir():
+        return root / partition
+    others = {p.lower() for p in PARTITIONS if p != partition}
+    if root.name.lower() in others and (root / "transformer").is_dir():
+        raise FileNotFoundError(
+            f"{root} is the {root.name} partition; a {partition} pipeline needs the {partition} DiT"
+        )
+    if (root / "transformer").is_dir():
+        return root
     raise FileNotFoundError(f"{root} is not a MiniMax H3 checkpoint: no {partition}/transformer or transformer folder")
 
 
@@ -67,8 +79,12 @@ def build_minimax_h3_pipeline(
     placement: Placement | None = None,
     qkv_layout: str | None = None,
     quantization: str = "none",
+    partition: str = "FL2VA",
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
+    `partition` picks the DiT: "FL2VA" (T2VA and FL2VA requests: ``<root>/FL2VA``) or "Ref2VA" (Ref2VA requests:
+    ``<root>/Ref2VA``; random weights: another seeded DiT, `REF2VA_RANDOM_SEED_OFFSET`); `pipeline.partition_for_task`
+    maps a task to it.
     `placement` (a `memory.plan.Placement`; None: everything on `device`) says which layers of the ``text_encoder``,
     ``adaln`` and ``dit`` stacks stay on the device; the others are put in pinned host memory as they load, one
     tensor or block at a time, and stream while they run (`PromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
@@ -77,6 +93,8 @@ def build_minimax_h3_pipeline(
     loaded (after TP: each rank quantizes its slices)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
     where = Where.of(placement)
     pipe = _build(
         config=config,
@@ -91,6 +109,7 @@ def build_minimax_h3_pipeline(
         where=where,
         qkv_layout=qkv_layout,
         quantization=quantization,
+        partition=partition,
     )
     dit = pipe.dit
     if quantization != "none":
@@ -188,6 +207,7 @@ def _build(
     where: Where,
     qkv_layout,
     quantization: str,
+    partition: str = "FL2VA",
 ) -> MiniMaxH3Pipeline:
     device = torch.device(device)
     if checkpoint is not None:
@@ -202,6 +222,7 @@ def _build(
             where=where,
             qkv_layout=qkv_layout,
             quantization=quantization,
+            partition=partition,
         )
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
@@ -220,9 +241,10 @@ def _build(
     on_device = device.type == "cuda"
     finish = where.finish_block(quantization)
     dense = mesh is None or mesh.config.tp_degree == 1  # TP slices after the draw: blocks are finished after it
+    dit_seed = seed + (REF2VA_RANDOM_SEED_OFFSET if partition == "Ref2VA" else 0)
     dit = build_random_minimax_h3_dit(
         dit_config,
-        seed,
+        dit_seed,
         device,
         dtype,
         attn_impl=attn_impl,
@@ -252,9 +274,11 @@ def _build(
         device=device,
         patch_size=tuple(dit_config.patch_size),
         timestep_scale=timestep_scale,
+        partition=partition,
         weights={
-            "summary": f"{RANDOM}, {config} sizes",
-            "dit": getattr(dit, "weights_source", RANDOM),
+            "summary": f"{RANDOM}, {config} sizes" + ("" if partition == "FL2VA" else f", {partition} DiT"),
+            "dit": getattr(dit, "weights_source", RANDOM)
+            + ("" if partition == "FL2VA" else f" ({partition}: seed {dit_seed})"),
             "text_encoder": RANDOM + _streamed_note(where.text_encoder, text_layers),
             "tokenizer": tokenizer.description,
             "video_vae": f"{RANDOM}, {config} sizes (diffusers AutoencoderKLMiniMaxH3)",
@@ -276,8 +300,9 @@ def _from_checkpoint(
     where: Where,
     qkv_layout: str | None,
     quantization: str,
+    partition: str = "FL2VA",
 ) -> MiniMaxH3Pipeline:
-    part = resolve_partition(checkpoint)
+    part = resolve_partition(checkpoint, partition)
     video_vae = load_video_vae(_first_dir(part, "video_vae", "vae"), device=device, dtype=dtype)
     audio_vae = load_audio_vae(_first_dir(part, "audio_vae"), device=device)
     from telefuser.models.minimax_h3.checkpoint import load_minimax_h3_dit
@@ -306,6 +331,7 @@ def _from_checkpoint(
         device=device,
         patch_size=patch_size,
         timestep_scale=timestep_scale,
+        partition=partition,
         weights={
             "summary": str(part),
             "dit": f"{part / 'transformer'} ({getattr(dit, 'checkpoint_layout', 'layout not recorded')})",

@@ -1,17 +1,22 @@
-"""MiniMax H3 text -> video + audio: encode the prompt, denoise both latents with one DiT, decode.
+"""MiniMax H3 text (+ keyframes or references) -> video + audio: encode the prompt, denoise both latents with one
+DiT, decode.
 
-The DiT is injected (its contract is in this folder's README); noise follows diffusers' MiniMax H3 pipeline, so a
-run is comparable with it seed for seed. Progress and cancellation are the call's own (`hooks`: pipelines/hooks.py).
+T2VA and FL2VA (first / last keyframes) run the FL2VA DiT, Ref2VA (image, video, audio references) the Ref2VA one: a
+pipeline holds one of them (`partition`). The conditions are prepared in `conditions.py`. The DiT is injected (its
+contract is in this folder's README); noise follows diffusers' MiniMax H3 pipeline, so a run is comparable with it
+seed for seed. Progress and cancellation are the call's own (`hooks`: pipelines/hooks.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from PIL import Image
 from tqdm.auto import tqdm
 
 from telefuser.feature_cache import AdaTaylorCache, AdaTaylorCacheCalibrator, AdaTaylorParams, params_path
@@ -19,6 +24,14 @@ from telefuser.profiling.timing import MemoryPeaks, Stopwatch, peak_memory, rese
 
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
+from .conditions import (
+    ConditionRequest,
+    ImageReference,
+    ReferencePolicy,
+    encode_conditions,
+    pack_conditions,
+    resolve_canvas,
+)
 from .scheduler import DEFAULT_AUDIO_FLOW_SHIFT, DEFAULT_NUM_STEPS, DEFAULT_VIDEO_FLOW_SHIFT, FlowSchedule
 from .shapes import (
     AUDIO_LATENT_CHANNELS,
@@ -36,12 +49,23 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMESTEP_SCALE = 1000.0
 CHECKPOINT_PREFIX = "checkpoint"  # how a loaded DiT's weights_source starts (checkpoint_io.finish_loading)
+# The release's two DiT partitions and the tasks each runs (diffusers: `transformer` and `transformer_ref`).
+PARTITION_TASKS = {"FL2VA": ("t2va", "fl2va"), "Ref2VA": ("ref2va",)}
+
+
+def partition_for_task(task: str) -> str:
+    """The DiT partition a task runs on: "FL2VA" for "t2va" and "fl2va", "Ref2VA" for "ref2va"."""
+    for partition, tasks in PARTITION_TASKS.items():
+        if task in tasks:
+            return partition
+    raise ValueError(f"task must be one of t2va, fl2va, ref2va, got {task!r}")
 
 
 @dataclass
 class MiniMaxH3Timings:
     pipeline_s: float = 0.0
     text_encode_s: float = 0.0
+    condition_encode_s: float = 0.0  # FL2VA / Ref2VA: media normalization and VAE encodes
     adaln_tables_s: float = 0.0
     dit_total_s: float = 0.0
     dit_step_s: list[float] = field(default_factory=list)
@@ -56,6 +80,7 @@ class MiniMaxH3Timings:
         return {
             "pipeline_s": self.pipeline_s,
             "text_encode_s": self.text_encode_s,
+            "condition_encode_s": self.condition_encode_s,
             "adaln_tables_s": self.adaln_tables_s,
             "dit_total_s": self.dit_total_s,
             "dit_step_s": list(self.dit_step_s),
@@ -106,7 +131,8 @@ class MiniMaxH3Result:
 
 
 class MiniMaxH3Pipeline:
-    """One T2VA request per call. Holds its components; `close()` releases the DiT's parallel state."""
+    """One request per call: T2VA or FL2VA with the FL2VA DiT, Ref2VA with the Ref2VA DiT (`partition`). Holds its
+    components; `close()` releases the DiT's parallel state."""
 
     def __init__(
         self,
@@ -121,10 +147,18 @@ class MiniMaxH3Pipeline:
         weights: dict[str, str] | None = None,
         show_progress: bool = True,
         adaln_tables: bool = False,
+        partition: str = "FL2VA",
+        reference_policy: ReferencePolicy | None = None,
     ) -> None:
         """`adaln_tables`: precompute each request's AdaLN tables (`MiniMaxH3DiT.precompute_adaln`, exact) when the
         DiT has the method; required when its projections are offloaded (`offload_adaln` turns it on). Off by
-        default until the path has run on a GPU: the per-call projections are what was measured there."""
+        default until the path has run on a GPU: the per-call projections are what was measured there.
+        `partition`: which DiT `dit` is, "FL2VA" (T2VA and FL2VA requests) or "Ref2VA" (Ref2VA requests).
+        `reference_policy`: the geometry Ref2VA references are normalized to (default: the release's)."""
+        if partition not in PARTITION_TASKS:
+            raise ValueError(f"partition must be one of {', '.join(PARTITION_TASKS)}, got {partition!r}")
+        self.partition = partition
+        self.reference_policy = reference_policy or ReferencePolicy()
         self.dit = dit
         self.adaln_tables = bool(adaln_tables)
         self.prompt_encoder = prompt_encoder
@@ -162,6 +196,8 @@ class MiniMaxH3Pipeline:
         shape = self.plan(duration=duration, resolution=resolution, aspect_ratio=aspect_ratio)
         other_frames = MIN_FRAMES if shape.frame_count != MIN_FRAMES else align_frame_count(MIN_FRAMES + 1)
         common = dict(resolution=resolution, aspect_ratio=aspect_ratio, steps=2, seed=0)
+        if self.partition == "Ref2VA":  # its DiT runs only with references: a grey image one
+            common["references"] = (ImageReference(Image.new("RGB", (64, 64), (128, 128, 128))),)
         self("warm-up", duration=duration, **common)
         self(
             "a second warm-up request, whose prompt is longer than the first one's",
@@ -182,22 +218,36 @@ class MiniMaxH3Pipeline:
         *,
         duration: float = 5.0,
         resolution: int | str | tuple[int, int] = OFFICIAL_SHORT_EDGE,
-        aspect_ratio: str = "16:9",
+        aspect_ratio: str | None = None,
         steps: int = DEFAULT_NUM_STEPS,
         seed: int = 0,
         flow_shift: float = DEFAULT_VIDEO_FLOW_SHIFT,
         audio_flow_shift: float = DEFAULT_AUDIO_FLOW_SHIFT,
         feature_cache=None,
         hooks: StepHooks = NO_HOOKS,
+        first_frame=None,
+        last_frame=None,
+        references: Sequence = (),
     ) -> MiniMaxH3Result:
         """Generate one clip. `feature_cache`: None / "none", "ada_taylor" (bundled H3 parameters), or a hook
         object with ``set_step`` (an `AdaTaylorCache` with other parameters, an `AdaTaylorCacheCalibrator`).
+
+        FL2VA: `first_frame` and/or `last_frame` (an RGB PIL image or a uint8 (H, W, 3) array); the canvas is the
+        first keyframe's aspect ratio at the `resolution` short edge unless `aspect_ratio` names one (or
+        `resolution` is WIDTHxHEIGHT). Ref2VA (a pipeline built with partition="Ref2VA"): `references`, an ordered
+        sequence of `conditions.ImageReference` / `VideoReference` / `AudioReference` (at most 9 images, 3 videos,
+        3 audio, 12 in all; audio never alone); `aspect_ratio` defaults to 16:9. Both are ValueErrors on the other
+        partition, as are keyframes and references together.
 
         `hooks` (pipelines/hooks.py): ``progress(done, total)`` runs after each DiT call; ``cancelled()`` is asked
         before each, and a True answer raises `GenerationCancelled` (under Ulysses/TP every rank must give the same
         answers)."""
         _check_request(prompt, steps)
-        shape = self.plan(duration=duration, resolution=resolution, aspect_ratio=aspect_ratio)
+        conditioned = ConditionRequest.of(first_frame, last_frame, references)
+        self._check_task(conditioned.task)
+        canvas, canvas_ratio = resolve_canvas(conditioned, resolution, aspect_ratio, self._canvas_multiple)
+        aspect_ratio = aspect_ratio or ("auto" if conditioned.task == "fl2va" else "16:9")  # as recorded
+        shape = self.plan(duration=duration, resolution=canvas, aspect_ratio=canvas_ratio)
         schedule = FlowSchedule.build(steps, flow_shift, audio_flow_shift)
         cache = self._feature_cache(feature_cache, schedule.num_dit_calls)
         device, timings = self.device, MiniMaxH3Timings()
@@ -211,8 +261,34 @@ class MiniMaxH3Pipeline:
             text = self.prompt_encoder(prompt, device)
         timings.text_encode_s = sw.seconds
         stages.mark("text")
-        video, audio = initial_noise(shape, seed, device)
-        video, audio = self._denoise(schedule, video, audio, text, cache, hooks, timings, stages)
+        conditions = None
+        if conditioned.task == "t2va":
+            video, audio = initial_noise(shape, seed, device)
+        else:
+            with Stopwatch(device) as sw:
+                encoded = encode_conditions(
+                    conditioned,
+                    shape,
+                    self.video_decoder,
+                    self.audio_decoder,
+                    self.reference_policy,
+                    self._canvas_multiple,
+                )
+            timings.condition_encode_s = sw.seconds
+            stages.mark("conditions")
+            # one generator, as in diffusers: each visual condition's noise first, then the generated rows'
+            generator = torch.Generator("cpu").manual_seed(seed)
+            conditions = pack_conditions(
+                encoded,
+                text_rows=text.shape[1],
+                shape=shape,
+                generator=generator,
+                patch_size=self.patch_size,
+                device=device,
+                timestep_scale=self.timestep_scale,
+            )
+            video, audio = draw_noise(shape, generator, device)
+        video, audio = self._denoise(schedule, video, audio, text, cache, hooks, timings, stages, conditions)
         frames, waveform = self._decode(video, audio, timings)
         stages.mark("decode")
         timings.pipeline_s = time.perf_counter() - started
@@ -223,6 +299,8 @@ class MiniMaxH3Pipeline:
         stats = cache.stats() if cache is not None else {"computed": schedule.num_dit_calls, "skipped": 0}
         request = {
             "prompt": prompt,
+            "task": conditioned.task,
+            **({"conditions": conditioned.describe()} if conditions is not None else {}),
             "duration_s": duration,
             "resolution": resolution if not isinstance(resolution, tuple) else list(resolution),
             "aspect_ratio": aspect_ratio,
@@ -252,11 +330,26 @@ class MiniMaxH3Pipeline:
             stage_peak_bytes=stages.as_dict(),
         )
 
-    def _denoise(self, schedule: FlowSchedule, video, audio, text, cache, hooks: StepHooks, timings, stages):
+    def _check_task(self, task: str) -> None:
+        if task not in PARTITION_TASKS[self.partition]:
+            needed = partition_for_task(task)
+            what = {"ref2va": "references", "fl2va": "keyframes", "t2va": "no keyframes or references"}[task]
+            raise ValueError(
+                f"a {task} request ({what}) runs on the {needed} DiT, but this pipeline holds the {self.partition} "
+                f"one: build it with build_minimax_h3_pipeline(..., partition={needed!r})"
+            )
+
+    @property
+    def _canvas_multiple(self) -> int:
+        return 16 * max(self.patch_size[1], self.patch_size[2])
+
+    def _denoise(
+        self, schedule: FlowSchedule, video, audio, text, cache, hooks: StepHooks, timings, stages, conditions=None
+    ):
         """Every DiT call of the schedule, timed one by one, with the hooks around each."""
         device, total = self.device, schedule.num_dit_calls
         with Stopwatch(device) as sw:
-            adaln = self._precompute_adaln(schedule, video.shape[0])
+            adaln = self._precompute_adaln(schedule, video.shape[0], conditions)
         timings.adaln_tables_s = sw.seconds
         stages.mark("tables")
         try:
@@ -265,7 +358,7 @@ class MiniMaxH3Pipeline:
                 if hooks.cancelled():
                     raise GenerationCancelled(step)
                 with Stopwatch(device) as sw:
-                    video, audio = self._denoise_step(schedule, step, video, audio, text, cache, adaln)
+                    video, audio = self._denoise_step(schedule, step, video, audio, text, cache, adaln, conditions)
                 timings.dit_step_s.append(sw.seconds)
                 hooks.progress(step + 1, total)
         finally:
@@ -292,20 +385,23 @@ class MiniMaxH3Pipeline:
         ta = (t_audio * self.timestep_scale).to(self.device, torch.float32).expand(batch)
         return tv, ta
 
-    def _precompute_adaln(self, schedule: FlowSchedule, batch: int):
+    def _precompute_adaln(self, schedule: FlowSchedule, batch: int, conditions=None):
         """The AdaLN tables of every DiT call of the schedule (a feature cache may skip some: a few unused), or
         None when disabled or the DiT cannot make them. Under TP a collective, on every rank alike."""
         precompute = getattr(self.dit, "precompute_adaln", None)
         if not self.adaln_tables or not callable(precompute):
             return None
         times = [self._dit_times(schedule, step, batch) for step in range(schedule.num_dit_calls)]
-        return precompute([tv for tv, _ in times], [ta for _, ta in times])
+        extra = {} if conditions is None else {"conditions": conditions}  # their rows' timesteps are in the tables
+        return precompute([tv for tv, _ in times], [ta for _, ta in times], **extra)
 
-    def _denoise_step(self, schedule: FlowSchedule, step: int, video, audio, text, cache, adaln=None):
+    def _denoise_step(self, schedule: FlowSchedule, step: int, video, audio, text, cache, adaln=None, conditions=None):
         if cache is not None:
             cache.set_step(step)
         tv, ta = self._dit_times(schedule, step, video.shape[0])
         tables = {} if adaln is None else {"adaln": adaln}  # a DiT without tables keeps its own call signature
+        if conditions is not None:  # T2VA calls keep the signature of a DiT without conditions, too
+            tables["conditions"] = conditions
         v_video, v_audio = self.dit(video, audio, text, tv, ta, block_hook=cache, **tables)
         if v_video.shape != video.shape or v_audio.shape != audio.shape:
             raise RuntimeError(
@@ -356,7 +452,13 @@ def _check_request(prompt: str, steps: int) -> None:
 def initial_noise(shape: MiniMaxH3Shape, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Video [1, 24, T, h, w] and audio [1, 32, 2 * Ta] fp32 noise from one CPU generator, video first (identical on
     every rank, and to diffusers' pipeline given ``torch.Generator("cpu").manual_seed(seed)``)."""
-    generator = torch.Generator("cpu").manual_seed(seed)
+    return draw_noise(shape, torch.Generator("cpu").manual_seed(seed), device)
+
+
+def draw_noise(
+    shape: MiniMaxH3Shape, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`initial_noise` from a given CPU generator (FL2VA / Ref2VA: after the conditions' draws)."""
     video = torch.randn(shape.video_latent_shape, generator=generator)
     # drawn as token rows [2 * Ta, 32] like the reference; transposing keeps the same numbers per token
     rows = torch.randn(shape.audio_tokens, AUDIO_LATENT_CHANNELS, generator=generator)

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from telefuser.memory.host import HostResident
-
 from telefuser.models.checkpoint_io import RANDOM_WEIGHTS, fill_random, finish_loading
 
 from .shapes import AUDIO_CHANNELS

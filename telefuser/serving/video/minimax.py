@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-
 from telefuser.memory.plan import plan_or_exit
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 
