@@ -18,8 +18,9 @@ from pathlib import Path
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
+from telefuser.models.minimax_h3.lora import LoraError
 from telefuser.models.registry import get_spec
-from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, plan_shape
+from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, load_reference, partition_for_task, plan_shape
 from telefuser.pipelines.minimax_h3.loading import request_from_args
 from telefuser.pipelines.minimax_h3.presets import PRESETS, get_preset
 from telefuser.profiling.timing import device_peaks
@@ -34,7 +35,32 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--duration", type=float, default=5.0, help="seconds; snapped up to 17n+5 frames at 24 fps")
     p.add_argument("--resolution", default="768", help="short edge in pixels (with --aspect-ratio) or WIDTHxHEIGHT")
-    p.add_argument("--aspect-ratio", default="16:9", choices=list(ASPECT_RATIOS))
+    p.add_argument(
+        "--aspect-ratio",
+        default=None,
+        choices=list(ASPECT_RATIOS),
+        help="default: the first keyframe's (FL2VA), else 16:9",
+    )
+    conditions = p.add_argument_group("keyframes (FL2VA) and references (Ref2VA: the release's Ref2VA DiT)")
+    conditions.add_argument("--image", type=Path, default=None, metavar="FIRST", help="the first keyframe (an image)")
+    conditions.add_argument("--last-image", type=Path, default=None, metavar="LAST", help="the last keyframe")
+    conditions.add_argument(
+        "--reference",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a reference, in order, repeatable: an image, a video or an audio file (told apart by extension: "
+        f"{', '.join(sorted(REFERENCE_KINDS))}); runs Ref2VA",
+    )
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="PATH[:SCALE]",
+        help="a LoRA file merged into the DiT at SCALE (default 1), repeatable (stacked); any producer's format "
+        "diffusers reads; refused if it was trained for the other DiT partition",
+    )
     p.add_argument(
         "--preset",
         choices=list(PRESETS),
@@ -63,11 +89,51 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true")
     add_runtime_args(p, tp=True)
     args = p.parse_args()
+    try:
+        args.loras = [lora_argument(text) for text in args.lora]
+        args.references = [load_reference(reference_kind(path), path) for path in args.reference]
+    except (ValueError, OSError) as exc:
+        p.error(str(exc))
+    if args.references and (args.image or args.last_image):
+        p.error("keyframes (--image, --last-image) and --reference run on different DiTs: give one or the other")
+    args.task = "ref2va" if args.references else "fl2va" if (args.image or args.last_image) else "t2va"
     preset = get_preset(args.preset)  # what the preset fills in, where the flags leave it
     args.steps = preset.steps if args.steps is None else args.steps
     args.flow_shift = preset.video_shift if args.flow_shift is None else args.flow_shift
     args.audio_flow_shift = preset.audio_shift if args.audio_flow_shift is None else args.audio_flow_shift
     return args
+
+
+REFERENCE_KINDS = {
+    **{ext: "image" for ext in (".png", ".jpg", ".jpeg", ".webp", ".bmp")},
+    **{ext: "video" for ext in (".mp4", ".mov", ".webm", ".mkv", ".avi")},
+    **{ext: "audio" for ext in (".wav", ".flac", ".mp3", ".ogg", ".m4a")},
+}
+
+
+def reference_kind(path: Path) -> str:
+    kind = REFERENCE_KINDS.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"--reference {path}: cannot tell an image, a video or an audio file by {path.suffix!r}")
+    return kind
+
+
+def _image(path: Path | None):
+    if path is None:
+        return None
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+def lora_argument(text: str) -> tuple[Path, float]:
+    """``PATH[:SCALE]`` -> (path, scale); a suffix that is not a number stays part of the path."""
+    path, _, scale = text.rpartition(":")
+    try:
+        return (Path(path), float(scale)) if path else (Path(text), 1.0)
+    except ValueError:
+        return Path(text), 1.0
 
 
 def main() -> None:
@@ -78,19 +144,25 @@ def main() -> None:
     if args.calibrate_feature_cache and args.calibrate_feature_cache.resolve() == metrics_path.resolve():
         raise SystemExit(f"--calibrate-feature-cache {metrics_path} would be overwritten by the metrics JSON")
     # Refuse a bad request before any weight is loaded (the pipeline checks again with the DiT's patch size).
-    plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio)
+    plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio or "16:9")
     FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
     runtime = Runtime.from_args(args)
     attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
     memory = plan_or_exit(MODEL, args, runtime, request_from_args(args))  # before any weight loads, agreed by all
-    pipe = MODEL.build_pipeline(
-        args,
-        runtime,
-        attn_impl=attn_impl,
-        placement=memory.placement,
-        seed=args.seed,
-        show_progress=not args.no_progress,
-    )
+    try:
+        pipe = MODEL.build_pipeline(
+            args,
+            runtime,
+            attn_impl=attn_impl,
+            placement=memory.placement,
+            seed=args.seed,
+            show_progress=not args.no_progress,
+            partition=partition_for_task(args.task),
+            loras=args.loras,
+        )
+    except LoraError as exc:  # read before any weight loads: a start-up mistake, not a crash
+        runtime.close()
+        raise SystemExit(f"error: {exc}") from None
     load_peak = device_peaks(runtime.device)  # loading one tensor or block at a time: never above the plan
     feature_cache = None
     if args.enable_feature_cache:
@@ -108,6 +180,9 @@ def main() -> None:
             flow_shift=args.flow_shift,
             audio_flow_shift=args.audio_flow_shift,
             feature_cache=feature_cache,
+            first_frame=_image(args.image),
+            last_frame=_image(args.last_image),
+            references=args.references,
         )
         if runtime.rank == 0:
             if args.calibrate_feature_cache:
@@ -139,6 +214,8 @@ def report(args: argparse.Namespace, result, runtime: Runtime, attn_impl: str, m
         "dtype": runtime.dtype_name,
         "config": args.config if args.checkpoint is None else "checkpoint",
         "preset": args.preset,
+        "task": args.task,
+        "loras": [f"{path}:{scale:g}" for path, scale in args.loras],
     }
     metrics["memory_plan"] = memory.as_dict()
     metrics["load_peak_bytes"] = load_peak

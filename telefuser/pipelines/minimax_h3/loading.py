@@ -9,7 +9,8 @@ its tests run) without them.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +37,8 @@ RANDOM = "random (no checkpoint)"
 TINY_TEXT_LAYERS = 2
 DEFAULT_DURATION = 5.0  # seconds: the official request
 PARTITIONS = tuple(PARTITION_TASKS)  # ("FL2VA", "Ref2VA")
+# the diffusers component a LoRA for each partition targets (models.minimax_h3.lora.PARTITIONS, inverted)
+LORA_PARTITIONS = {"FL2VA": "transformer", "Ref2VA": "transformer_ref"}
 # Random weights: the Ref2VA DiT is another seeded draw than the FL2VA one (its text encoder and VAEs are the same).
 REF2VA_RANDOM_SEED_OFFSET = 1
 
@@ -80,6 +83,8 @@ def build_minimax_h3_pipeline(
     qkv_layout: str | None = None,
     quantization: str = "none",
     partition: str = "FL2VA",
+    loras: Sequence[tuple[str | Path, float]] = (),
+    lora_switching: bool = False,
 ) -> MiniMaxH3Pipeline:
     """`config` picks the random-weight sizes ("tiny" or "official") when `checkpoint` is None.
     `partition` picks the DiT: "FL2VA" (T2VA and FL2VA requests: ``<root>/FL2VA``) or "Ref2VA" (Ref2VA requests:
@@ -90,12 +95,23 @@ def build_minimax_h3_pipeline(
     tensor or block at a time, and stream while they run (`PromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
     `MiniMaxH3DiT.stream_blocks`). `qkv_layout` is passed to the DiT loader (for re-exported single files).
     `quantization` "fp8" runs the joint blocks' GEMMs in FP8, each block quantized on the device as soon as it is
-    loaded (after TP: each rank quantizes its slices)."""
+    loaded (after TP: each rank quantizes its slices).
+    `loras`: ``(file, scale)`` pairs merged into the DiT once it is loaded (`models.minimax_h3.lora`; every file is
+    read, and refused if it does not fit this partition's DiT, before any weight loads). `lora_switching` keeps what
+    a later `lora.apply` needs to switch LoRA sets exactly (a service's per-job LoRAs): host copies of the touched
+    weights and, under FP8, of every block's dense FP8 linears; not with streamed blocks."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if partition not in PARTITIONS:
         raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
     where = Where.of(placement)
+    if lora_switching and where.dit is not None:
+        raise ValueError("switching LoRAs needs the DiT's blocks resident: use --offload none or model, not block")
+    from telefuser.models.minimax_h3 import lora
+
+    lora_files = [(lora.read_lora(path, partition=LORA_PARTITIONS[partition]), float(s)) for path, s in loras]
+    keep_dense = quantization == "fp8" and bool(lora_files or lora_switching)  # FP8 re-quantizes from these
+    where = replace(where, keep_dense=keep_dense)
     pipe = _build(
         config=config,
         checkpoint=checkpoint,
@@ -114,6 +130,9 @@ def build_minimax_h3_pipeline(
     dit = pipe.dit
     if quantization != "none":
         dit.weights_source = f"{dit.weights_source}, fp8 GEMMs"
+    if lora_files:  # before any block streams: a merge writes the blocks where they live
+        lora.merge(dit, lora_files, reversible=lora_switching)
+        pipe.weights["loras"] = ", ".join(f"{file.name} x{scale:g}" for file, scale in lora_files)
     notes = []
     if where.adaln is not None:
         moved = dit.offload_adaln(resident=where.adaln)
@@ -140,6 +159,7 @@ class Where:
     adaln: int | None = None
     dit: int | None = None
     vae: bool = False  # the VAEs live in host memory, lent to the device for each decode
+    keep_dense: bool = False  # keep each block's dense FP8 linears in host memory before quantizing (LoRA merges)
 
     @classmethod
     def of(cls, placement: Placement | None) -> Where:
@@ -156,6 +176,10 @@ class Where:
 
         def finish(model, index: int) -> None:
             streamed = () if self.dit is None else streamed_layers(len(model.blocks), self.dit)
+            if self.keep_dense:
+                from telefuser.models.minimax_h3.lora import keep_dense_weights
+
+                keep_dense_weights(model, blocks=[index])
             model.finish_block(
                 index,
                 quantization=quantization,
