@@ -255,3 +255,33 @@ def test_a_placement_streams_only_what_its_tier_offloads():
     assert placement_for(toy, "block").offloaded == {"dit", "text_encoder", "vae"}
     placement = Placement("block", {"dit": 3, "text_encoder": 0, "vae": 0}, frozenset({"dit"}))
     assert placement.resident_layers("dit") == 3 and placement.resident_layers("text_encoder") is None
+
+
+def test_keyframes_and_references_add_their_rows_to_the_minimax_plan():
+    from telefuser.pipelines.minimax_h3.memory import condition_rows
+    from telefuser.pipelines.minimax_h3.shapes import plan_shape
+
+    config = _minimax_config("official")
+    shape = plan_shape(duration_s=5, resolution="768", aspect_ratio="16:9")
+    frame = (shape.latent_h // 2) * (shape.latent_w // 2)  # one latent frame: 48 x 84 latents, 24 x 42 rows
+    assert condition_rows(shape, config, 2, ()) == 2 * frame == 2 * 24 * 42
+    # a 16:9 image reference at the 2048-pixel short edge: 3648 x 2048 pixels, 228 x 128 latents, 114 x 64 rows
+    assert condition_rows(shape, config, 0, [("image", (1920, 1080))]) == 114 * 64
+    assert condition_rows(shape, config, 0, ["audio"]) == shape.audio_tokens
+    args = _minimax_args(config="official")
+    plain, keyed = (
+        workload_of(args, {"duration": 5, "resolution": "768", "steps": 9, **extra}) for extra in ({}, {"keyframes": 2})
+    )
+    assert plain.stages[2].transient["activations"] < keyed.stages[2].transient["activations"]
+
+
+def _minimax_config(size: str):
+    from telefuser.models.minimax_h3 import MiniMaxH3Config
+
+    return MiniMaxH3Config.tiny() if size == "tiny" else MiniMaxH3Config()
+
+
+def workload_of(args, request):
+    from telefuser.pipelines.minimax_h3.memory import workload
+
+    return workload(args, ParallelConfig(), torch.bfloat16, request)

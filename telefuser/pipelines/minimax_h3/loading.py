@@ -208,13 +208,28 @@ def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) 
 
 def request_from_args(args: argparse.Namespace) -> dict:
     """The request an entry point's flags describe (`run_t2va.py`'s --duration, --resolution, --aspect-ratio,
-    --steps), with the official request's values for those it lacks: what the memory plan is made for."""
+    --steps, its keyframes and loaded references), with the official request's values for those it lacks: what the
+    memory plan is made for."""
+    keyframes = sum(getattr(args, name, None) is not None for name in ("image", "last_image"))
     return {
         "duration": getattr(args, "duration", None) or DEFAULT_DURATION,
         "resolution": getattr(args, "resolution", None) or str(OFFICIAL_SHORT_EDGE),
         "aspect_ratio": getattr(args, "aspect_ratio", None) or "16:9",
         "steps": getattr(args, "steps", None) or DEFAULT_NUM_STEPS,
+        "keyframes": keyframes,
+        "references": [reference_size(ref) for ref in getattr(args, "references", None) or ()],
     }
+
+
+def reference_size(reference) -> tuple[str, tuple[int, int] | None]:
+    """(kind, (width, height) of an image reference), what the memory plan counts a reference by."""
+    if reference.kind != "image":
+        return reference.kind, None
+    image = reference.image
+    if hasattr(image, "size") and not callable(image.size):  # PIL: (width, height)
+        return "image", tuple(image.size)
+    shape = tuple(image.shape)
+    return "image", (shape[1], shape[0]) if shape[-1] in (3, 4) else (shape[2], shape[1])
 
 
 def _build(

@@ -28,6 +28,7 @@ from .shapes import plan_shape
 # and tables on the H100 (docs/perf/2026-12-06).
 ACTIVATION_HIDDEN, ACTIVATION_FFN = 7, 3
 TEXT_TOKENS = 1024  # a generous prompt; the joint sequence holds the text tokens too
+IMAGE_REFERENCE_SHORT_EDGE, VAE_STRIDE = 2048, 16  # conditions.ReferencePolicy.image_short_edge; the video VAE's
 LATENT_COPIES = 6  # video and audio latents in fp32 alive at once (state, noise, velocity, x0...)
 # The decode: the clip as float32 (two copies) and uint8, plus DECODE_FEATURE_MAPS full-resolution float32 maps of
 # DECODE_CHANNELS; 3.7 GiB at 1344x768 x 124 frames, where the decode peaked 3.0 GiB above the lent VAE (2026-12-06).
@@ -62,7 +63,9 @@ def workload(
     dit_calls = max(1, int(request["steps"]) - 1)
     pt, ph, pw = config.patch_size
     video_tokens = (shape.video_latent_t // pt) * (shape.latent_h // ph) * (shape.latent_w // pw)
-    tokens = video_tokens + shape.audio_tokens + TEXT_TOKENS
+    # keyframes and references add condition rows to the joint sequence (`condition_rows`)
+    conditions = condition_rows(shape, config, int(request.get("keyframes", 0)), request.get("references", ()))
+    tokens = video_tokens + shape.audio_tokens + TEXT_TOKENS + conditions
     local_tokens = -(-tokens // ulysses)
     activations = local_tokens * (
         ACTIVATION_HIDDEN * config.hidden_size + ACTIVATION_FFN * config.ffn_hidden_size // tp
@@ -105,6 +108,28 @@ def workload(
             Stage("decode", uses=("vae",), transient={"decode": decode}),
         ),
     )
+
+
+def condition_rows(shape, config, keyframes: int, references) -> int:
+    """Rows the conditions add to the joint sequence (conditions.py packs them): a latent frame of the clip's grid
+    per keyframe; per image reference its own canvas at the 2048-pixel short edge (`references` holds each image's
+    (width, height); a 16:9 image when unknown); a video reference at most the clip's video rows, an audio reference
+    the clip's audio rows. An upper bound for videos (their canvas can be smaller)."""
+    pt, ph, pw = config.patch_size
+    frame = (shape.latent_h // ph) * (shape.latent_w // pw)
+    rows = keyframes * frame
+    for reference in references:
+        kind, size = (reference, None) if isinstance(reference, str) else reference
+        if kind == "image":
+            width, height = size or (16, 9)
+            short = min(width, height)
+            side = [round(v * IMAGE_REFERENCE_SHORT_EDGE / short / 32) * 32 for v in (width, height)]
+            rows += (side[0] // VAE_STRIDE // pw) * (side[1] // VAE_STRIDE // ph)
+        elif kind == "video":
+            rows += (shape.video_latent_t // pt) * frame
+        else:
+            rows += shape.audio_tokens
+    return rows
 
 
 def dtype_name(dtype: torch.dtype) -> str:
