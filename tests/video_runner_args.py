@@ -21,5 +21,7 @@ def tiny_runner_args(**overrides) -> argparse.Namespace:
         served_model_name="MiniMax-H3",
         offload="auto",
         gpu_memory_gb=None,
+        task_partition="FL2VA",
+        lora_dir=None,
     )
     return argparse.Namespace(**{**base, **overrides})

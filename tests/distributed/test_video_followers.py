@@ -1,8 +1,10 @@
 """Multi-rank video serving: rank 0 serves and runs the queue, the follower replays every job with the same spec.
 
 On 2 gloo ranks: the follower runs exactly rank 0's jobs (same arguments, same order), a cancelled job stops at the
-same step on both ranks (the cancel decision is broadcast), bad requests never reach the follower and only rank 0
-writes files. Then `telefuser serve` under torchrun with the real tiny MiniMax H3 model (Ulysses 2).
+same step on both ranks (the cancel decision is broadcast), bad requests never reach the follower, only rank 0
+writes files, and a job's keyframes reach the follower byte for byte (it never reads the artifact store). Then
+`telefuser serve` under torchrun with the real tiny MiniMax H3 model (Ulysses 2): a text job, and a job with a
+keyframe and a LoRA from --lora-dir, merged on both ranks.
 """
 
 from __future__ import annotations
@@ -71,9 +73,141 @@ def test_follower_replays_rank0_jobs_and_cancels_at_the_same_step(ranks2):
         "steps": 4,
         "seed": 3,
         "output_size": None,
+        "task": "t2va",
+        "preset": None,
+        "loras": [],
+        "media": [],
     }
     assert steps0 == steps1 and steps0[0] == 3 and 0 < steps0[1] < 299 and steps0[1] == stopped
     assert followed == 6  # create, next_chunk, close per job; the refused request never reached the follower
+
+
+def _keyframes_reach_the_follower(ctx):
+    import tempfile
+
+    from fastapi.testclient import TestClient
+
+    from telefuser.serving.video.app import create_video_app
+    from telefuser.serving.video.fake import FakeVideoRunner
+    from telefuser.serving.video.replay import FollowingRunner, follow_runner
+    from tests.video_media import data_url, png
+
+    fake = FakeVideoRunner(step_delay_s=0.0)
+    group = dist.new_group(backend="gloo")
+    if ctx.rank != 0:
+        follow_runner(fake, group)
+        return fake.calls, fake.media_seen
+    leader = FollowingRunner(fake, group, heartbeat_s=0.2)
+    try:
+        with tempfile.TemporaryDirectory() as out, TestClient(create_video_app(leader, output_dir=out)) as client:
+            fields = {
+                "prompt": "kf",
+                "seconds": 0.2,
+                "input_reference": data_url(png()),
+                "last_frame": data_url(png(32)),
+            }
+            job = client.post("/v1/videos", json=fields).json()["id"]
+            _wait(lambda: client.get(f"/v1/videos/{job}").json()["status"] == "completed")
+    finally:
+        leader.shutdown()
+    return fake.calls, fake.media_seen
+
+
+def test_a_jobs_keyframes_reach_the_follower_byte_for_byte(ranks2):
+    import hashlib
+
+    from tests.video_media import png
+
+    (calls0, seen0), (calls1, seen1) = ranks2.run(_keyframes_reach_the_follower)
+    assert calls0 == calls1 and calls0[0]["task"] == "fl2va"
+    assert seen0 == seen1 == [[hashlib.sha256(png()).hexdigest(), hashlib.sha256(png(32)).hexdigest()]]
+
+
+def _launch_tiny(out, *extra: str):
+    """`torchrun --nproc-per-node 2 ... serve --config tiny --ulysses-degree 2` with `extra` flags: (process, its
+    output lines as they come, the URL it serves on)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video.cli", "serve",
+               "--port", "0", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2", "--output-dir", str(out),
+               *extra]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    pattern = re.compile(r"serving on (http://\S+)")
+    _wait(lambda: any(pattern.search(line) for line in lines) or proc.poll() is not None, 90)
+    if proc.poll() is not None:
+        raise AssertionError("".join(lines))
+    url = next(pattern.search(line).group(1) for line in lines if pattern.search(line))
+    _wait(lambda: any("startup complete" in line for line in lines), 30)
+    return proc, lines, url
+
+
+def _stop(proc) -> None:
+    import os
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal Ctrl-C does
+        try:
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_keyframe_and_a_lora_under_torchrun_on_two_ranks(tmp_path):
+    """One FL2VA job with a LoRA by name: both ranks read it from --lora-dir and merge it before the run (their
+    Ulysses halves of one DiT call would not agree otherwise), and both log the switch."""
+    import json
+
+    import httpx
+
+    from tests.video_media import png, write_tiny_lora
+
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    write_tiny_lora(loras / "style.safetensors", seed=1)
+    out = tmp_path / "out"
+    proc, lines, url = _launch_tiny(out, "--lora-dir", str(loras))
+    try:
+        with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
+            fields = {
+                "prompt": "waves",
+                "size": "64x32",
+                "seconds": "0.2",
+                "num_inference_steps": "3",
+                "lora": "style:0.5",
+            }
+            job = http.post("/v1/videos", data=fields, files={"input_reference": ("k.png", png(), "image/png")}).json()
+            assert job["task"] == "fl2va", job
+            _wait(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] in ("completed", "failed"), 90)
+            done = http.get(f"/v1/videos/{job['id']}").json()
+            assert done["status"] == "completed", done["error"]
+    finally:
+        _stop(proc)
+    text = "".join(lines)
+    assert text.count("LoRA set switched to: style x 0.5") == 2, text  # rank 0 and the follower
+    assert "rank 1: follower stopped after 3 model calls" in text, text
+    record = json.loads((out / f"{job['id']}.json").read_text())
+    assert record["result"]["metrics"]["loras"]["applied"] == [{"name": "style", "scale": 0.5}]
+    assert record["result"]["metrics"]["request"]["conditions"] == {"first": [64, 32]}
+    assert not list(out.glob("*.input-*"))
 
 
 def test_serve_under_torchrun_with_the_tiny_model():

@@ -205,7 +205,8 @@ def test_an_oversized_chunked_body_is_413(tmp_path):
         for _ in range(300):
             yield b" " * 4096
 
-    with TestClient(create_video_app(FakeVideoRunner(), output_dir=tmp_path)) as client:
+    app = create_video_app(FakeVideoRunner(), output_dir=tmp_path, max_body_bytes=1 << 20)
+    with TestClient(app) as client:
         r = client.post("/v1/videos", content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413 and "max_body_bytes" in r.json()["detail"]
 
@@ -269,6 +270,14 @@ extra_fields = st.sampled_from(
         {"num_frames": 30},
         {"input_reference": "x"},
         {"steps": 3},
+        {"input_reference": "data:image/png;base64,iVBORw0KGgo="},  # a PNG signature and nothing else
+        {"input_reference": {"image_url": "data:image/png;base64,/9j/4AAQ"}},
+        {"last_frame": "data:;base64,AAAA", "references": ["data:video/mp4;base64,AAAAGGZ0eXA="]},
+        {"references": ["data:video/mp4;base64,AAAAGGZ0eXBtcDQy" + "A" * 40]},
+        {"lora": "../../etc/passwd"},
+        {"lora": [{"name": "x", "scale": "1e999"}]},
+        {"preset": "turbo-4"},
+        {"preset": ["x"]},
     ]
 )
 

@@ -1,8 +1,10 @@
 """`telefuser serve` driven by the official `openai` package: every size in the SDK's typed list is made, by the
-model's grid and a resize where needed (video_canvas.py), and the MP4 has exactly the size asked for."""
+model's grid and a resize where needed (video_canvas.py), and the MP4 has exactly the size asked for; an
+`input_reference` upload is the first keyframe of an FL2VA job, and `extra_body` carries the service's own fields."""
 
 from __future__ import annotations
 
+import json
 import typing
 import warnings
 
@@ -63,3 +65,47 @@ def test_openai_sdk_creates_polls_and_downloads_every_typed_size(tmp_path):
             info = probe_media(path)
             assert (info.width, info.height, info.video_frames) == (width, height, job["frames"]), (size, info)
             assert info.has_audio and info.sample_rate == 32_000
+
+
+def test_openai_sdk_input_reference_and_extra_body_run_an_fl2va_job_with_a_lora(tmp_path):
+    """`client.videos.create(..., input_reference=open("a.png", "rb"), extra_body={...})` as a user writes it: the
+    upload is the first keyframe, `extra_body` carries the service's own fields (as form fields: `last_frame` a data
+    URL, `lora` a list of objects, which the SDK spells `lora[][name]` / `lora[][scale]`)."""
+    from telefuser.serving.video.minimax import build_minimax_runner
+    from tests.video_media import data_url, png, write_tiny_lora
+    from tests.video_runner_args import tiny_runner_args
+
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    write_tiny_lora(loras / "style.safetensors", seed=1)
+    first = tmp_path / "first.png"
+    first.write_bytes(png(64, 32))
+    runner = build_minimax_runner(tiny_runner_args(lora_dir=loras))
+    app = create_video_app(runner, output_dir=tmp_path / "out", api_keys=ApiKeys([KEY]))
+    try:
+        with serve_in_thread(app) as base, warnings.catch_warnings(), first.open("rb") as upload:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+            video = client.videos.create_and_poll(
+                prompt="a lighthouse at dusk",
+                input_reference=upload,
+                size="64x32",  # type: ignore[arg-type]  (the SDK's list is Sora's; any size on the grid is made)
+                seconds="0.2",  # type: ignore[arg-type]
+                extra_body={
+                    "num_inference_steps": 3,
+                    "last_frame": data_url(png(64, 32, (10, 200, 10))),
+                    "lora": [{"name": "style", "scale": 0.5}],
+                },
+                poll_interval_ms=50,
+            )
+            assert video.status == "completed", video
+            job = video.model_dump()
+            assert job["task"] == "fl2va" and [m["role"] for m in job["inputs"]] == ["first_frame", "last_frame"]
+            assert job["loras"] == [{"name": "style", "scale": 0.5}]
+    finally:
+        runner.close()
+    record = json.loads((tmp_path / "out" / f"{video.id}.json").read_text())
+    assert record["spec"]["task"] == "fl2va" and record["request"]["input_reference"]["file"] == "first.png"
+    assert record["result"]["metrics"]["request"]["conditions"] == {"first": [64, 32], "last": [64, 32]}
+    assert record["result"]["metrics"]["loras"]["applied"] == [{"name": "style", "scale": 0.5}]
+    assert (tmp_path / "out" / f"{video.id}.json").stat().st_size < 20_000  # summaries, not the images

@@ -381,7 +381,8 @@ BAD = [
     ({"prompt": "p", "guidance_scale": 5.0}, 422, "'guidance_scale' cannot be honoured"),
     ({"prompt": "p", "negative_prompt": "blurry"}, 422, "'negative_prompt' cannot be honoured"),
     ({"prompt": "p", "quality": "high"}, 422, "unknown field(s) 'quality'"),
-    ({"prompt": "p", "input_reference": "x.png"}, 422, "not supported"),
+    ({"prompt": "p", "input_reference": "x.png"}, 422, "'input_reference' must be a file part or a data URL"),
+    ({"prompt": "p", "image": "x.png"}, 422, "send the first keyframe as 'input_reference'"),
     ({"prompt": "p", "size": "64x64", "resolution": 64}, 422, "not both"),
     ({"prompt": "p", "size": "64x64", "aspect_ratio": "1:1"}, 422, "applies only to a short-edge"),
     ({"prompt": "p", "resolution": 48}, 422, "multiple of 32"),
@@ -413,7 +414,10 @@ def test_unreadable_bodies_and_accepted_edge_values(fake_client, tmp_path):
     assert r.status_code == 415 and "unsupported content type" in r.json()["detail"]
     r = c.post("/v1/videos", content=b"--x\r\n", headers={"content-type": "multipart/form-data; boundary=x"})
     assert r.status_code == 400 and "malformed multipart" in r.json()["detail"]
-    r = c.post("/v1/videos", json={"prompt": "p" * (2 << 20)})
+    r = c.post("/v1/videos", json={"prompt": "p" * (2 << 20)})  # within the body limit (room for media)
+    assert r.status_code == 422 and "'prompt' is 2097152 characters" in r.json()["detail"]
+    limit = c.get("/v1/service/metadata").json()["limits"]["max_body_bytes"]
+    r = c.post("/v1/videos", content=b" " * (limit + 1), headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert c.get("/v1/videos/video_nope").status_code == 404
     assert c.get("/v1/videos/video_nope/content").status_code == 404
@@ -438,7 +442,7 @@ def test_unreadable_bodies_and_accepted_edge_values(fake_client, tmp_path):
     assert form.status_code == 200 and form.json()["size"] == "32x64", form.text
     assert c.get(f"/v1/videos/{ok.json()['id']}/content").status_code in (200, 409)
     metrics = parse_metrics(c.get("/v1/service/metrics").text)
-    assert metrics['telefuser_video_jobs_rejected_total{reason="invalid"}'] == 4  # 400, 415, 400, 413 above
+    assert metrics['telefuser_video_jobs_rejected_total{reason="invalid"}'] == 5  # 400, 415, 400, 422, 413 above
 
 
 def test_models_health_metadata_and_metrics(fake_client):

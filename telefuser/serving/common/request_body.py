@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from .http_errors import RequestError
@@ -135,8 +136,23 @@ async def read_body(request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+@dataclass(frozen=True)
+class FormPart:
+    """One part of a multipart form, in the order sent."""
+
+    name: str
+    data: bytes
+    filename: str | None  # set for a file part
+    content_type: str | None  # the part's own Content-Type header, if it has one
+
+
 def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, str | None]]:
     """RFC 7578 form data -> {name: (bytes, filename)}; the last part wins on duplicate names."""
+    return {part.name: (part.data, part.filename) for part in parse_form_parts(content_type, body)}
+
+
+def parse_form_parts(content_type: str, body: bytes) -> list[FormPart]:
+    """RFC 7578 form data -> every part in order (a field may repeat: a list of files)."""
     match = re.search(r'boundary="?([^";]+)"?', content_type)
     if not match:
         raise RequestError(400, "multipart/form-data without a boundary")
@@ -146,20 +162,21 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[bytes, st
         raise RequestError(400, "malformed multipart body: missing the closing boundary")
     if len(pieces) - 2 > MAX_FORM_PARTS:
         raise RequestError(400, f"malformed multipart body: {len(pieces) - 2} parts; at most {MAX_FORM_PARTS}")
-    out: dict[str, tuple[bytes, str | None]] = {}
+    out: list[FormPart] = []
     for raw in pieces[1:-1]:
         if not raw.startswith(b"\r\n") or not raw.endswith(b"\r\n"):
             raise RequestError(400, "malformed multipart body: parts must be CRLF-delimited")
         head, sep, content = raw[2:-2].partition(b"\r\n\r\n")
         if not sep:
             raise RequestError(400, "malformed multipart body: a part has no header/body separator")
-        disposition = next(
-            (line for line in head.decode("latin-1").split("\r\n") if line.lower().startswith("content-disposition:")),
-            "",
-        )
+        lines = head.decode("latin-1").split("\r\n")
+        disposition = next((line for line in lines if line.lower().startswith("content-disposition:")), "")
         name = re.search(r'\bname="([^"]*)"', disposition)
         if not name:
             raise RequestError(400, "malformed multipart body: a part has no Content-Disposition name")
         filename = re.search(r'\bfilename="([^"]*)"', disposition)
-        out[name.group(1)] = (content, filename.group(1) if filename else None)
+        part_type = next(
+            (line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("content-type:")), None
+        )
+        out.append(FormPart(name.group(1), content, filename.group(1) if filename else None, part_type))
     return out

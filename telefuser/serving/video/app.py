@@ -23,6 +23,8 @@ from ..common.http_errors import error_response
 from ..common.service_app import new_service_app
 from .contract import VideoRunner
 from .limits import VideoLimitFlags, derive_video_limits
+from .lora_field import LoraPolicy
+from .media import MediaLimits
 from .metrics import VideoMetrics
 from .request import VideoPolicy
 from .routes import service as service_routes
@@ -42,7 +44,7 @@ def create_video_app(
     max_queue: int = 16,
     max_seconds: float = 10.0,
     max_steps: int = 1000,
-    max_body_bytes: int = 1 << 20,
+    max_body_bytes: int | None = None,
     shutdown_timeout_s: float = 30.0,
     limits: VideoLimitFlags | None = None,
     api_keys: ApiKeys | None = None,
@@ -50,15 +52,31 @@ def create_video_app(
     artifacts: ArtifactStore | None = None,
     worker_id: str | None = None,
     models: Sequence[str] = (),
+    media_limits: MediaLimits | None = None,
+    lora_policy: LoraPolicy | None = None,
 ) -> FastAPI:
     """`runner` plans and runs jobs (see contract.py). Without `job_store`/`artifacts`, jobs and MP4s live in
     `output_dir` (the embedded store, `max_queue` jobs waiting) and finished ones there are loaded at once. `models`:
-    the models the CLI can serve, listed by /v1/service/metadata."""
+    the models the CLI can serve, listed by /v1/service/metadata. `max_body_bytes` None: 1 MiB for a text-only
+    model, room for media otherwise (limits.py); `media_limits` / `lora_policy`: what one uploaded file may be and
+    how many LoRAs at which scales (the runner says whether it takes LoRAs at all)."""
     limit_set = derive_video_limits(
-        runner, max_seconds=max_seconds, max_steps=max_steps, max_body_bytes=max_body_bytes, flags=limits
+        runner,
+        max_seconds=max_seconds,
+        max_steps=max_steps,
+        max_body_bytes=max_body_bytes,
+        flags=limits,
+        media=media_limits,
+        loras=lora_policy,
     )
+    max_body_bytes = int(limit_set.value("max_body_bytes"))
     policy = VideoPolicy.from_runner(
-        runner, max_seconds=max_seconds, max_steps=max_steps, max_frames=limit_set.value("max_frames")
+        runner,
+        max_seconds=max_seconds,
+        max_steps=max_steps,
+        max_frames=limit_set.value("max_frames"),
+        media=media_limits,
+        loras=lora_policy,
     )
     if job_store is None:
         job_store, artifacts = open_embedded(output_dir, QueuePolicy(max_queue=max_queue), artifacts)

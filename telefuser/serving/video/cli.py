@@ -1,7 +1,9 @@
-"""`telefuser serve`: the batch text-to-video(+audio) service, and under torchrun its follower ranks.
+"""`telefuser serve`: the batch text(+keyframes or references)-to-video(+audio) service, and under torchrun its
+follower ranks.
 
     telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
     telefuser serve --config tiny --device cpu                   # --model minimax_h3 (the default), tiny, on the CPU
+    telefuser serve --checkpoint /models/MiniMax-H3 --task-partition Ref2VA --lora-dir /models/loras   # references
     torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
     telefuser serve ... --job-store postgresql://db/telefuser --artifacts s3://videos/jobs   # one of N replicas
@@ -23,6 +25,8 @@ from ..common.model_args import add_model_args, chosen_spec
 from ..common.warmup import add_warmup_arg
 from .contract import VideoRunner
 from .limits import VideoLimitFlags
+from .lora_field import LoraPolicy
+from .media import MediaLimits
 from .replay import FollowingRunner, follow_runner
 from .replica_args import add_replica_args, check_replica_args, open_stores
 
@@ -40,7 +44,11 @@ def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
         if v is not None
     }
     return FakeVideoRunner(
-        model=args.served_model_name, step_delay_s=args.fake_step_delay, defaults=defaults, run_log=args.fake_run_log
+        model=args.served_model_name,
+        step_delay_s=args.fake_step_delay,
+        defaults=defaults,
+        run_log=args.fake_run_log,
+        partition=args.task_partition,
     )
 
 
@@ -64,7 +72,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--max-queue", type=int, default=16, help="jobs waiting (on all replicas); more get 429")
     g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
     g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
-    g.add_argument("--max-body-mib", type=float, default=1.0, help="largest request body")
+    g.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=None,
+        help="largest request body (default: 1 MiB for a text-only model; with keyframes or references, 1 MiB + "
+        "two images and one clip at their limits, base64-encoded)",
+    )
     g.add_argument(
         "--served-model-name",
         default=None,
@@ -95,6 +109,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="estimated memory one job may take (default: free device memory after loading)",
     )
+    add_media_args(p)
     add_runtime_args(p, tp=True)
     add_model_args(p, service=SERVICE, default=DEFAULT_MODEL)
     m = p.add_argument_group("requests", "what a request that leaves them out gets")
@@ -108,8 +123,54 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def add_media_args(p: argparse.ArgumentParser) -> None:
+    """The DiT partition served, the uploads a request may carry, and the LoRAs it may name."""
+    g = p.add_argument_group("keyframes, references and LoRAs (PROTOCOL.md)")
+    g.add_argument(
+        "--task-partition",
+        choices=("FL2VA", "Ref2VA"),
+        default="FL2VA",
+        help="MiniMax H3's DiT to serve: FL2VA runs text-only and keyframe (input_reference, last_frame) jobs, "
+        "Ref2VA runs reference jobs; a job the other one runs gets 422 naming it (default %(default)s)",
+    )
+    g.add_argument("--max-image-mib", type=float, default=10.0, help="largest image file (a keyframe or reference)")
+    g.add_argument(
+        "--max-image-pixels", type=int, default=4096 * 4096, help="most pixels of an image, read from its header"
+    )
+    g.add_argument("--max-clip-mib", type=float, default=32.0, help="largest video or audio reference file")
+    g.add_argument(
+        "--lora-dir",
+        type=Path,
+        default=None,
+        help="the directory of LoRA files (NAME.safetensors) a request may name in 'lora'; the only place LoRAs "
+        "come from (needs the DiT's blocks resident: not --offload block)",
+    )
+    g.add_argument("--max-loras", type=int, default=4, help="most LoRAs one request may stack")
+    g.add_argument(
+        "--lora-scale-range",
+        type=float,
+        nargs=2,
+        default=(-4.0, 4.0),
+        metavar=("MIN", "MAX"),
+        help="the scales a request may give a LoRA (default -4 4)",
+    )
+
+
+def media_options(args: argparse.Namespace) -> tuple[MediaLimits, LoraPolicy]:
+    low, high = args.lora_scale_range
+    if low > high or args.max_loras < 0:
+        raise SystemExit("telefuser serve: --lora-scale-range MIN MAX needs MIN <= MAX, and --max-loras >= 0")
+    media = MediaLimits(
+        max_image_bytes=int(args.max_image_mib * 2**20),
+        max_image_pixels=args.max_image_pixels,
+        max_clip_bytes=int(args.max_clip_mib * 2**20),
+    )
+    return media, LoraPolicy(max_loras=args.max_loras, min_scale=low, max_scale=high)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     check_replica_args(args)
+    media_options(args)  # a bad flag ends the command before any weight loads
     spec = chosen_spec(args, service=SERVICE, command="serve")
     if args.served_model_name is None:
         args.served_model_name = spec.served_name or spec.name
@@ -128,6 +189,7 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
     from .app import create_video_app
 
     limits = VideoLimitFlags.from_args(args)
+    media, loras = media_options(args)
     job_store, artifacts = open_stores(args)  # rank 0 only: followers never touch the database or the bucket
     app = create_video_app(
         runner,
@@ -136,11 +198,13 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
         worker_id=args.replica_id,
         max_seconds=args.max_seconds,
         max_steps=args.max_steps,
-        max_body_bytes=int(args.max_body_mib * 2**20),
+        max_body_bytes=int(args.max_body_mib * 2**20) if args.max_body_mib is not None else None,
         shutdown_timeout_s=args.shutdown_timeout,
         limits=limits,
         api_keys=keys_from_args(args),
         models=names(SERVICE),
+        media_limits=media,
+        lora_policy=loras,
     )
     describe = f"model: {runner.model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
     return serve_until_stopped(app, args, describe=describe, command="serve")

@@ -7,7 +7,8 @@ it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import hashlib
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +24,29 @@ class JobCancelled(Exception):
 
 
 @dataclass(frozen=True)
+class MediaInput:
+    """An image, video or audio a request carries (a keyframe or a reference). The job record keeps its `summary()`;
+    the bytes (`data`) travel beside it: staged in the artifact store, read back by the worker, broadcast to the
+    follower ranks (PROTOCOL.md, "Keyframes, references and LoRAs")."""
+
+    role: str  # "first_frame" | "last_frame" | "reference"
+    kind: str  # "image" | "video" | "audio"
+    sha256: str  # of `data`: the worker checks what it reads back against it
+    size: int  # bytes
+    width: int | None = None  # images and videos, as read at submission (after EXIF orientation)
+    height: int | None = None
+    data: bytes | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict[str, Any]:
+        return {"role": self.role, "kind": self.kind, "bytes": self.size, "sha256": self.sha256,
+                "width": self.width, "height": self.height}  # fmt: skip
+
+    @classmethod
+    def from_summary(cls, data: dict[str, Any]) -> MediaInput:
+        return cls(data["role"], data["kind"], data["sha256"], data["bytes"], data.get("width"), data.get("height"))
+
+
+@dataclass(frozen=True)
 class VideoSpec:
     """One generation request, validated; picklable, so rank 0 can broadcast it to follower ranks."""
 
@@ -33,13 +57,42 @@ class VideoSpec:
     steps: int  # sigma points (MiniMax convention): steps - 1 DiT calls
     seed: int
     output_size: str | None = None  # "WxH" to resize and crop the generated frames to (canvas.py); None: as made
+    task: str = "t2va"  # "t2va", "fl2va" (keyframes) or "ref2va" (references): what `media` makes it
+    preset: str | None = None  # a sampling preset's name (its flow shifts; `steps` is already resolved)
+    loras: tuple[tuple[str, float], ...] = ()  # (name in --lora-dir, scale), in merge order
+    media: tuple[MediaInput, ...] = ()  # keyframes (first, last) or references, in order
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, without the media's bytes (their summaries only)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["loras"] = [[name, scale] for name, scale in self.loras]
+        out["media"] = [m.summary() for m in self.media]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VideoSpec:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["loras"] = tuple((str(name), float(scale)) for name, scale in values.get("loras", ()))
+        values["media"] = tuple(MediaInput.from_summary(m) for m in values.get("media", ()))
+        return cls(**values)
+
+    def media_data(self) -> list[bytes]:
+        """The bytes of every input, in order (what a follower rank receives beside `as_dict()`)."""
+        missing = [m.role for m in self.media if m.data is None]
+        if missing:
+            raise ValueError(f"the job's media were not loaded: {', '.join(missing)}")
+        return [m.data for m in self.media]
+
+    def with_media_data(self, blobs: list[bytes]) -> VideoSpec:
+        """This spec with its inputs' bytes, each checked against the sha256 recorded at submission."""
+        if len(blobs) != len(self.media):
+            raise ValueError(f"the job has {len(self.media)} input(s), {len(blobs)} were found")
+        loaded = []
+        for media, blob in zip(self.media, blobs):
+            if hashlib.sha256(blob).hexdigest() != media.sha256:
+                raise ValueError(f"the {media.role} input read back does not match what was submitted (sha256)")
+            loaded.append(replace(media, data=blob))
+        return replace(self, media=tuple(loaded))
 
     @property
     def output_dims(self) -> tuple[int, int] | None:
@@ -62,6 +115,9 @@ class VideoPlan:
     dit_calls: int
     output_width: int | None = None  # set by the service when the clip is resized after generation
     output_height: int | None = None
+    task: str = "t2va"
+    # what the conditions add to a job's memory: ("keyframe" | "image" | "video" | "audio", width, height) each
+    conditions: tuple[tuple[str, int | None, int | None], ...] = ()
 
     @property
     def size(self) -> str:
@@ -110,7 +166,8 @@ class VideoRunner(Protocol):
 
     # Optional: `memory_estimate(plan) -> {term: bytes}` (latents, activations, decode...) beyond the weights; with it
     # the service refuses jobs that cannot fit the device (limits.py). Optional metadata: "native_size" (the
-    # canvas the model was trained at, "WxH"), "device".
+    # canvas the model was trained at, "WxH"), "device"; what it runs: "tasks" (default ["t2va"]), "partition",
+    # "presets" ({name: {"steps", ...}}), "loras_enabled" (PROTOCOL.md, "The model side").
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
 

@@ -2,15 +2,19 @@
 
 It plans requests exactly as MiniMax H3 does (24 fps, 17n+5 frames, sizes in multiples of 32; `plan_shape`), so the
 service's validation, queueing, progress, cancellation and persistence can be tested, and AIPerf runs in CI, without
-weights. Pictures are a seeded gradient with a moving bar; audio is a 440/660 Hz tone at 32 kHz.
+weights. Pictures are a seeded gradient with a moving bar; audio is a 440/660 Hz tone at 32 kHz. It takes the
+tasks of one MiniMax H3 partition (`partition`) and its presets; it ignores the media and LoRAs it is given but
+records what arrived (`media_seen`: the sha256 of each input's bytes), so the replay tests can compare ranks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,12 @@ class FakeVideoRunner:
         step_delay_s: float = 0.01,
         defaults: dict[str, Any] | None = None,
         run_log: Path | None = None,
+        partition: str = "FL2VA",
     ):
+        from telefuser.pipelines.minimax_h3.pipeline import PARTITION_TASKS
+
+        from .minimax import preset_metadata
+
         self.model = model
         self.run_log = run_log  # one JSON line per run start and end: the replica tests check nothing ran twice
         self.step_delay_s = float(step_delay_s)
@@ -52,7 +61,11 @@ class FakeVideoRunner:
             "frame_grid": "17n+5 frames at 24 fps (requested seconds are snapped up)",
             "guidance": False,
             "defaults": dict(self.defaults),
+            "partition": partition,
+            "tasks": list(PARTITION_TASKS[partition]),
+            "presets": preset_metadata(),
         }
+        self.media_seen: list[list[str]] = []  # per run: sha256 of each input's bytes as this rank received them
         self.calls: list[dict[str, Any]] = []  # every run's spec, in order (the follower tests compare ranks)
         self.steps_run: list[int] = []  # denoising steps each run completed (a cancelled run stops early)
         self._lock = threading.Lock()
@@ -61,7 +74,10 @@ class FakeVideoRunner:
         shape = plan_shape(duration_s=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
         if spec.steps < 2:
             raise ValueError(f"steps must be >= 2, got {spec.steps}")
-        return VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
+        if spec.task not in self.metadata["tasks"]:
+            raise ValueError(f"this fake serves {self.metadata['partition']}, which does not run {spec.task} jobs")
+        plan = VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
+        return replace(plan, task=spec.task)
 
     def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
         """The rendered clip (frames and two index grids) and its tone."""
@@ -72,6 +88,7 @@ class FakeVideoRunner:
         plan = self.plan(spec)
         with self._lock:
             self.calls.append(spec.as_dict())
+            self.media_seen.append([hashlib.sha256(blob).hexdigest() for blob in spec.media_data()])
             self.steps_run.append(0)
         started = time.perf_counter()
         self._log_run("start", spec)

@@ -112,7 +112,14 @@ class VideoJob:
             "seed": self.spec["seed"],
             "attempts": self.attempts,
             "worker": self.worker,
+            "task": self.spec.get("task", "t2va"),
         }
+        if self.spec.get("preset"):
+            obj["preset"] = self.spec["preset"]
+        if self.spec.get("loras"):
+            obj["loras"] = [{"name": name, "scale": scale} for name, scale in self.spec["loras"]]
+        if self.spec.get("media"):
+            obj["inputs"] = self.spec["media"]  # summaries: role, kind, bytes, sha256, width, height
         if self.status == "completed" and self.result:
             r = self.result
             obj.update(

@@ -1,7 +1,8 @@
 """The video service's request limits, derived from the model and the device at start-up (flags override).
 
 The limits, their defaults and flags are in PROTOCOL.md; why the canvas and pixel-second caps are what they are is in
-serving/README.md. The size limits apply to the size asked for and to the canvas generated.
+serving/README.md. The size limits apply to the size asked for and to the canvas generated. The media and LoRA limits
+are checked by media.py and lora_field.py; they are listed here so that /v1/service/metadata shows them all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from dataclasses import dataclass
 from ..common.limits import CanvasLimitFlags, Limit, LimitSet, canvas_limits, pick
 from ..common.memory_budget import available_memory, gib
 from .contract import VideoPlan, VideoSpec
+from .lora_field import LoraPolicy
+from .media import MediaLimits
+
+TEXT_BODY_BYTES = 1 << 20  # a request without media: its text fields, with room to spare
 
 
 @dataclass
@@ -27,15 +32,23 @@ def _native(runner) -> tuple[int, int]:
 
 
 def derive_video_limits(
-    runner, *, max_seconds: float, max_steps: int, max_body_bytes: int, flags: VideoLimitFlags | None = None
+    runner,
+    *,
+    max_seconds: float,
+    max_steps: int,
+    max_body_bytes: int | None,
+    flags: VideoLimitFlags | None = None,
+    media: MediaLimits | None = None,
+    loras: LoraPolicy | None = None,
 ) -> LimitSet:
-    flags = flags or VideoLimitFlags()
+    flags, media, loras = flags or VideoLimitFlags(), media or MediaLimits(), loras or LoraPolicy()
     width, height = _native(runner)
     limits = canvas_limits(
         (width, height), max_width=flags.max_width, max_height=flags.max_height, max_pixels=flags.max_pixels
     )
     limits.append(Limit("max_seconds", float(max_seconds), "--max-seconds", "service flag"))
-    longest = runner.plan(VideoSpec("limits", f"{width}x{height}", "16:9", float(max_seconds), 2, 0))
+    task = runner.metadata.get("tasks", ["t2va"])[0]  # one this runner runs (a Ref2VA server runs no t2va)
+    longest = runner.plan(VideoSpec("limits", f"{width}x{height}", "16:9", float(max_seconds), 2, 0, task=task))
     limits.append(
         pick(
             "max_frames",
@@ -68,8 +81,33 @@ def derive_video_limits(
         )
     else:
         limits.append(Limit("max_job_memory_bytes", None, "--max-job-memory-gib", "the model gives no estimate"))
-    limits.append(Limit("max_body_bytes", int(max_body_bytes), "--max-body-mib", "service default"))
+    limits += _media_limits(runner, max_body_bytes, media)
+    if runner.metadata.get("loras_enabled"):
+        limits.append(Limit("max_loras", loras.max_loras, "--max-loras", "service flag"))
+        scales = [loras.min_scale, loras.max_scale]
+        limits.append(Limit("lora_scale_range", scales, "--lora-scale-range", "service flag"))
     return LimitSet(limits)
+
+
+def _media_limits(runner, max_body_bytes: int | None, media: MediaLimits) -> list[Limit]:
+    """The body limit, and for a model that takes keyframes or references what each file may be. The body's default
+    holds the text, two images and one video or audio at their limits, base64-encoded (4/3 of the bytes)."""
+    from telefuser.pipelines.minimax_h3.conditions import MAX_REFERENCES
+
+    takes_media = set(runner.metadata.get("tasks", ("t2va",))) != {"t2va"}
+    encoded = TEXT_BODY_BYTES + (media.max_clip_bytes + 2 * media.max_image_bytes) * 4 // 3
+    default, why = (encoded, "text + 2 images + 1 clip, base64") if takes_media else (TEXT_BODY_BYTES, "text only")
+    body = pick("max_body_bytes", "--max-body-mib", max_body_bytes, default, f"service default: {why}")
+    if not takes_media:
+        return [body]
+    return [
+        body,
+        Limit("max_image_bytes", media.max_image_bytes, "--max-image-mib", "service flag"),
+        Limit("max_image_pixels", media.max_image_pixels, "--max-image-pixels", "service flag"),
+        Limit("max_clip_bytes", media.max_clip_bytes, "--max-clip-mib", "service flag"),
+        Limit("max_video_pixels", media.max_video_pixels, "(fixed)", "a video reference's frames: 1080p"),
+        Limit("max_references", MAX_REFERENCES, "(model)", "model: 9 images, 3 videos, 3 audio, 12 in all"),
+    ]
 
 
 def check_video_plan(limits: LimitSet, plan: VideoPlan, runner) -> None:

@@ -3,6 +3,8 @@
 `FollowingRunner` is rank 0's `VideoRunner`, `follow_runner(runner, group)` a follower's loop: a job is the object
 "job" made with its spec over common/replay.py, `run()` its replayed call (a follower writes nothing), and every
 `hooks.cancelled()` answer is shared from rank 0 so all ranks leave the loop at the same step (serving/README.md).
+A job's media travel in the make message beside its spec (the followers never read the artifact store), and every
+rank merges the job's LoRAs from its own --lora-dir, in the same order of jobs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class FollowingRunner:
         self._runner = runner
         self._leader = Leader(group, heartbeat_s=heartbeat_s)
         self.model, self.metadata = runner.model, runner.metadata
+        self.loras = getattr(runner, "loras", None)  # the --lora-dir names /v1/service/metadata lists
         if callable(getattr(runner, "memory_estimate", None)):  # arithmetic on rank 0 only: nothing is broadcast
             self.memory_estimate = runner.memory_estimate
 
@@ -60,7 +63,9 @@ class FollowingRunner:
     def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self._runner.plan(spec)  # raises here, before any follower hears of the job
         shared = StepHooks(progress=hooks.progress, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
-        job = self._leader.make("job", spec.as_dict(), local=lambda: _Job(self._runner, spec, output, shared))
+        job = self._leader.make(
+            "job", spec.as_dict(), spec.media_data(), local=lambda: _Job(self._runner, spec, output, shared)
+        )
         try:
             return job.call("run")
         finally:
@@ -77,9 +82,8 @@ def follow_runner(runner: VideoRunner, group) -> int:
     """A follower rank: run rank 0's jobs on `runner` until it stops; returns the number of calls."""
     follower = Follower(group)
 
-    def job(spec: dict) -> _FollowerJob:
-        return _FollowerJob(
-            runner, VideoSpec.from_dict(spec), None, StepHooks(cancelled=lambda: bool(follower.receive()))
-        )
+    def job(spec: dict, media: list[bytes]) -> _FollowerJob:
+        received = VideoSpec.from_dict(spec).with_media_data(media)
+        return _FollowerJob(runner, received, None, StepHooks(cancelled=lambda: bool(follower.receive())))
 
     return follower.follow({"job": job})

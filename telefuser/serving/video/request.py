@@ -1,31 +1,40 @@
-"""Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's default) or urlencoded -> a `VideoSpec`.
+"""Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's and the OpenAI SDK's) or urlencoded -> a
+`VideoSpec`.
 
-Form text and JSON values are coerced the same way; every failure is a `RequestError` whose message names the field
-and what is allowed. What can be made is the runner's `plan()`, what the service allows is `VideoPolicy`, the bounds
-from the model and device are limits.py's; a size off the model's grid is resized (canvas.py).
+Form text and JSON values are coerced the same way (form.py reads the body); every failure is a `RequestError` whose
+message names the field and what is allowed. The cheap fields are checked first, the media last (inputs.py, media.py);
+the LoRA field is lora_field.py's. What can be made is the runner's `plan()`, what the service allows is
+`VideoPolicy`, the bounds from the model and device are limits.py's; a size off the model's grid is resized
+(canvas.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+
+from telefuser.pipelines.minimax_h3.conditions import keyframe_canvas
 
 from ..common.http_errors import RequestError
 from ..common.limits import amount
-from ..common.request_body import check_prompt, json_object, parse_multipart, short_repr
+from ..common.request_body import check_prompt, short_repr
 from .canvas import generation_canvas
 from .contract import VideoSpec
+from .form import Upload, read_fields
+from .inputs import MEDIA_FIELDS, check_task, read_inputs, requested_task
+from .lora_field import LoraPolicy, parse_loras
+from .media import MediaLimits
 
 FIELDS = (
     "prompt", "model", "size", "resolution", "aspect_ratio", "seconds", "num_frames", "fps", "num_inference_steps",
-    "steps", "seed", "guidance_scale", "negative_prompt",
+    "steps", "seed", "guidance_scale", "negative_prompt", "input_reference", "last_frame", "references", "lora",
+    "preset",
 )  # fmt: skip
 REFUSED = {
-    "input_reference": "image input ('input_reference') is not supported: this service is text-to-video+audio only",
-    "image": "image input is not supported: this service is text-to-video+audio only",
+    "image": "'image' is not a field here: send the first keyframe as 'input_reference' (or images in 'references')",
 }
 MAX_SEED = 2**63 - 1
 MIN_SIDE = 16  # of the MP4; it must also be even (H.264 4:2:0)
@@ -44,12 +53,25 @@ class VideoPolicy:
     guidance: bool = False  # False: the model has no classifier-free guidance (guidance_scale / negative_prompt)
     defaults: dict[str, Any] = field(default_factory=dict)  # size, seconds, steps, seed, aspect_ratio
     max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
+    tasks: tuple[str, ...] = ("t2va",)  # what the model runs: "t2va", "fl2va" (keyframes), "ref2va" (references)
+    partition: str | None = None  # MiniMax H3's DiT partition served (--task-partition); None: text only
+    presets: dict[str, int] = field(default_factory=dict)  # sampling preset -> its steps
+    media: MediaLimits = field(default_factory=MediaLimits)
+    loras: LoraPolicy = field(default_factory=LoraPolicy)
 
     @classmethod
     def from_runner(
-        cls, runner, *, max_seconds: float, max_steps: int = 1000, max_frames: int | None = None
+        cls,
+        runner,
+        *,
+        max_seconds: float,
+        max_steps: int = 1000,
+        max_frames: int | None = None,
+        media: MediaLimits | None = None,
+        loras: LoraPolicy | None = None,
     ) -> VideoPolicy:
         meta = runner.metadata
+        presets = {name: int(preset["steps"]) for name, preset in meta.get("presets", {}).items()}
         return cls(
             model=runner.model,
             max_seconds=float(max_seconds),
@@ -59,6 +81,11 @@ class VideoPolicy:
             guidance=bool(meta.get("guidance", False)),
             defaults=dict(meta.get("defaults", {})),
             max_frames=max_frames,
+            tasks=tuple(meta.get("tasks", ("t2va",))),
+            partition=meta.get("partition"),
+            presets=presets,
+            media=media or MediaLimits(),
+            loras=dataclasses.replace(loras or LoraPolicy(), enabled=bool(meta.get("loras_enabled"))),
         )
 
 
@@ -70,33 +97,6 @@ class VideoRequest:
     num_frames: int | None  # when given, the plan must produce exactly this many frames
 
 
-def read_fields(content_type: str, body: bytes) -> dict[str, Any]:
-    mime = content_type.split(";", 1)[0].strip().lower()
-    if mime == "multipart/form-data":
-        out: dict[str, Any] = {}
-        boundary = re.search(r'boundary="?([^";]+)"?', content_type)
-        if boundary and body.strip() == b"--" + boundary.group(1).encode("latin-1") + b"--":
-            return out  # a form with no fields (parse_multipart wants at least one part)
-        for name, (value, _filename) in parse_multipart(content_type, body).items():
-            if name in REFUSED:
-                raise RequestError(422, REFUSED[name])
-            try:
-                out[name] = value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise RequestError(400, f"form field {name!r} is not UTF-8 text") from None
-        return out
-    if mime == "application/x-www-form-urlencoded":
-        try:
-            return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body.strip())))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise RequestError(400, f"malformed urlencoded body: {exc}") from None
-    if mime in ("application/json", ""):
-        return json_object(body, '{"prompt": "..."}')
-    raise RequestError(
-        415, f"unsupported content type {mime!r}; send multipart/form-data, application/json or urlencoded form data"
-    )
-
-
 def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> VideoRequest:
     raw = read_fields(content_type, body)
     for name, reason in REFUSED.items():
@@ -106,7 +106,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     if unknown:
         named = ", ".join(short_repr(name, 40) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise RequestError(422, f"unknown field(s) {named}; accepted: {', '.join(FIELDS)}")
-    given = {k: v for k, v in raw.items() if v is not None and v != ""}  # null / an empty form field: not given
+    given = {k: _text(k, v) for k, v in raw.items() if v is not None and v != ""}  # null / empty: not given
 
     prompt = check_prompt(given.get("prompt"))
 
@@ -122,8 +122,8 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
                 422, f"'fps' must be {policy.fps} (the model's fixed frame rate), got {short_repr(given['fps'])}"
             )
 
-    resolution, aspect_ratio, output_size = _canvas(given, policy)
-    steps = _steps(given, policy)
+    preset = _preset(given, policy)
+    steps = _steps(given, policy, preset)
     seed = _integer("seed", given.get("seed", policy.defaults.get("seed", 0)))
     if not 0 <= seed <= MAX_SEED:
         raise RequestError(422, f"'seed' must be between 0 and {MAX_SEED}, got {amount(seed)}")
@@ -147,6 +147,13 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     if seconds > policy.max_seconds:
         raise RequestError(422, f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s")
 
+    loras = parse_loras(given.get("lora"), policy.loras)
+    check_task(requested_task(given), policy.tasks, policy.partition)  # before any upload is decoded
+    inputs = read_inputs(given, policy.media)  # last: the only expensive check (it decodes the images)
+    check_task(inputs.task, policy.tasks, policy.partition)
+    anchor = next(((m.width, m.height) for m in inputs.media if m.role != "reference"), None)
+    resolution, aspect_ratio, output_size = _canvas(given, policy, anchor)
+
     spec = VideoSpec(
         prompt=prompt,
         resolution=resolution,
@@ -155,8 +162,13 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         steps=steps,
         seed=seed,
         output_size=output_size,
+        task=inputs.task,
+        preset=preset,
+        loras=loras,
+        media=inputs.media,
     )
-    return VideoRequest(spec=spec, model=policy.model, fields=dict(given), num_frames=num_frames)
+    fields = {**given, **inputs.described}  # the media as summaries: no megabytes of base64 in the record
+    return VideoRequest(spec=spec, model=policy.model, fields=fields, num_frames=num_frames)
 
 
 def check_plan(request: VideoRequest, plan) -> None:
@@ -180,16 +192,24 @@ def _check_guidance(given: dict[str, Any], policy: VideoPolicy) -> None:
         raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
 
 
-def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str, str | None]:
+def _canvas(
+    given: dict[str, Any], policy: VideoPolicy, anchor: tuple[int, int] | None = None
+) -> tuple[int | str, str, str | None]:
     """(resolution, aspect_ratio, output_size) for the pipeline: an explicit "WxH" (generated on the nearest grid
-    canvas and resized when it is off the grid), or a short edge with an aspect ratio."""
+    canvas and resized when it is off the grid), or a short edge with an aspect ratio. With a keyframe (`anchor`:
+    its width, height) and no explicit size or ratio, the keyframe's aspect ratio, as the pipeline's "auto" takes it:
+    at the short edge given, else at the default size's."""
     if "size" in given and "resolution" in given:
         raise RequestError(422, "give 'size' (WxH) or 'resolution', not both")
     aspect = given.get("aspect_ratio")
     if aspect is not None and not isinstance(aspect, str):
         raise RequestError(422, f"'aspect_ratio' must be a string such as '16:9', got {short_repr(aspect)}")
+    if aspect == "auto" and anchor is None:
+        raise RequestError(422, "'aspect_ratio' 'auto' takes the keyframe's; this request has no keyframe")
     value = given.get("size", given.get("resolution"))
     name = "size" if "size" in given else "resolution"
+    if anchor is not None and "size" not in given and aspect in (None, "auto"):
+        return _keyframe_canvas(value, anchor, policy), "16:9", None
     if value is None:
         value, name = policy.defaults.get("size", "1344x768"), "size"
         if aspect is not None:
@@ -222,11 +242,43 @@ def _canvas(given: dict[str, Any], policy: VideoPolicy) -> tuple[int | str, str,
     return int(text), aspect or str(policy.defaults.get("aspect_ratio", "16:9")), None
 
 
-def _steps(given: dict[str, Any], policy: VideoPolicy) -> int:
+def _keyframe_canvas(resolution: Any, anchor: tuple[int, int], policy: VideoPolicy) -> str:
+    """ "WxH": the keyframe's aspect ratio at a short edge (`resolution`, else the default size's)."""
+    if resolution is None:
+        default = _SIZE.match(str(policy.defaults.get("size", "1344x768")))
+        short_edge = min(int(default.group(1)), int(default.group(2))) if default else 768
+    elif isinstance(resolution, (int, str)) and not isinstance(resolution, bool) and str(resolution).strip().isdigit():
+        short_edge = int(str(resolution).strip()[:7])
+    else:
+        raise RequestError(
+            422, f"'resolution' beside a keyframe is a short edge in pixels, got {short_repr(resolution)}"
+        )
+    if short_edge <= 0 or short_edge % policy.size_multiple:
+        raise RequestError(422, f"'resolution' {short_edge} must be a positive multiple of {policy.size_multiple}")
+    try:
+        height, width = keyframe_canvas(*anchor, short_edge, policy.size_multiple)
+    except ValueError as exc:
+        raise RequestError(422, f"the keyframe's aspect ratio: {exc}") from None
+    return f"{width}x{height}"
+
+
+def _preset(given: dict[str, Any], policy: VideoPolicy) -> str | None:
+    name = given.get("preset")
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in policy.presets:
+        known = ", ".join(policy.presets) or "none (this model has no presets)"
+        raise RequestError(422, f"unknown preset {short_repr(name)}; presets: {known}")
+    return name
+
+
+def _steps(given: dict[str, Any], policy: VideoPolicy, preset: str | None = None) -> int:
     values = {k: _integer(k, given[k]) for k in ("num_inference_steps", "steps") if k in given}
     if len(set(values.values())) > 1:
         raise RequestError(422, f"'num_inference_steps' and 'steps' disagree: {values}")
     steps = next(iter(values.values()), None)
+    if steps is None and preset is not None:  # an explicit step count wins over the preset's
+        steps = policy.presets[preset]
     if steps is None:
         steps = int(policy.defaults.get("steps", 50))
     name = next(iter(values), "num_inference_steps")
@@ -235,6 +287,16 @@ def _steps(given: dict[str, Any], policy: VideoPolicy) -> int:
     if steps > policy.max_steps:
         raise RequestError(422, f"'{name}' is {amount(steps)}; this server allows at most {policy.max_steps}")
     return steps
+
+
+def _text(name: str, value: Any) -> Any:
+    """A file part sent for a text field is read as its text (clients that upload every field); media stay bytes."""
+    if not isinstance(value, Upload) or name in MEDIA_FIELDS:
+        return value
+    try:
+        return value.data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(400, f"form field {name!r} is not UTF-8 text") from None
 
 
 def _number(name: str, value: Any) -> float:

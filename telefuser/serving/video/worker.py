@@ -7,7 +7,9 @@ back a client's cancel (and a `LeaseKeeper` renews it through long phases withou
 runner stops at its next denoising step once `claim.stop` is set. A database that cannot be reached never ends the
 thread: the worker retries with backoff, and what it could not record is left to the lease (the job runs again).
 A job that runs out of device memory fails alone (`out_of_memory`, saying what ran out and what to change); the
-allocator's cache is freed and the next job runs.
+allocator's cache is freed and the next job runs. A job's media (keyframes, references) are read back from the
+artifact store before it runs, checked against the sha256 recorded at submission, and removed once it has ended for
+good (a job handed back or whose lease was lost keeps them: it runs again).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..common.out_of_memory import (
 from ..common.request_body import encodable_text
 from .contract import JobCancelled, RunOutcome, VideoRunner, VideoSpec
 from .metrics import VideoMetrics
-from .store.base import ArtifactStore, Claim, Ending, JobStore, StoreUnavailable
+from .store.base import ArtifactStore, Claim, Ending, JobStore, MissingArtifact, StoreUnavailable
 
 log = logging.getLogger("telefuser.serving")
 T = TypeVar("T")
@@ -123,7 +125,7 @@ class VideoWorker:
         error, stopped_at, published = None, None, False
         try:
             with LeaseKeeper(lambda: self._renew(claim), self.store.policy.lease_s / 3):
-                outcome = self.runner.run(VideoSpec.from_dict(job.spec), staged, hooks)
+                outcome = self.runner.run(self._spec(job), staged, hooks)
                 self._renew(claim)  # still ours, and not cancelled during the decode?
                 if not claim.stop.is_set():
                     self.artifacts.publish(job.id, staged)
@@ -154,6 +156,8 @@ class VideoWorker:
         status = self._record(lambda: self.store.finish(claim, ending))
         if published and status not in ("completed", None):  # cancelled after the file was in place
             self.artifacts.delete(job.id)
+        if status is not None and job.spec.get("media"):  # ended for good: its inputs are not needed again
+            self._record(lambda: self.artifacts.delete_inputs(job.id))
         if status == "completed" and outcome is not None:
             self.metrics.inc("jobs_completed_total")
             self.metrics.inc("inference_seconds_total", outcome.inference_time_s)
@@ -161,6 +165,17 @@ class VideoWorker:
             self.metrics.observe(outcome.inference_time_s)
         elif status == "failed":
             self.metrics.inc("jobs_failed_total")
+
+    def _spec(self, job) -> VideoSpec:
+        """The job's spec with its media's bytes, read back from the artifact store."""
+        spec = VideoSpec.from_dict(job.spec)
+        if not spec.media:
+            return spec
+        try:
+            blobs = self.artifacts.read_inputs(job.id, len(spec.media))
+        except MissingArtifact as exc:
+            raise ValueError(f"the job's media are gone: {exc}") from None
+        return spec.with_media_data(blobs)
 
     def _renew(self, claim: Claim, done: int | None = None, total: int | None = None) -> None:
         """A progress write; an unreachable database does not stop the run (the lease decides what happens)."""

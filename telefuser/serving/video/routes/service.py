@@ -51,6 +51,7 @@ async def metadata(service: Service) -> dict[str, Any]:
         },
         "auth": {"api_key_required": service.keys.enabled, "scheme": "Bearer"},
         "fields": list(FIELDS),
+        "loras": _lora_names(service),
         "defaults": policy.defaults,
         "output_dir": service.files.location,
         "job_store": store.location,
@@ -80,3 +81,9 @@ async def service_metrics(service: Service) -> PlainTextResponse:
         ("jobs", "Jobs in the job store, by status.", n, {"status": status}) for status, n in state["jobs"].items()
     ]
     return PlainTextResponse(service.metrics.render(gauges), media_type=CONTENT_TYPE)
+
+
+def _lora_names(service) -> list[str] | None:
+    """The names a request's 'lora' may give (the files of --lora-dir now); None: this server takes no LoRAs."""
+    library = getattr(service.runner, "loras", None)
+    return library.names() if library is not None else None

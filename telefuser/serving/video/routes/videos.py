@@ -39,15 +39,23 @@ async def create_video(request: Request, service: Service) -> JSONResponse:
         spec=parsed.spec.as_dict(),
         plan=plan.as_dict(),
     )
+    media = parsed.spec.media_data()
+    if media:  # staged before the job is queued: whichever replica claims it finds them
+        await run_in_threadpool(service.files.put_inputs, job.id, media)
     try:
         stored = await run_in_threadpool(store.submit, job)
     except QueueFull as exc:
         metrics.inc("jobs_rejected_total", reason="queue_full")
+        await _unstage(service, job.id, media)
         wait = service.retry_after_s()
         return error_response(429, f"{exc}; retry in about {wait} s", retry_after=wait)
     except Unstorable as exc:
         metrics.inc("jobs_rejected_total", reason="invalid")
+        await _unstage(service, job.id, media)
         raise RequestError(422, str(exc)) from None
+    except BaseException:
+        await _unstage(service, job.id, media)
+        raise
     metrics.inc("jobs_submitted_total")
     # The object as submitted ("queued"), even if a worker has already picked the job up.
     return JSONResponse(stored.to_object(record_path=store.record_location(job.id)))
@@ -119,3 +127,9 @@ async def delete_video(request: Request, video_id: str, service: Service) -> dic
         raise RequestError(404, f"unknown video {video_id!r}")
     service.metrics.inc("jobs_deleted_total")
     return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+
+async def _unstage(service, job_id: str, media: list[bytes]) -> None:
+    """A job that was not queued leaves no staged media behind."""
+    if media:
+        await run_in_threadpool(service.files.delete_inputs, job_id)

@@ -4,7 +4,9 @@ A `JobStore` holds every job and its queue: the app submits, reads, lists, cance
 claims the oldest queued job, renews its claim with each progress write (which also tells it that a client cancelled)
 and records how the job ended. Two implementations: `EmbeddedJobStore` (one process, records as files; the default)
 and `PostgresJobStore` (any number of replicas; leases that expire when a replica dies). An `ArtifactStore` holds the
-MP4s: a directory (`DirectoryArtifacts`, shareable between replicas) or an S3-compatible bucket (`S3Artifacts`).
+MP4s, and the media a job was submitted with (its keyframes and references, staged there at submission so that the
+replica that runs the job can read them, also when it runs again after a lost lease): a directory
+(`DirectoryArtifacts`, shareable between replicas) or an S3-compatible bucket (`S3Artifacts`).
 """
 
 from __future__ import annotations
@@ -195,7 +197,21 @@ class ArtifactStore(Protocol):
         """Remove every staged file left by a killed server; only for a store that one server uses alone."""
         ...
 
-    def delete(self, job_id: str) -> None: ...
+    def delete(self, job_id: str) -> None:
+        """Remove the job's MP4 and its staged inputs (whichever exist)."""
+        ...
+
+    def put_inputs(self, job_id: str, blobs: list[bytes]) -> None:
+        """Stage a job's media before it is queued (each atomically)."""
+        ...
+
+    def read_inputs(self, job_id: str, count: int) -> list[bytes]:
+        """A job's staged media, in order; MissingArtifact when one is gone."""
+        ...
+
+    def delete_inputs(self, job_id: str) -> None:
+        """Remove a job's staged media: it has ended for good (or was never queued)."""
+        ...
 
     def response(self, job_id: str, *, filename: str, expires_at: float | None):
         """A Starlette response with the MP4 (streamed, or a redirect to a presigned URL); MissingArtifact."""

@@ -3,7 +3,7 @@ Kubernetes ReadWriteMany volume).
 
 Each attempt writes its own dot-named staging file in the same directory, so publishing is one rename on one
 filesystem (atomic), and two replicas never write the same file: a replica whose lease was taken over finishes into
-its own staging name and is then refused by the job store.
+its own staging name and is then refused by the job store. A job's media are `<id>.input-<n>` beside its MP4.
 """
 
 from __future__ import annotations
@@ -35,11 +35,32 @@ class DirectoryArtifacts:
         staged.unlink(missing_ok=True)
 
     def clear_staging(self) -> None:
-        for leftover in self.dir.glob(".video_*.partial.mp4"):
-            leftover.unlink(missing_ok=True)
+        for pattern in (".video_*.partial.mp4", ".video_*.input-*.tmp"):
+            for leftover in self.dir.glob(pattern):
+                leftover.unlink(missing_ok=True)
 
     def delete(self, job_id: str) -> None:
         self.path(job_id).unlink(missing_ok=True)
+        self.delete_inputs(job_id)
+
+    def input_path(self, job_id: str, index: int) -> Path:
+        return self.dir / f"{job_id}.input-{index}"
+
+    def put_inputs(self, job_id: str, blobs: list[bytes]) -> None:
+        for index, blob in enumerate(blobs):
+            tmp = self.dir / f".{job_id}.input-{index}.tmp"
+            tmp.write_bytes(blob)
+            os.replace(tmp, self.input_path(job_id, index))
+
+    def read_inputs(self, job_id: str, count: int) -> list[bytes]:
+        try:
+            return [self.input_path(job_id, index).read_bytes() for index in range(count)]
+        except FileNotFoundError:
+            raise MissingArtifact(f"the media of video {job_id} are missing from the output directory") from None
+
+    def delete_inputs(self, job_id: str) -> None:
+        for path in self.dir.glob(f"{job_id}.input-*"):
+            path.unlink(missing_ok=True)
 
     def response(self, job_id: str, *, filename: str, expires_at: float | None) -> FileResponse:
         path = self.path(job_id)

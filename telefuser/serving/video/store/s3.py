@@ -4,7 +4,8 @@ boto3; credentials and region come from the usual AWS variables, profiles or ins
 The runner writes into this replica's private staging directory; the finished file is uploaded as
 `<prefix>/<job id>.mp4` (an upload replaces an object atomically). `/content` streams the object through the replica,
 or with `--s3-redirect` answers 307 to a presigned URL that lives until the job expires (at most a week, the
-longest SigV4 allows), so the bytes go from the bucket to the client directly.
+longest SigV4 allows), so the bytes go from the bucket to the client directly. A job's media are staged as
+`<prefix>/<job id>.input-<n>` until it ends.
 """
 
 from __future__ import annotations
@@ -61,6 +62,29 @@ class S3Artifacts:
 
     def delete(self, job_id: str) -> None:
         self._call(lambda: self._s3.delete_object(Bucket=self.bucket, Key=self.key(job_id)), job_id)
+        self.delete_inputs(job_id)
+
+    def input_key(self, job_id: str, index: int) -> str:
+        return self.key(job_id).removesuffix(".mp4") + f".input-{index}"
+
+    def put_inputs(self, job_id: str, blobs: list[bytes]) -> None:
+        for index, blob in enumerate(blobs):
+            key = self.input_key(job_id, index)
+            self._call(lambda key=key, blob=blob: self._s3.put_object(Bucket=self.bucket, Key=key, Body=blob), job_id)
+
+    def read_inputs(self, job_id: str, count: int) -> list[bytes]:
+        blobs = []
+        for index in range(count):
+            key = self.input_key(job_id, index)
+            obj = self._call(lambda key=key: self._s3.get_object(Bucket=self.bucket, Key=key), f"{job_id}'s media")
+            blobs.append(obj["Body"].read())
+        return blobs
+
+    def delete_inputs(self, job_id: str) -> None:
+        prefix = self.input_key(job_id, 0).removesuffix("0")
+        listed = self._call(lambda: self._s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix), job_id)
+        for item in listed.get("Contents", []):
+            self._call(lambda key=item["Key"]: self._s3.delete_object(Bucket=self.bucket, Key=key), job_id)
 
     def response(self, job_id: str, *, filename: str, expires_at: float | None):
         disposition = f'attachment; filename="{filename}"'
