@@ -66,6 +66,8 @@ class StreamedLayers:
         self.streamed = (
             streamed_layers(len(layers), self.resident) if spread else list(range(self.resident, len(layers)))
         )
+        # each streamed layer's tensors, found once: their objects stay, only their `.data` moves
+        self._layer_tensors = {i: self._find_tensors(i) for i in self.streamed}
         for index in self.streamed:
             for tensor in self._tensors(index):
                 tensor.data = to_host(tensor.data)
@@ -174,6 +176,9 @@ class StreamedLayers:
         self._loaded.clear()
 
     def _tensors(self, index: int) -> list[torch.Tensor]:
+        return self._layer_tensors[index]
+
+    def _find_tensors(self, index: int) -> list[torch.Tensor]:
         layer = self.layers[index]
         skipped = {id(t) for name in self.skip for t in layer_tensors(layer.get_submodule(name))}
         return [t for t in layer_tensors(layer) if id(t) not in skipped]

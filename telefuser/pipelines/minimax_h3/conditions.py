@@ -234,11 +234,16 @@ def keyframe_canvas(width: float, height: float, short_edge: int, multiple: int)
     ratio = width / height
     if not MIN_ASPECT_RATIO <= ratio <= MAX_ASPECT_RATIO:
         raise ValueError(f"MiniMax H3 supports aspect ratios from 1:4 to 4:1, got {width}:{height} ({ratio:g})")
+    return _capped_canvas(ratio, short_edge, short_edge * short_edge * MAX_AREA_PER_SHORT_EDGE_SQUARED, multiple)
+
+
+def _capped_canvas(ratio: float, short_edge: int, max_pixels: float, multiple: int) -> tuple[int, int]:
+    """(height, width): `short_edge` on the short side at `ratio`, scaled down to `max_pixels`, both axes rounded to
+    `multiple` (diffusers' ``resolve_canvas_size``)."""
     if ratio >= 1.0:
         w, h = short_edge * ratio, float(short_edge)
     else:
         w, h = float(short_edge), short_edge / ratio
-    max_pixels = short_edge * short_edge * MAX_AREA_PER_SHORT_EDGE_SQUARED
     area = w * h
     if area > max_pixels:
         scale = (max_pixels / area) ** 0.5
@@ -426,15 +431,7 @@ def _resolve_canvas_size(aspect_w, aspect_h, multiple: int, short_edge: int, max
     ratio = aspect_w / aspect_h
     if not MIN_ASPECT_RATIO <= ratio <= MAX_ASPECT_RATIO:
         raise ValueError(f"a reference video must be within 1:4 and 4:1, got {aspect_w}x{aspect_h}")
-    if ratio >= 1.0:
-        w, h = short_edge * ratio, float(short_edge)
-    else:
-        w, h = float(short_edge), short_edge / ratio
-    area = w * h
-    if area > max_pixels:
-        scale = (max_pixels / area) ** 0.5
-        w, h = w * scale, h * scale
-    return max(multiple, round(h / multiple) * multiple), max(multiple, round(w / multiple) * multiple)
+    return _capped_canvas(ratio, short_edge, max_pixels, multiple)
 
 
 # -- the VAE encodes -----------------------------------------------------------------------------------------------
