@@ -57,14 +57,16 @@ def test_a_long_compute_overlaps_the_next_copy_and_the_values_stay_exact():
 
 
 def test_negative_control_swapped_host_copies_differ():
-    """Two layers' host copies swapped: the stream computes the wrong layers, off by the order of the output."""
+    """Two layers' host copies swapped: the stream computes the wrong layers. The streamed path is checked with
+    torch.equal above; this shows a misplaced layer lands far above zero (measured 6.4% of the output's norm on an
+    H100, 2026-12-06), so exact equality there is not vacuous."""
     stack = _stack()
     x = torch.randn(64, 256, device=CUDA)
     want = _run(stack, x)
     stream = StreamedLayers(stack, CUDA, keep_slots=False)
     stream._host[1], stream._host[2] = stream._host[2], stream._host[1]
     got = _run(stack, x, stream)
-    assert (got - want).norm() > 0.1 * want.norm()
+    assert (got - want).norm() > 0.01 * want.norm()
 
 
 def test_large_host_copies_are_pinned_in_place_at_their_own_size():

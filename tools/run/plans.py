@@ -604,19 +604,70 @@ MEMORY = Plan(
                 ("bf16_78", "", 78),
                 ("fp8_78", LINGBOT_FP8, 78),
                 ("fp8_48", LINGBOT_FP8.replace("--cuda-graphs on", "--cuda-graphs auto"), 48),
+                ("fp8_32", LINGBOT_FP8.replace("--cuda-graphs on", "--cuda-graphs auto"), 32),
             )
         ),
     ),
     calls=(
         "setup_wheels,gpu_streaming,minimax_78,lingbot_bf16_78,minimax_24,lingbot_fp8_48",
         "setup_wheels,minimax_32,lingbot_fp8_78,minimax_48",
+        "setup_wheels,minimax_48,lingbot_fp8_32,lingbot_fp8_78",
     ),
+)
+
+# ---- one GPU: MiniMax H3 as its users run it (issue 34) ------------------------------------------------------------
+LORA_BENCH = "{py} -m tools.bench.minimax_h3_lora_bench --device cuda"
+TURBO_LORA = "/tmp/h3-turbo/lora_r64.safetensors"  # random rank-64 factors in ai-toolkit's format (not a real Turbo)
+KEYFRAMES = (  # two 1344x768 noise images, the first and last keyframes of the FL2VA request
+    "{py} -c \"import numpy as np; from PIL import Image; g = np.random.default_rng(0); "
+    "[Image.fromarray(g.integers(0, 256, (768, 1344, 3), dtype=np.uint8)).save('/tmp/h3-turbo/' + n + '.png') "
+    "for n in ('first', 'last')]\""
+)
+H3_AS_RUN = Plan(
+    "h3-as-run",
+    "MiniMax H3 as its users run it: rank-64 LoRA merge/unmerge/switch times (bf16, FP8), the official 1344x768 5 s "
+    "request with a merged LoRA at 4 steps (T2VA) and 8 steps (FL2VA, two keyframes), default flags",
+    (
+        MEMORY.steps[0],
+        Step(
+            "turbo_files",
+            120,
+            command(f"{{py}} -m tools.bench.minimax_h3_lora_bench --write-lora {TURBO_LORA}"),
+            "a random rank-64 LoRA file at the official shapes for the requests below",
+            setup=True,
+        ),
+        Step("keyframes", 60, command(KEYFRAMES), "two keyframe images for the FL2VA request", setup=True),
+        Step("lora_bf16", 300, command(f"{LORA_BENCH} --output {{out}}/lora_bf16.json"), "LoRA times, bf16 DiT"),
+        Step(
+            "lora_fp8",
+            300,
+            command(f"{LORA_BENCH} --quantization fp8 --output {{out}}/lora_fp8.json"),
+            "LoRA times, FP8 DiT (re-quantized from its kept dense weights)",
+        ),
+        Step(
+            "turbo4_t2va",
+            420,
+            command(f"{RUN_T2VA} --preset turbo-4 --lora {TURBO_LORA} --output {{out}}/turbo4_t2va/t2va.mp4"),
+            "the official request, turbo-4 preset, a merged rank-64 LoRA, text only",
+        ),
+        Step(
+            "turbo8_fl2va",
+            420,
+            command(
+                f"{RUN_T2VA} --preset turbo-8 --lora {TURBO_LORA} --image /tmp/h3-turbo/first.png "
+                f"--last-image /tmp/h3-turbo/last.png --output {{out}}/turbo8_fl2va/t2va.mp4"
+            ),
+            "the official request, turbo-8 preset, a merged rank-64 LoRA, first and last keyframes (FL2VA)",
+        ),
+    ),
+    calls=("setup_wheels,turbo_files,keyframes,lora_bf16,lora_fp8,turbo4_t2va,turbo8_fl2va",),
 )
 
 PLANS: dict[str, Plan] = {
     p.name: p
     for p in (
         MEMORY,
+        H3_AS_RUN,
         H200_MODELS,
         H200_TRANSPORT,
         H200_GRAPHS,

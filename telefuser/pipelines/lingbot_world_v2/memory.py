@@ -30,6 +30,10 @@ ACTIVATION_ROW_FACTOR = 56
 # The Wan VAE's encode and decode of one chunk, in full-resolution maps of base_dim channels per frame of the chunk,
 # in the VAE's dtype: 4.8 and 9.6 GiB measured at 832x480, 16 frames, bf16 (2026-12-06).
 VAE_ENCODE_MAPS, VAE_DECODE_MAPS = 4.5, 9
+# Captured DiT forwards keep their activations in the graphs' private pool for the session, on top of every later stage:
+# in rows x dim elements of the compute dtype. Calibrated: the official FP8 session with --cuda-graphs on held 4.2 GiB
+# more at its decode than the same session without graphs predicts (H100, docs/perf/2026-12-06).
+GRAPH_POOL_ROW_FACTOR = 70
 LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
 TEXT_TOKENS = 512
 
@@ -77,6 +81,9 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     refused = {}
     if cuda_graphs == "on":
         refused["block"] = "CUDA graphs cannot replay streamed blocks; pass --cuda-graphs off (or auto)"
+    # auto captures under Ulysses unless blocks stream: counted for every tier then, the block tier's estimate errs high
+    graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and ulysses > 1)
+    graph_pool = -(-rows // ulysses) * GRAPH_POOL_ROW_FACTOR * config.dim * element if graphs else 0
     return Workload(
         title=title,
         stacks=(
@@ -87,6 +94,7 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
         held={
             "kv windows": sessions * (kv + cross),
             "latents": sessions * (LATENT_CHANNELS + CONDITION_CHANNELS) * grid * 4,
+            "CUDA graph pools": sessions * graph_pool,
         },
         stages=(
             Stage("text", uses=("text_encoder",), transient={"prompt activations": _prompt_bytes(size, element)}),
