@@ -112,7 +112,8 @@ def _fp8_rank(ctx, paths):
     unmerge(model)
     restored = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     fp8 = sum(isinstance(m, Float8Linear) for m in model.modules())
-    kept = {tuple(t.shape) for t in model.lora_state.dense.values()}
+    fp8_names = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    kept = {tuple(t.shape) for n, t in model.lora_state.dense.items() if n in fp8_names}  # each rank's slices
     model.close()
     merged_first.close()
     return same, restored, fp8, kept

@@ -45,6 +45,7 @@ from telefuser.models.minimax_h3.lora import (
     applied_loras,
     apply,
     keep_dense_weights,
+    keep_originals,
     merge,
     our_module,
     read_lora,
@@ -496,8 +497,36 @@ def test_unmerge_restores_the_weights_exactly(tmp_path):
         merge(model, [(first, 1.0)])
     assert [a.name for a in unmerge(model)] == ["first", "second"]
     assert _equal(model, before)
-    assert applied_loras(model) == () and model.lora_state.dense == {}  # the copies are dropped again
     assert unmerge(model) == ()
+    # the originals stay for the next merge, which copies nothing more to the host
+    originals = dict(model.lora_state.dense)
+    assert applied_loras(model) == () and set(originals) == set(first.modules) | set(second.modules)
+    merge(model, [(second, 1.0)])
+    assert all(model.lora_state.dense[name] is copy for name, copy in originals.items())
+    unmerge(model)
+    assert _equal(model, before)
+
+
+def test_keep_originals_ahead_of_the_first_merge(tmp_path):
+    first, second = _two_loras(tmp_path)
+    model = _small_model(torch.bfloat16)
+    before = _snapshot(model)
+    names = sorted(set(first.modules) | set(second.modules))
+    weight = model.get_submodule(names[0]).weight
+    assert keep_originals(model, names) == sum(
+        model.get_submodule(n).weight.numel() * model.get_submodule(n).weight.element_size() for n in names
+    )
+    assert keep_originals(model, names) == 0  # kept once
+    kept = dict(model.lora_state.dense)
+    assert torch.equal(kept[names[0]], weight) and kept[names[0]].data_ptr() != weight.data_ptr()
+    merge(model, [(first, 0.5)])
+    assert all(model.lora_state.dense[n] is kept[n] for n in names)
+    with pytest.raises(LoraError, match="unmerge first"):
+        keep_originals(model, names)
+    unmerge(model)
+    assert _equal(model, before)
+    with pytest.raises(LoraError, match="no linear layer"):
+        keep_originals(model, ["blocks.0.attn.nothing"])
 
 
 def test_apply_switches_from_one_set_to_another(tmp_path):
@@ -537,16 +566,21 @@ def test_fp8_linears_are_requantized_from_the_dense_weight_and_restored_exactly(
 
     model = _small_model(torch.bfloat16)
     kept = keep_dense_weights(model)
-    assert kept == sum(model.get_submodule(n).weight.numel() * 2 for n in model.lora_state.kept)
-    assert len(model.lora_state.kept) == len(model.blocks) * len(model.FP8_LINEARS)
+    dense = dict(model.lora_state.dense)
+    assert kept == sum(model.get_submodule(n).weight.numel() * 2 for n in dense)
+    assert len(dense) == len(model.blocks) * len(model.FP8_LINEARS)
     model.quantize("fp8")
-    assert len(_fp8_names(model)) == len(model.lora_state.kept)
+    assert set(_fp8_names(model)) == set(dense)
     before = _snapshot(model)
     merge(model, loras)
     assert _equal(model, _snapshot(merged_first))  # codes and scales: never merged into the e4m3 codes
     unmerge(model)
     assert _equal(model, before)
-    assert model.lora_state.codes == {} and set(model.lora_state.dense) == model.lora_state.kept
+    # the original codes stay beside the dense weights for the next merge
+    touched = set(first.modules) | set(second.modules)
+    assert set(model.lora_state.codes) == touched & set(dense)
+    assert set(model.lora_state.dense) == set(dense) | touched  # touched dense linears: their originals too
+    assert all(model.lora_state.dense[name] is copy for name, copy in dense.items())
     merge(model, loras)  # and again, from the kept dense weights
     assert _equal(model, _snapshot(merged_first))
 

@@ -9,9 +9,11 @@ Random weights and random LoRA factors (said so): the time of a merge depends on
 LoRA files are written in ai-toolkit's format (``diffusion_model.<name>.lora_A/B.weight``, bf16) at `--rank` over
 `--targets` of every joint block (default: the attention and MLP linears, what published H3 Turbo LoRAs train), and
 read back through diffusers' converter like any user file. Timed (the device synchronized around each):
-``read`` (the file through diffusers into this model's layout), ``merge`` (reversible: host copies of every touched
-weight first, what a service switching LoRAs does), ``unmerge`` (copies back), ``switch`` (`apply` from LoRA A to LoRA
-B: unmerge + merge), ``merge once`` (not reversible: what ``run_t2va.py --lora`` does at load). Unmerging is checked
+``read`` (the file through diffusers into this model's layout), ``first merge`` (reversible: it also copies every
+touched weight's original to host memory, once per process, which a service may do at start-up with
+`lora.keep_originals`), ``unmerge`` (copies back from host), ``merge`` (reversible, originals kept: what a service
+switching LoRAs pays), ``switch`` (`apply` from LoRA A to LoRA B: unmerge + merge), ``merge once`` (not reversible:
+what ``run_t2va.py --lora`` does at load). Unmerging is checked
 bit for bit against host copies of two blocks' weights taken before the first merge.
 """
 
@@ -136,8 +138,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     model = build_dit(config, args.device, args.quantization)
     built_s = time.perf_counter() - start
-    print(f"DiT: {args.config}, bf16{', fp8 GEMMs' if args.quantization == 'fp8' else ''}, random weights "
-          f"(built in {built_s:.1f} s)")
+    print(
+        f"DiT: {args.config}, bf16{', fp8 GEMMs' if args.quantization == 'fp8' else ''}, random weights "
+        f"(built in {built_s:.1f} s)"
+    )
     checked = (0, len(model.blocks) - 1)
     before = snapshot(model, checked)
 
@@ -145,13 +149,18 @@ def main(argv=None) -> int:
     rows = {}
     rows["read (one file)"] = timed(args.device, lambda: loras.update(a=read_lora(files[0])))
     loras["b"] = read_lora(files[1])
-    rows["merge (reversible)"] = timed(args.device, lambda: merge(model, [(loras["a"], 1.0)], reversible=True))
+    rows["first merge (reversible, originals to host)"] = timed(
+        args.device, lambda: merge(model, [(loras["a"], 1.0)], reversible=True)
+    )
     rows["unmerge"] = timed(args.device, lambda: unmerge(model))
     exact = all(torch.equal(v, before[k]) for k, v in snapshot(model, checked).items())
-    apply(model, [(loras["a"], 1.0)])
+    rows["merge (reversible, originals kept)"] = timed(args.device, lambda: merge(model, [(loras["a"], 1.0)]))
     rows["switch A -> B (apply)"] = timed(args.device, lambda: apply(model, [(loras["b"], 1.0)]))
     unmerge(model)
-    rows["merge once (not reversible)"] = timed(args.device, lambda: merge(model, [(loras["a"], 1.0)], reversible=False))
+    exact = exact and all(torch.equal(v, before[k]) for k, v in snapshot(model, checked).items())
+    rows["merge once (not reversible)"] = timed(
+        args.device, lambda: merge(model, [(loras["a"], 1.0)], reversible=False)
+    )
 
     peak = torch.cuda.max_memory_reserved() / 2**30 if torch.device(args.device).type == "cuda" else None
     card = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "cpu"

@@ -619,7 +619,7 @@ MEMORY = Plan(
 LORA_BENCH = "{py} -m tools.bench.minimax_h3_lora_bench --device cuda"
 TURBO_LORA = "/tmp/h3-turbo/lora_r64.safetensors"  # random rank-64 factors in ai-toolkit's format (not a real Turbo)
 KEYFRAMES = (  # two 1344x768 noise images, the first and last keyframes of the FL2VA request
-    "{py} -c \"import numpy as np; from PIL import Image; g = np.random.default_rng(0); "
+    '{py} -c "import numpy as np; from PIL import Image; g = np.random.default_rng(0); '
     "[Image.fromarray(g.integers(0, 256, (768, 1344, 3), dtype=np.uint8)).save('/tmp/h3-turbo/' + n + '.png') "
     "for n in ('first', 'last')]\""
 )
@@ -650,6 +650,16 @@ H3_AS_RUN = Plan(
             command(f"{RUN_T2VA} --preset turbo-4 --lora {TURBO_LORA} --output {{out}}/turbo4_t2va/t2va.mp4"),
             "the official request, turbo-4 preset, a merged rank-64 LoRA, text only",
         ),
+        H200_SAGE.steps[1],
+        Step(
+            "turbo4_sage_warm",
+            480,
+            command(
+                f"{RUN_T2VA} --preset turbo-4 --lora {TURBO_LORA} --attn-impl sage_sm90 --repeat 2 "
+                f"--output {{out}}/turbo4_sage_warm/t2va.mp4"
+            ),
+            "the turbo-4 request twice on one loaded pipeline with sage_sm90: the second is what a warm service pays",
+        ),
         Step(
             "turbo8_fl2va",
             420,
@@ -660,7 +670,10 @@ H3_AS_RUN = Plan(
             "the official request, turbo-8 preset, a merged rank-64 LoRA, first and last keyframes (FL2VA)",
         ),
     ),
-    calls=("setup_wheels,turbo_files,keyframes,lora_bf16,lora_fp8,turbo4_t2va,turbo8_fl2va",),
+    calls=(
+        "setup_wheels,turbo_files,keyframes,lora_bf16,lora_fp8,turbo4_t2va,turbo8_fl2va",
+        "setup_wheels,sage_build,turbo_files,lora_bf16,lora_fp8,turbo4_sage_warm",
+    ),
 )
 
 PLANS: dict[str, Plan] = {

@@ -19,14 +19,18 @@ into its e4m3 codes, so its dense weight must have been kept before quantization
 then equal those of quantizing a dense model that had the LoRAs merged first.
 
 Where the copies live: everything this module keeps is in host memory (`memory.host.to_host`, pinned where CUDA
-exists), this rank's slices only, on ``model.lora_state``:
-* ``dense``: the dense weight of each linear before any LoRA. Made by `keep_dense_weights` for the FP8 linears (kept
-  for the model's life: every later merge starts from it; the bf16 size of those linears), and by `merge` for each
-  touched dense linear (dropped again by `unmerge`).
-* ``codes``: the e4m3 codes and scales a merge overwrote in each touched FP8 linear (dropped by `unmerge`).
-`unmerge` copies these back (no subtraction), so the weights are bit-identical to before the merge. `apply` switches
-from one LoRA set to another (validate, unmerge, merge), and ``model.lora_state.applied`` / `applied_loras` say what is
-merged. Merge between requests: AdaLN tables a request already computed hold the old projections.
+exists), this rank's slices only, on ``model.lora_state``, and kept for the model's life once made, so that switching
+LoRA sets copies only from host to device:
+* ``dense``: the dense weight of each linear before any LoRA. Made by `keep_dense_weights` for the FP8 linears (every
+  merge re-quantizes from it), and by the first reversible `merge` touching a dense linear (or `keep_originals`,
+  which a service calls at start-up so that its first merge copies nothing to the host).
+* ``codes``: the e4m3 codes and scales of each FP8 linear before any LoRA (made by the first reversible merge
+  touching it, or `keep_originals`).
+A merge computes from the weight on the device (unmerged, so the original) or, for FP8, from ``dense`` copied to the
+device in its own dtype; the fp32 arithmetic runs on the device. `unmerge` copies the originals back (no
+subtraction), so the weights are bit-identical to before the merge. `apply` switches from one LoRA set to another
+(validate, unmerge, merge), and ``model.lora_state.applied`` / `applied_loras` say what is merged. Merge between
+requests: AdaLN tables a request already computed hold the old projections.
 """
 
 from __future__ import annotations
@@ -299,8 +303,7 @@ def _fused_qkv(name: str, parts: Mapping[int, tuple[torch.Tensor, torch.Tensor, 
 class LoraState:
     """What LoRA merging keeps on a model (``model.lora_state``), in host memory, this rank's slices only."""
 
-    dense: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> its weight before any LoRA
-    kept: set[str] = field(default_factory=set)  # the `dense` entries of keep_dense_weights (kept for good)
+    dense: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> its dense weight before any LoRA
     codes: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # FP8 linear -> codes, scale
     touched: list[str] = field(default_factory=list)  # the linears the merged set changed
     applied: tuple[AppliedLora, ...] = ()
@@ -335,7 +338,7 @@ def keep_dense_weights(model: nn.Module, *, blocks: Iterable[int] | None = None)
     for index in range(len(model.blocks)) if blocks is None else blocks:
         for suffix in model.FP8_LINEARS:
             name = f"blocks.{index}.{suffix}"
-            if name in state.kept:
+            if name in state.dense:
                 continue
             module = model.get_submodule(name)
             if isinstance(module, Float8Linear):
@@ -343,9 +346,38 @@ def keep_dense_weights(model: nn.Module, *, blocks: Iterable[int] | None = None)
                     f"{name} is already FP8: its dense weight is gone; keep_dense_weights before quantizing"
                 )
             state.dense[name] = _host_copy(module.weight)
-            state.kept.add(name)
             kept += module.weight.numel() * module.weight.element_size()
     return kept
+
+
+@torch.no_grad()
+def keep_originals(model: nn.Module, names: Iterable[str]) -> int:
+    """Keep host copies of the linears `names` as they are now (unmerged), what a reversible merge would otherwise
+    copy on first touching them: a service calls it at start-up so that merges and switches copy only from host to
+    device. Returns the bytes newly kept."""
+    state = lora_state(model)
+    if state.applied:
+        raise LoraError("keep_originals on a model with LoRAs merged would keep merged weights: unmerge first")
+    kept = 0
+    for name in names:
+        module = _linear(model, name)
+        if module is None:
+            raise LoraError(f"keep_originals: {name} is no linear layer of the model")
+        kept += _keep_original(state, name, module)
+    return kept
+
+
+def _keep_original(state: LoraState, name: str, module: nn.Module) -> int:
+    """The host copy `unmerge` restores `name` from, made once; the bytes it took (0 when it existed)."""
+    if isinstance(module, Float8Linear):
+        if name in state.codes:
+            return 0
+        state.codes[name] = (_host_copy(module.weight), _host_copy(module.weight_scale))
+        return sum(t.numel() * t.element_size() for t in state.codes[name])
+    if name in state.dense:
+        return 0
+    state.dense[name] = _host_copy(module.weight)
+    return module.weight.numel() * module.weight.element_size()
 
 
 @torch.no_grad()
@@ -426,31 +458,30 @@ Updates = Sequence[tuple[ModuleLora, float]]
 
 
 def _merge_linear(model: nn.Module, name: str, module: nn.Module, updates: Updates, reversible: bool) -> None:
-    """One linear's merge; an FP8 one from its kept dense weight, re-quantized as `Float8Linear` quantizes."""
+    """One linear's merge: a dense one from its weight on the device (unmerged: the original), an FP8 one from its
+    kept dense weight, re-quantized as `Float8Linear` quantizes."""
     state = model.lora_state
+    if reversible:
+        _keep_original(state, name, module)
     if isinstance(module, Float8Linear):
-        if reversible:
-            state.codes[name] = (_host_copy(module.weight), _host_copy(module.weight_scale))
         merged = _merged_weight(model, name, module, state.dense[name], updates).to(module.compute_dtype)
         codes, scale = quantize_rows(merged)
         module.weight.copy_(codes)
         module.weight_scale.copy_(scale.t())
         return
-    if reversible and name not in state.dense:
-        state.dense[name] = _host_copy(module.weight)
-    source = state.dense.get(name, module.weight)
-    module.weight.copy_(_merged_weight(model, name, module, source, updates).to(module.weight.dtype))
+    module.weight.copy_(_merged_weight(model, name, module, module.weight, updates).to(module.weight.dtype))
 
 
 def _merged_weight(model: nn.Module, name: str, module: nn.Module, source, updates: Updates) -> torch.Tensor:
     """fp32 ``source + sum scale * (alpha/rank) * up @ down`` for this rank's slice of the weight, computed on the
-    model's compute device."""
+    model's compute device. `source` crosses to the device in its own dtype and widens there: a host-to-device copy
+    that changes dtype converts on the host first (twice the bytes, at host speed)."""
     device, tp = _compute_device(model), model.tensor_parallel
-    merged = source.to(device=device, dtype=torch.float32, copy=True)
+    merged = source.to(device, non_blocking=True).to(torch.float32, copy=True)
     pieces = _local_pieces(name, _full_shape(name, module, tp), tp)
     for update, scale in updates:
-        up = update.up.to(device=device, dtype=torch.float32)
-        down = update.down.to(device=device, dtype=torch.float32)
+        up = update.up.to(device, non_blocking=True).float()
+        down = update.down.to(device, non_blocking=True).float()
         start = 0
         for rows, columns in pieces:
             delta = up[rows] @ down[:, columns]
@@ -480,18 +511,16 @@ def _full_shape(name: str, module: nn.Module, tp: TensorParallelState | None) ->
 
 
 def _restore(model: nn.Module, state: LoraState) -> None:
-    """Copy back what the merge overwrote, and drop the copies that only the merge needed."""
+    """Copy back what the merge overwrote from the originals (which stay for the next merge)."""
     for name in state.touched:
         module = model.get_submodule(name)
         if isinstance(module, Float8Linear):
             if name in state.codes:
-                codes, scale = state.codes.pop(name)
-                module.weight.copy_(codes)
-                module.weight_scale.copy_(scale)
+                codes, scale = state.codes[name]
+                module.weight.copy_(codes, non_blocking=True)
+                module.weight_scale.copy_(scale, non_blocking=True)
         elif name in state.dense:
-            module.weight.copy_(state.dense[name])
-            if name not in state.kept:
-                del state.dense[name]
+            module.weight.copy_(state.dense[name], non_blocking=True)
     state.touched.clear()
 
 
