@@ -17,21 +17,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .dtypes import DTYPE_NAMES, torch_dtype
+
 if TYPE_CHECKING:  # torch is imported where it is used: the services' CLIs parse their flags without it
     import torch
 
     from .distributed.mesh import ParallelConfig, ParallelMesh
-
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``"bfloat16"`` -> ``torch.bfloat16``, for the names in DTYPE_NAMES."""
-    import torch
-
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {name!r}")
-    return getattr(torch, name)
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulysses_default: int | None = 1) -> None:

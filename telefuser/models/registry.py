@@ -12,8 +12,11 @@ from __future__ import annotations
 from .lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from .minimax_h3.spec import MINIMAX_H3
 from .spec import ModelSpec
+from .wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (MINIMAX_H3, LINGBOT_WORLD_V2)}
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec for spec in (MINIMAX_H3, LINGBOT_WORLD_V2, WAN22_T2V_A14B, WAN22_TI2V_5B)
+}
 
 
 class UnknownModelError(LookupError):

@@ -108,11 +108,13 @@ def _emulated_fp8_attention(descale_factor: float = 1.0):
 
 def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
     from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.models.wan import attention as wan_attention_module
     from telefuser.ops.attention import attention
 
-    saved = attention_module.attention, attention_module.fp8_attention_known_scales
+    saved = attention_module.attention, attention_module.fp8_attention_known_scales, wan_attention_module.attention
     # cross-attention runs plain SDPA (it is per-call FP8 in the model, not the window under test)
     attention_module.attention = lambda q, k, v, impl: attention(q, k, v)
+    wan_attention_module.attention = attention_module.attention
     attention_module.fp8_attention_known_scales = _emulated_fp8_attention()
     try:  # the pool's processes outlive the test: the module is restored whatever happens
         mesh = build_mesh(ParallelConfig(ulysses_degree=ulysses))
@@ -131,7 +133,7 @@ def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
         parallel, _, _ = _generate(model, config, text)
         model.close()
     finally:
-        attention_module.attention, attention_module.fp8_attention_known_scales = saved
+        attention_module.attention, attention_module.fp8_attention_known_scales, wan_attention_module.attention = saved
     errors = [((p - d).abs().max() / d.abs().max()).item() for d, p in zip(dense, parallel)]
     return max(errors), fp8_keys
 

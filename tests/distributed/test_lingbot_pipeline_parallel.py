@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from telefuser.pipelines.lingbot_world_v2.vae_parallel import split_rows
+from telefuser.pipelines.wan.vae_parallel import split_rows
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 
 
 def _vae():
-    from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+    from telefuser.pipelines.wan.vae import WanVideoVAE
 
     return WanVideoVAE.random("tiny", seed=3)
 
 
 def _sharded_stream_vs_full(ctx, latent_height: int):
-    from telefuser.pipelines.lingbot_world_v2.vae_parallel import HeightShardedDecoder
+    from telefuser.pipelines.wan.vae_parallel import HeightShardedDecoder
 
     vae = _vae()
     z = torch.randn(1, 16, 6, latent_height, 4, generator=torch.Generator().manual_seed(5))
@@ -50,7 +50,7 @@ def test_split_rows():
 
 def _session_frames(ctx, parallel: bool):
     from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline
-    from telefuser.pipelines.lingbot_world_v2.text_encoder import (
+    from telefuser.pipelines.wan.text_encoder import (
         ByteFallbackTokenizer,
         PromptEncoder,
         build_umt5_encoder,

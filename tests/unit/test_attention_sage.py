@@ -448,12 +448,14 @@ def _emulated_window_kernel(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype,
 def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, SessionError, build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.models.wan import attention as wan_attention_module
 
     monkeypatch.delenv("TELEFUSER_SAGE_WINDOW", raising=False)  # the quantized window is the default
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
     reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention runs plain SDPA here: the window (written and attended through the kernel's layout) is under test
     monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
+    monkeypatch.setattr(wan_attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))  # cross-attention
     monkeypatch.setattr(attention_module, "sage_sm90_quantized", _emulated_window_kernel)
     session, ours = session_under_impl(model, "sage_sm90")
     assert session.sage_window and not reference_session.sage_window
@@ -487,6 +489,7 @@ def test_a_sage_session_keeps_a_bf16_window_quantized_per_call_when_asked(monkey
     generic ``attention(..., impl="sage_sm90")`` (which quantizes Q, K and V itself); any other value is refused."""
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.models.wan import attention as wan_attention_module
 
     monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "0")
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
@@ -497,6 +500,7 @@ def test_a_sage_session_keeps_a_bf16_window_quantized_per_call_when_asked(monkey
         return attention(q, k, v)
 
     monkeypatch.setattr(attention_module, "attention", recorded)
+    monkeypatch.setattr(wan_attention_module, "attention", recorded)  # cross-attention
     session, outputs = session_under_impl(model, "sage_sm90")
     assert not session.sage_window and session.layer_state(0).k.dtype == torch.bfloat16
     assert "sage_sm90" in impls and all(torch.isfinite(o).all() for o in outputs)

@@ -143,7 +143,7 @@ def test_compiled_block_keeps_the_v_first_order_and_passes_its_input_in_place(li
     from telefuser.models.lingbot_world_v2 import KVWindow
     from telefuser.models.lingbot_world_v2.attention import ChunkInputs, window_rows
     from telefuser.models.lingbot_world_v2.blocks import block_region
-    from telefuser.models.lingbot_world_v2.rope import chunk_rope
+    from telefuser.models.wan.rope import chunk_rope
 
     config, stub = lingbot.config, _TwoRankStub()
     head_dim, heads = config.head_dim, config.num_heads

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from telefuser.models.lingbot_world_v2 import blocks as lingbot_blocks
-from telefuser.models.lingbot_world_v2 import norms as lingbot_norms
-from telefuser.models.lingbot_world_v2.rope import apply_rope
 from telefuser.models.minimax_h3 import blocks as minimax_blocks
 from telefuser.models.minimax_h3 import modulation as minimax_mod
+from telefuser.models.wan import blocks as wan_blocks
+from telefuser.models.wan import norms as wan_norms
+from telefuser.models.wan.rope import apply_rope
 from telefuser.ops.fusion import cuda_fused, fusion_enabled, set_fusion
 
 needs_gpu = pytest.mark.skipif(
@@ -50,18 +50,18 @@ def _cases(device):
         "minimax.norm_modulate": (minimax_mod.norm_modulate, (x_bf, r(256) + 1, 1e-5, r(6, 256), r(6, 256), rows)),
         "minimax.gated_residual": (minimax_mod.gated_residual, (x_bf, r(6, 256), r(2, 300, 256), rows)),
         "minimax.swiglu": (minimax_blocks.swiglu, (r(2, 300, 512),)),
-        "lingbot.wan_rms_norm": (lingbot_norms.wan_rms_norm, (x_bf, r(256) + 1, 1e-6)),
-        "lingbot.layer_norm_modulate": (
-            lingbot_norms.layer_norm_modulate,
+        "wan.wan_rms_norm": (wan_norms.wan_rms_norm, (x_bf, r(256) + 1, 1e-6)),
+        "wan.layer_norm_modulate": (
+            wan_norms.layer_norm_modulate,
             (x_fp, 1e-6, r(2, 1, 256, dtype=torch.float32), r(2, 1, 256, dtype=torch.float32), torch.bfloat16),
         ),
-        "lingbot.layer_norm_to": (
-            lingbot_norms.layer_norm_to,
+        "wan.layer_norm_to": (
+            wan_norms.layer_norm_to,
             (x_fp, r(256, dtype=torch.float32), r(256, dtype=torch.float32), 1e-6, torch.bfloat16),
         ),
-        "lingbot.apply_rope": (apply_rope, (r(2, 300, 4, 64), cos, sin)),
-        "lingbot.gated_residual": (lingbot_blocks.gated_residual, (x_fp, x_bf, r(2, 1, 256, dtype=torch.float32))),
-        "lingbot.camera_modulate": (lingbot_blocks.camera_modulate, (x_fp, x_bf, x_bf)),
+        "wan.apply_rope": (apply_rope, (r(2, 300, 4, 64), cos, sin)),
+        "wan.gated_residual": (wan_blocks.gated_residual, (x_fp, x_bf, r(2, 1, 256, dtype=torch.float32))),
+        "wan.scale_shift_residual": (wan_blocks.scale_shift_residual, (x_fp, x_bf, x_bf)),
     }
 
 

@@ -13,15 +13,15 @@ import torch
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import save_file
 
+from telefuser.models.checkpoint_io import RANDOM_WEIGHTS
 from telefuser.models.lingbot_world_v2 import (
-    RANDOM_WEIGHTS,
     CheckpointError,
     LingBotConfigError,
     LingBotWorldV2Config,
     build_random_lingbot_dit,
-    keeps_fp32,
     load_lingbot_dit,
 )
+from telefuser.models.wan.checkpoint import keeps_fp32
 from tests.lingbot_checkpoints import diffusers_transformer_config
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 

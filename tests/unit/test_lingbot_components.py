@@ -21,7 +21,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
     summarize,
 )
 from telefuser.pipelines.lingbot_world_v2.image import image_to_canvas, load_reference_image
-from telefuser.pipelines.lingbot_world_v2.text_encoder import (
+from telefuser.pipelines.wan.text_encoder import (
     ByteFallbackTokenizer,
     PromptEncoder,
     build_umt5_encoder,
@@ -30,7 +30,7 @@ from telefuser.pipelines.lingbot_world_v2.text_encoder import (
     official_t5_to_hf,
     tiny_umt5_config,
 )
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE, to_uint8_frames
+from telefuser.pipelines.wan.vae import WanVideoVAE, to_uint8_frames
 from tests.numerics import relative_error
 
 

@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline, resolve_checkpoint
-from telefuser.pipelines.lingbot_world_v2.text_encoder import build_umt5_encoder, tiny_umt5_config
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+from telefuser.pipelines.wan.text_encoder import build_umt5_encoder, tiny_umt5_config
+from telefuser.pipelines.wan.vae import WanVideoVAE
 from tests.lingbot_checkpoints import diffusers_transformer_config
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "tools" / "aiperf" / "fixtures" / "tokenizer"

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, SessionError, build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2 import attention as attention_module
+from telefuser.models.wan import attention as wan_attention_module
 from telefuser.models.lingbot_world_v2.attention import KEY_BOUND_MARGIN, key_scale
-from telefuser.models.lingbot_world_v2.norms import RMSNorm
-from telefuser.models.lingbot_world_v2.rope import apply_rope, chunk_rope
+from telefuser.models.wan.norms import RMSNorm
+from telefuser.models.wan.rope import apply_rope, chunk_rope
 from telefuser.ops.attention import attention
 from telefuser.ops.attention_fp8 import FP8, FP8_MAX, cast_fp8
 from tests.lingbot_session_script import GRID_HW, TOKENS_PER_FRAME, session_under_impl
@@ -167,6 +168,7 @@ def test_a_session_with_fp8_keys_matches_fp32_within_key_rounding(monkeypatch):
     reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention (per-call FP8 in the model) runs plain SDPA here: only the window's keys are under test
     monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
+    monkeypatch.setattr(wan_attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))  # cross-attention
     monkeypatch.setattr(attention_module, "fp8_attention_known_scales", _emulated_kernel())
     session, ours = session_under_impl(model, "cudnn_fp8")
     assert session.fp8_keys and not reference_session.fp8_keys

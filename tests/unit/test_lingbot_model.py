@@ -14,10 +14,10 @@ from telefuser.models.lingbot_world_v2 import (
     LingBotWorldV2Config,
     SessionError,
     build_random_lingbot_dit,
-    keeps_fp32,
 )
-from telefuser.models.lingbot_world_v2.embeddings import patchify, sinusoidal_embedding, unpatchify
-from telefuser.models.lingbot_world_v2.rope import apply_rope, chunk_rope, rope_axis_pairs
+from telefuser.models.wan.checkpoint import keeps_fp32
+from telefuser.models.wan.embeddings import patchify, sinusoidal_embedding, unpatchify
+from telefuser.models.wan.rope import apply_rope, chunk_rope, rope_axis_pairs
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 

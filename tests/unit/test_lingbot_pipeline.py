@@ -13,13 +13,13 @@ import torch
 
 from telefuser.media import probe_media
 from telefuser.pipelines.lingbot_world_v2 import DenoisingSchedule, WorldSessionPipeline
-from telefuser.pipelines.lingbot_world_v2.text_encoder import (
+from telefuser.pipelines.wan.text_encoder import (
     ByteFallbackTokenizer,
     PromptEncoder,
     build_umt5_encoder,
     tiny_umt5_config,
 )
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+from telefuser.pipelines.wan.vae import WanVideoVAE
 from tests.numerics import relative_error
 from tests.tool_scripts import load_script
 from tests.toy_dit import ToyCausalDiT, ToyDiTConfig

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
-from telefuser.pipelines.lingbot_world_v2.vae_fusion import fuse_norm_activations, to_channels_last
+from telefuser.pipelines.wan.vae import WanVideoVAE
+from telefuser.pipelines.wan.vae_fusion import fuse_norm_activations, to_channels_last
 from tests.numerics import relative_error
 
 # fp32 along a reordered path: every fused norm changes where one product rounds (u = 6e-8 each), and the decoder

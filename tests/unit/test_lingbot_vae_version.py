@@ -9,7 +9,7 @@ import diffusers
 import pytest
 from diffusers.models.autoencoders import autoencoder_kl_wan
 
-from telefuser.pipelines.lingbot_world_v2.vae import (
+from telefuser.pipelines.wan.vae import (
     TESTED_DIFFUSERS,
     DiffusersVersionError,
     WanVideoVAE,
@@ -35,7 +35,7 @@ def test_a_decoder_without_the_cached_forward_is_named(vae, monkeypatch):
     monkeypatch.delattr(autoencoder_kl_wan, "WanAttentionBlock")
     with pytest.raises(
         DiffusersVersionError,
-        match=r"diffusers 0\.42\.\d+ lacks what the LingBot VAE streams drive: "
+        match=r"diffusers 0\.42\.\d+ lacks what the Wan VAE streams drive: "
         r"WanDecoder3d\.forward\(first_chunk=\.\.\.\), class "
         r"WanAttentionBlock\. .*install 'diffusers>=0\.42\.1,<0\.43'",
     ):
@@ -50,7 +50,7 @@ def test_a_model_without_the_conv_cache_count_is_refused_at_construction(vae, mo
 
 def test_a_version_outside_the_tested_range_is_warned_about(vae, monkeypatch, caplog):
     monkeypatch.setattr(diffusers, "__version__", "0.44.0")
-    with caplog.at_level(logging.WARNING, logger="telefuser.pipelines.lingbot_world_v2.vae"):
+    with caplog.at_level(logging.WARNING, logger="telefuser.pipelines.wan.vae"):
         warnings = check_stream_internals(vae.model)
     assert len(warnings) == 1 and "diffusers 0.44.0 is outside the range" in warnings[0]
     assert warnings[0] in caplog.text

@@ -28,7 +28,7 @@ ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8A
 
 # -- the registry -----------------------------------------------------------------------------------------------------
 def test_each_service_lists_the_models_it_can_serve():
-    assert registry.names() == ["minimax_h3", "lingbot_world_v2"]
+    assert registry.names() == ["minimax_h3", "lingbot_world_v2", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
     assert registry.names("video") == ["minimax_h3"] and registry.names("stream") == ["lingbot_world_v2"]
     with pytest.raises(registry.UnknownModelError, match=r"unknown model 'wan'; models registered: minimax_h3, ling"):
         registry.get_spec("wan")

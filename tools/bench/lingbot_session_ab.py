@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline, build_lingbot_pipeline, load_control_trace
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
+from telefuser.pipelines.wan.vae import WanVideoVAE
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
@@ -213,7 +213,7 @@ def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, Wan
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
     vaes = {"fp32": vae32, "bf16": vae16}
     if any(VARIANT_VAE[v] == "fast" for v in args.variants):
-        from telefuser.pipelines.lingbot_world_v2.vae_fusion import optimize_vae
+        from telefuser.pipelines.wan.vae_fusion import optimize_vae
 
         fast = copy.deepcopy(vae16.model)
         optimize_vae(fast)
@@ -308,7 +308,7 @@ def vae_quality(vae32: WanVideoVAE, vae16: WanVideoVAE, latents: torch.Tensor, i
     """Decode the same latents and encode the same condition with both VAEs; fp32 is the reference (`vae16`: any
     other one)."""
     from telefuser.pipelines.lingbot_world_v2.image import image_to_canvas, load_reference_image
-    from telefuser.pipelines.lingbot_world_v2.vae import to_uint8_frames
+    from telefuser.pipelines.wan.vae import to_uint8_frames
 
     device = vae32.device
     out = {}

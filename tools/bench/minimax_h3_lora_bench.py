@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
+from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.models.minimax_h3.dit import MiniMaxH3DiT
 from telefuser.models.minimax_h3.lora import BLOCK_LINEARS, apply, merge, read_lora, unmerge
 
@@ -100,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=("official", "tiny"), default="official", help="DiT sizes (default official)")
     p.add_argument("--device", default="cuda", help="where the DiT lives (default cuda)")
-    p.add_argument("--quantization", choices=("none", "fp8"), default="none", help="FP8 GEMMs (default none)")
+    MINIMAX_H3.add_flags(p, only=("quantization",))  # declared once, in the model's spec
     p.add_argument("--rank", type=int, default=64, help="LoRA rank (default 64)")
     p.add_argument(
         "--targets",

@@ -46,8 +46,8 @@ def build(args, device, dtype):
     from dataclasses import replace
 
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
-    from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
-    from telefuser.pipelines.lingbot_world_v2.vae_fusion import optimize_vae
+    from telefuser.pipelines.wan.vae import WanVideoVAE
+    from telefuser.pipelines.wan.vae_fusion import optimize_vae
 
     config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny()
     config = replace(config, num_layers=args.layers) if args.layers else config

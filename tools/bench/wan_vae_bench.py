@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from telefuser.pipelines.lingbot_world_v2.vae import WanVideoVAE
-from telefuser.pipelines.lingbot_world_v2.vae_fusion import fuse_norm_activations, to_channels_last
+from telefuser.pipelines.wan.vae import WanVideoVAE
+from telefuser.pipelines.wan.vae_fusion import fuse_norm_activations, to_channels_last
 
 VARIANTS = ("fp32", "bf16", "bf16+fused", "bf16+cl", "bf16+cl+fused")
 

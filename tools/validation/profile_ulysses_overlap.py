@@ -136,7 +136,7 @@ def build_layer(
 
     from telefuser.models.lingbot_world_v2.attention import CausalSelfAttention, ChunkContext
     from telefuser.models.lingbot_world_v2.kv_cache import KVWindow
-    from telefuser.models.lingbot_world_v2.rope import chunk_rope
+    from telefuser.models.wan.rope import chunk_rope
 
     config = lingbot_config(cfg)
     grid_h, grid_w = cfg["grid"]

@@ -1,5 +1,5 @@
 """LingBot-World v2: the chunk-causal camera-conditioned Wan DiT, its session cache, camera maths, loader and
-`ModelSpec`.
+`ModelSpec`. The Wan parts it is built on live in `telefuser.models.wan`.
 
 The names below are imported at first use, so that ``telefuser.models.lingbot_world_v2.spec`` imports without torch.
 """
@@ -21,14 +21,13 @@ EXPORTS = {
         "scale_intrinsics",
     ),
     "checkpoint": (
-        "RANDOM_WEIGHTS",
         "CheckpointError",
         "build_random_lingbot_dit",
         "find_checkpoint",
         "load_lingbot_dit",
     ),
     "config": ("LingBotConfigError", "LingBotWorldV2Config"),
-    "dit": ("CameraModulation", "LingBotWorldV2DiT", "keeps_fp32"),
+    "dit": ("CameraModulation", "LingBotWorldV2DiT"),
     "kv_cache": ("KVWindow", "SessionError", "WindowPlan"),
 }
 __getattr__ = lazy_exports(__name__, EXPORTS)

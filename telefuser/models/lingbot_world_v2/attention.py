@@ -1,8 +1,5 @@
-"""Causal self-attention over the rolling KV window, and cross-attention to the prompt's cached K/V.
-
-Self-attention runs the V-first exchange with separate steps (V, then Q and K each projected and normed over all
-heads); RoPE, the padding-row cut and the window follow on this rank's heads over every row. Linears run in their
-weight dtype; the caller keeps the residual stream in fp32.
+"""Causal self-attention over the rolling KV window: Wan's self-attention (`models.wan.attention`: the V-first
+exchange, Q/K norms over all heads, RoPE after the scatter) whose keys and values go through the window.
 
 Two entry points share that work: `forward(x, layer, ctx)` is the reference (the session's `window` and the
 communicator called directly, as on the CPU), `attend(x, layer_state, chunk)` is what a compiled block region and a
@@ -17,20 +14,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.profiler import record_function
 
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import ExchangeKey, exchange_key
-from ...distributed.ulysses.schedule import PHASE_ATTENTION, Exchange, gather_heads, phase, v_first
+from ...distributed.ulysses.schedule import PHASE_ATTENTION, phase
 from ...ops.attention import attention
 from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
 from ...ops.attention_sage import quantize_queries, sage_sm90_quantized, window_granularity
-from ...ops.fp8 import linear_dtype
+from ..wan.attention import WanSelfAttention
+from ..wan.norms import RMSNorm
 from .kv_cache import KVWindow, LayerState, WindowPlan, write_window
-from .norms import RMSNorm
-from .rope import apply_rope
 
 
 @dataclass
@@ -106,30 +100,14 @@ def key_scale(norm_k: RMSNorm, dim: int) -> torch.Tensor:
     return (FP8_MAX / bound.clamp_min(1e-12)).reshape(1)
 
 
-def run_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return layer(x.to(linear_dtype(layer)))
+class CausalSelfAttention(WanSelfAttention):
+    """Wan's self-attention over the rolling KV window: the chunk's K/V go into the window, its queries attend to
+    the whole window."""
 
-
-class _ProjectedAttention(nn.Module):
-    """The released block's attention parameters: q/k/v/o projections and RMSNorms on Q and K over the full dim (all
-    heads)."""
-
-    def __init__(self, dim: int, num_heads: int, eps: float):
-        super().__init__()
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps=eps)
-        self.norm_k = RMSNorm(dim, eps=eps)
-
-
-class CausalSelfAttention(_ProjectedAttention):
     def forward(self, x: torch.Tensor, layer: int, ctx: ChunkContext, *, kv_only: bool = False) -> torch.Tensor | None:
         """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype); with `kv_only`, None: the chunk's K/V
         reach the window and the attention, whose output nobody reads, is skipped. The reference path."""
-        q, k, v, padded_rows = self._exchange_rope(x, ctx.communicator, ctx.rope, ctx.chunk_rows)
+        q, k, v, padded_rows = self.exchange_rope(x, ctx.communicator, ctx.rope, ctx.chunk_rows)
         keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
         if kv_only:
             return None
@@ -141,14 +119,14 @@ class CausalSelfAttention(_ProjectedAttention):
                 o = fp8_attention_known_scales(q.to(values.dtype), keys, descale_k, values, amax_v).to(v.dtype)
             else:
                 o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)
-        return self._gather_out(o, padded_rows, ctx.communicator)
+        return self.gather_out(o, padded_rows, ctx.communicator)
 
     def attend(
         self, x: torch.Tensor, layer: LayerState, chunk: ChunkInputs, *, kv_only: bool = False
     ) -> torch.Tensor | None:
         """`forward` for a compiled region or a CUDA graph: the same result from the layer's tensors and the chunk's
         inputs (the window written to `chunk.slots`, attention over its first `chunk.kv_rows` rows)."""
-        q, k, v, padded_rows = self._exchange_rope(x, chunk.exchange, (chunk.cos, chunk.sin), chunk.chunk_rows)
+        q, k, v, padded_rows = self.exchange_rope(x, chunk.exchange, (chunk.cos, chunk.sin), chunk.chunk_rows)
         write_window(layer, k, v, chunk.slots, chunk.fresh_window)
         if kv_only:
             return None
@@ -161,45 +139,4 @@ class CausalSelfAttention(_ProjectedAttention):
                 )
             else:
                 o = attention(q.to(layer.k.dtype), layer.k, layer.v, impl=chunk.attn_impl, kv_rows=chunk.kv_rows)
-        return self._gather_out(o.to(v.dtype), padded_rows, chunk.exchange)
-
-    def _exchange_rope(self, x: torch.Tensor, comm: Exchange, rope, chunk_rows: int):
-        b, s, _ = x.shape
-        heads = lambda t: t.view(b, s, self.num_heads, self.head_dim)  # noqa: E731
-        q, k, v = v_first(  # V before Q's projection, Q's scatter before K's projection
-            comm,
-            lambda: heads(run_linear(self.v, x)),
-            q=lambda: heads(self.norm_q(run_linear(self.q, x))),
-            k=lambda: heads(self.norm_k(run_linear(self.k, x))),
-            anchor=x,
-        )
-        padded_rows, n = q.shape[1], chunk_rows
-        q, k, v = q[:, :n], k[:, :n], v[:, :n]  # padding rows neither ask nor answer
-        cos, sin = rope
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, padded_rows
-
-    def _gather_out(self, o: torch.Tensor, padded_rows: int, comm: Exchange) -> torch.Tensor:
-        n = o.shape[1]
-        if padded_rows > n:
-            o = F.pad(o, (0, 0, 0, 0, 0, padded_rows - n))
-        o = gather_heads(comm, o.contiguous())
-        return run_linear(self.o, o.flatten(2))
-
-
-class CachedCrossAttention(_ProjectedAttention):
-    """Attention from the chunk's rows to the prompt; the prompt's K/V are computed once per session."""
-
-    def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """context ``[B, L, dim]`` (embedded prompt) -> K, V ``[B, L, H, D]``; all heads (queries are rank-local
-        rows with every head, so no exchange is needed)."""
-        b, length, _ = context.shape
-        k = self.norm_k(run_linear(self.k, context)).view(b, length, self.num_heads, self.head_dim)
-        v = run_linear(self.v, context).view(b, length, self.num_heads, self.head_dim)
-        return k, v
-
-    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], attn_impl: str) -> torch.Tensor:
-        b, s, _ = x.shape
-        k, v = kv
-        q = self.norm_q(run_linear(self.q, x)).view(b, s, self.num_heads, self.head_dim)
-        o = attention(q.to(k.dtype), k, v, impl=attn_impl)
-        return run_linear(self.o, o.flatten(2))
+        return self.gather_out(o.to(v.dtype), padded_rows, chunk.exchange)

@@ -9,39 +9,29 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from ..checkpoint_io import (
-    RANDOM_WEIGHTS,
-    check_keys,
-    few,
-    fill_random,
-    finish_loading,
-    list_shards,
-    load_shards,
-    locate_keys,
-    random_tensor,
-    standard_normal,
+from ..checkpoint_io import list_shards, locate_keys
+from ..wan.checkpoint import (
+    INDEX_NAMES,
+    file_names_to_ours,
+    fill_random_weights,
+    has_weights,
+    is_diffusers_layout,
+    load_named_shards,
 )
 from .config import CAMERA_CHANNELS, VAE_STRIDE_PIXELS, LingBotConfigError, LingBotWorldV2Config
-from .dit import LingBotWorldV2DiT, keeps_fp32
+from .dit import LingBotWorldV2DiT
 
 log = logging.getLogger(__name__)
 
-INDEX_NAMES = ("diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 WEIGHT_DIR_NAMES = ("transformers", "transformer")
 CAMERA_KEY = "patch_embedding_wancamctrl.weight"
 # The streaming window the v2 pipeline runs (config.json describes training and may say -1 = unbounded).
 V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE = 18, 6
-_DIFFUSERS_MARKERS = ("condition_embedder.", ".attn1.", ".attn2.", "scale_shift_table", "proj_out.")
-_ORIGINAL_MARKERS = ("text_embedding.", "time_projection.", ".self_attn.", ".cross_attn.", "head.head.")
-# Wan 2.1 I2V's image branch, in either layout: the CLIP image embedder and cross-attention's image K/V.
-_IMAGE_BRANCH_PREFIXES = ("img_emb.", "condition_embedder.image_embedder.")
-_IMAGE_BRANCH_PARTS = (".k_img.", ".v_img.", ".norm_k_img.", ".add_k_proj.", ".add_v_proj.", ".norm_added_k.")
 _CAMERA_MODULES = (
     "patch_embedding_wancamctrl.",
     "c2ws_hidden_states_layer",
@@ -55,22 +45,12 @@ class CheckpointError(RuntimeError):
     """The directory does not hold a loadable LingBot-World v2 transformer."""
 
 
-def target_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if keeps_fp32(key) else dtype
-
-
 # -- locating the files ---------------------------------------------------------------------------------------------
-def _has_weights(directory: Path) -> bool:
-    return directory.is_dir() and (
-        any((directory / n).is_file() for n in INDEX_NAMES) or any(directory.glob("*.safetensors"))
-    )
-
-
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """(weights directory, config.json) for the model root or the weights directory itself."""
     path = Path(path).expanduser()
     candidates = [path] + [path / name for name in WEIGHT_DIR_NAMES]
-    weights = next((c for c in candidates if _has_weights(c)), None)
+    weights = next((c for c in candidates if has_weights(c)), None)
     if weights is None:
         raise CheckpointError(
             f"no LingBot transformer weights at {path}: expected safetensors shards there or in "
@@ -83,52 +63,23 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 
 # -- tensor names ---------------------------------------------------------------------------------------------------
-def diffusers_names(names: list[str]) -> dict[str, str]:
-    """Our (original) tensor name -> diffusers' ``WanTransformer3DModel`` name, by diffusers' own Wan converter run on
-    the names (the camera layers come back unchanged: the converter has no rule for them)."""
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
-    converted = convert_wan_transformer_to_diffusers({name: name for name in names})
-    ours = {original: theirs for theirs, original in converted.items()}
-    if len(ours) != len(names) or len(converted) != len(names):
-        raise CheckpointError("diffusers' Wan converter does not map this model's tensor names one to one")
-    return ours
-
-
-def file_names_to_ours(keys: set[str], ours: list[str], source: Path) -> dict[str, str]:
+def file_names_to_lingbot(keys: set[str], ours: list[str], source: Path) -> dict[str, str]:
     """File tensor name -> our name, for either layout; refuses by name what cannot map onto LingBot-World v2."""
-    image = sorted(k for k in keys if k.startswith(_IMAGE_BRANCH_PREFIXES) or any(p in k for p in _IMAGE_BRANCH_PARTS))
-    if image:
-        raise CheckpointError(
-            f"{source} has a CLIP image branch ({few(image, 3)}): a Wan 2.1 I2V transformer, not LingBot-World v2 "
-            "(which conditions on the image latent only)"
-        )
-    diffusers = sorted(k for k in keys if any(marker in k for marker in _DIFFUSERS_MARKERS))
-    original = sorted(k for k in keys if any(marker in k for marker in _ORIGINAL_MARKERS))
-    if diffusers and original:
-        raise CheckpointError(
-            f"{source} mixes diffusers' Wan tensor names ({few(diffusers, 2)}) with the original ones "
-            f"({few(original, 2)}); a checkpoint must use one layout"
-        )
+    diffusers = is_diffusers_layout(
+        keys,
+        source,
+        error=CheckpointError,
+        title="LingBot-World v2",
+        image_note=" (which conditions on the image latent only)",
+    )
     if not any(any(marker in k for marker in _CAMERA_MODULES) for k in keys):
         raise CheckpointError(
             f"{source} has no camera layers ({CAMERA_KEY}, c2ws_hidden_states_layer1/2, blocks.N.cam_*): a plain Wan "
             "transformer, not the LingBot-World v2 camera model"
         )
-    if not diffusers:
-        return {name: name for name in ours}
-    log.info("%s: diffusers' Wan tensor names, mapped with diffusers' Wan converter", source)
-    return {theirs: name for name, theirs in diffusers_names(ours).items()}
-
-
-class _AssignByOurNames:
-    """`load_shards` assigns each tensor under the file's name; this hands it to the model under ours."""
-
-    def __init__(self, model: LingBotWorldV2DiT, ours: dict[str, str]):
-        self.model, self.ours = model, ours
-
-    def load_state_dict(self, state: dict, *, strict: bool, assign: bool):
-        return self.model.load_state_dict({self.ours[k]: v for k, v in state.items()}, strict=strict, assign=assign)
+    if diffusers:
+        log.info("%s: diffusers' Wan tensor names, mapped with diffusers' Wan converter", source)
+    return file_names_to_ours(ours, diffusers, CheckpointError)
 
 
 # -- checks ---------------------------------------------------------------------------------------------------------
@@ -198,21 +149,19 @@ def load_lingbot_dit(
 
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
-    meta = model.state_dict(keep_vars=True)
-    ours = file_names_to_ours(set(found), list(meta), weights_dir)  # file name -> ours
-    expected = {theirs: meta[name] for theirs, name in ours.items()}
-    check_keys(set(expected), set(found), weights_dir, model_label="LingBot DiT", error=CheckpointError)
-    load_shards(
-        _AssignByOurNames(model, ours),
+    ours = file_names_to_lingbot(set(found), list(model.state_dict(keep_vars=True)), weights_dir)
+    load_named_shards(
+        model,
+        ours,
         shards,
-        expected,
+        set(found),
+        weights_dir,
         device=device,
-        dtype_for=lambda key: target_dtype(ours[key], dtype),
+        dtype=dtype,
         error=CheckpointError,
-        after_block=None if after_block is None else partial(after_block, model),
-        model_name=ours.__getitem__,
+        label="LingBot DiT",
+        after_block=after_block,
     )
-    finish_loading(model, f"checkpoint {weights_dir}", error=CheckpointError)
     log.info("LingBot-World v2 DiT loaded from %s (%d shards, %s)", weights_dir, len(shards), dtype)
     return model
 
@@ -238,22 +187,14 @@ def build_random_lingbot_dit(
     device = torch.device(device)
     with torch.device("meta"):
         model = LingBotWorldV2DiT(config, attn_impl=attn_impl)
-    fill_random(
+    fill_random_weights(
         model,
         seed,
         device=device,
-        dtype_for=partial(target_dtype, dtype=dtype),
+        dtype=dtype,
         init_on_device=init_on_device,
-        draw=_random_tensor,
-        after_block=None if after_block is None else partial(after_block, model),
+        error=CheckpointError,
+        after_block=after_block,
     )
-    finish_loading(model, RANDOM_WEIGHTS, error=CheckpointError)
     log.warning("LingBot-World v2 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)
     return model
-
-
-def _random_tensor(name: str, param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Modulation tables ~ N(0, 1/dim) as in the release's init; everything else as `random_tensor`."""
-    if name.endswith("modulation"):
-        return standard_normal(param, generator) / param.shape[-1] ** 0.5
-    return random_tensor(name, param, generator)

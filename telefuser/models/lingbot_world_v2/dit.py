@@ -31,13 +31,16 @@ from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
 from ...ops.fusion import fusion_enabled
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
-from .attention import ChunkContext, ChunkInputs, key_scale, run_linear, window_rows
-from .blocks import LingBotBlock, LingBotHead, block_region
-from .config import MODULATION_PARAMS, LingBotWorldV2Config
-from .embeddings import patchify, sinusoidal_embedding, unpatchify
+from ..wan.attention import run_linear
+from ..wan.blocks import WanHead
+from ..wan.config import MODULATION_PARAMS
+from ..wan.embeddings import embed_patches, embed_text, embed_time, patchify, unpatchify
+from ..wan.rope import chunk_rope
+from .attention import ChunkContext, ChunkInputs, key_scale, window_rows
+from .blocks import LingBotBlock, block_region
+from .config import LingBotWorldV2Config
 from .graphs import ChunkData, ChunkGraphs
 from .kv_cache import KVWindow, LayerState, SessionError, WindowBuffers
-from .rope import chunk_rope
 
 MAX_TIMESTEP = 1000.0
 
@@ -64,12 +67,6 @@ def sage_window_wanted() -> bool:
     return value == "1"
 
 
-def keeps_fp32(name: str) -> bool:
-    """Parameters the released model computes in fp32 (its autocast(float32) regions): the time embedding and
-    projection, every modulation table, and the output head."""
-    return name.startswith(("time_embedding.", "time_projection.", "head.")) or name.endswith("modulation")
-
-
 class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     def __init__(self, config: LingBotWorldV2Config, *, attn_impl: str = "sdpa"):
         super().__init__()
@@ -85,7 +82,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, MODULATION_PARAMS * dim))
         self.blocks = nn.ModuleList(LingBotBlock(config) for _ in range(config.num_layers))
-        self.head = LingBotHead(config)
+        self.head = WanHead(config)
 
         self.attn_impl = check_attention_impl(attn_impl)
         self.weights_source = "constructed (default init)"
@@ -189,7 +186,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         dtype = dtype or self.compute_dtype
         _, world = self._ulysses_coordinates()
         text = F.pad(text_states.to(device), (0, 0, 0, cfg.text_len - text_states.shape[1]))
-        context = run_linear(self.text_embedding[2], self.text_embedding[1](run_linear(self.text_embedding[0], text)))
+        context = embed_text(self.text_embedding, text)
         cross_kv, key_scales = [], [] if self.attn_impl == "cudnn_fp8" else None
         for _, block in self._each_block():
             k, v = block.cross_attn.text_kv(context)
@@ -359,16 +356,8 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         cfg = self.config
         rank, world = self._ulysses_coordinates()
         rows, padded = rank_rows(n, rank, world)
-        tokens = take_rows(patchify(latents, cfg.patch_size), rows, padded)
-        x = F.linear(
-            tokens.to(self.patch_embedding.weight.dtype),
-            self.patch_embedding.weight.flatten(1),
-            self.patch_embedding.bias,
-        ).float()
-        t_emb = run_linear(
-            self.time_embedding[2], F.silu(run_linear(self.time_embedding[0], sinusoidal_embedding(cfg.freq_dim, t)))
-        ).float()
-        t_mod = run_linear(self.time_projection[1], F.silu(t_emb)).float().unflatten(1, (MODULATION_PARAMS, cfg.dim))
+        x = embed_patches(self.patch_embedding, take_rows(patchify(latents, cfg.patch_size), rows, padded))
+        t_emb, t_mod = embed_time(self.time_embedding, self.time_projection, cfg.freq_dim, t)
         return x, t_emb, t_mod
 
     def _head_out(self, x: torch.Tensor, t_emb: torch.Tensor, n: int, grid: tuple[int, int, int]) -> torch.Tensor:

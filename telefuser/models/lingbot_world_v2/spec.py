@@ -6,7 +6,7 @@ Importing this module imports no torch: the plan and the loaders import the mode
 
 from __future__ import annotations
 
-from ...runtime import DTYPE_NAMES
+from ...dtypes import DTYPE_NAMES
 from ..flags import (
     ATTENTION_IMPLS,
     QUANTIZATIONS,

@@ -12,31 +12,20 @@ from pathlib import Path
 
 import torch
 
+from ...dtypes import torch_dtype
 from ...memory.plan import Placement
 from ...memory.streaming import streamed_layers
 from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...ops.fp8 import QUANTIZATIONS
-from ...runtime import Runtime, torch_dtype
+from ...runtime import Runtime
+from ..wan.components import DIFFUSERS_SUBDIRS as WAN_DIFFUSERS_SUBDIRS
+from ..wan.components import component_paths, is_diffusers_layout, text_and_vae
+from ..wan.text_encoder import TEXT_LEN, PromptEncoder
 from .camera_control import CameraFactory, lingbot_camera
 from .session import WorldSessionPipeline
-from .text_encoder import (
-    OFFICIAL_UMT5,
-    TEXT_LEN,
-    TOKENIZER_SUBDIR,
-    PromptEncoder,
-    build_umt5_encoder,
-    load_official_umt5,
-    load_pretrained_umt5,
-    load_tokenizer,
-    tiny_umt5_config,
-)
-from .vae import WanVideoVAE
 
-RANDOM = "random (no checkpoint)"
-VAE_FILE = "Wan2.1_VAE.pth"
-T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
-DIT_SUBDIR = "transformers"
-DIFFUSERS_SUBDIRS = {"vae": "vae", "text_encoder": "text_encoder", "tokenizer": "tokenizer", "dit": "transformer"}
+DIT_SUBDIR = "transformers"  # the original layout's DiT folder (the DiT's shards may also sit at the root)
+DIFFUSERS_SUBDIRS = {**WAN_DIFFUSERS_SUBDIRS, "dit": "transformer"}
 TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
 OFFICIAL_RESOLUTION, TINY_RESOLUTION = "832x480", "128x96"  # the released canvas; the tiny demo's
 
@@ -59,24 +48,16 @@ def resolve_checkpoint(checkpoint: str | Path) -> dict[str, Path]:
     """{vae, text_encoder, tokenizer, dit} paths of a checkpoint folder in either layout (see README.md);
     FileNotFoundError naming every missing one."""
     root = Path(checkpoint)
+    paths = component_paths(root)
     if is_diffusers_layout(root):
-        paths = {part: root / sub for part, sub in DIFFUSERS_SUBDIRS.items()}
+        paths["dit"] = root / DIFFUSERS_SUBDIRS["dit"]
         missing = [str(p) for p in paths.values() if not p.is_dir()]
     else:
-        paths = {
-            "vae": root / VAE_FILE,
-            "text_encoder": root / T5_FILE,
-            "tokenizer": root / TOKENIZER_SUBDIR,
-            "dit": root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root,
-        }
+        paths["dit"] = root / DIT_SUBDIR if (root / DIT_SUBDIR).is_dir() else root
         missing = [str(p) for key, p in paths.items() if key != "dit" and not p.exists()]
     if missing:
         raise FileNotFoundError(f"{root} is not a LingBot-World v2 checkpoint folder; missing: {', '.join(missing)}")
     return paths
-
-
-def is_diffusers_layout(root: Path) -> bool:
-    return (root / "model_index.json").is_file()
 
 
 def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) -> WorldSessionPipeline:
@@ -155,8 +136,16 @@ def build_lingbot_pipeline(
     dit_resident = placement.resident_layers("dit") if placement is not None else None
     if cuda_graphs and dit_resident is not None:
         raise ValueError("streamed DiT blocks (--offload block) cannot replay as CUDA graphs; pass --cuda-graphs off")
-    vae, tokenizer, encoder, weights = _text_and_vae(
-        size, checkpoint, paths, device=device, dtype=dtype, vae_dtype=vae_dtype, seed=seed, text_from=text_resident
+    vae, tokenizer, encoder, weights = text_and_vae(
+        size,
+        checkpoint,
+        paths,
+        device=device,
+        dtype=dtype,
+        vae_dtype=vae_dtype,
+        seed=seed,
+        text_from=text_resident,
+        tiny_text_dim=_tiny_text_dim(),
     )
     model, text_dim, text_len = _build_dit(
         size,
@@ -183,7 +172,7 @@ def build_lingbot_pipeline(
     if int(encoder.config.d_model) != text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {text_dim}")
     if vae_fast:
-        from .vae_fusion import optimize_vae
+        from ..wan.vae_fusion import optimize_vae
 
         optimize_vae(vae.model)
         vae.description += ", channels-last, fused norm+SiLU"
@@ -202,33 +191,6 @@ def build_lingbot_pipeline(
         condition_encoding=condition_encoding,
         weights=weights,
     )
-
-
-def _text_and_vae(size, checkpoint, paths, *, device, dtype, vae_dtype, seed, text_from):
-    """(vae, tokenizer, text encoder, the weights' description): from the checkpoint (official or diffusers layout),
-    or random at `size` without one. `text_from`: the encoder's blocks from there on (and its embedding) load into
-    host memory, to stream (None: all on `device`). Loaded before the DiT: the encoder's device tensors never
-    share the device with a whole unfinished DiT."""
-    streamed = "" if text_from is None else f", its first {text_from} blocks resident, the rest streamed per prompt"
-    if paths is None:
-        vae = WanVideoVAE.random(size, seed=seed, device=device, dtype=vae_dtype)
-        tokenizer = load_tokenizer(None)
-        text_config = OFFICIAL_UMT5 if size == "official" else tiny_umt5_config(_tiny_text_dim())
-        encoder = build_umt5_encoder(text_config, seed=seed, device=device, dtype=dtype, host_from=text_from)
-        sources = {"summary": f"{RANDOM}, {size} sizes", "dit": RANDOM}
-        sources["text_encoder"] = RANDOM + streamed
-    else:
-        if is_diffusers_layout(Path(checkpoint)):
-            vae = WanVideoVAE.from_pretrained(paths["vae"], device=device, dtype=vae_dtype)
-            encoder = load_pretrained_umt5(paths["text_encoder"], device=device, dtype=dtype, host_from=text_from)
-        else:
-            vae = WanVideoVAE.from_official(paths["vae"], device=device, dtype=vae_dtype)
-            encoder = load_official_umt5(paths["text_encoder"], device=device, dtype=dtype, host_from=text_from)
-        tokenizer = load_tokenizer(paths["tokenizer"])
-        sources = {"summary": str(checkpoint), "dit": str(paths["dit"])}
-        sources["text_encoder"] = str(paths["text_encoder"]) + streamed
-    weights = {**sources, "tokenizer": tokenizer.description, "vae": vae.description}
-    return vae, tokenizer, encoder, weights
 
 
 def _tiny_text_dim() -> int:

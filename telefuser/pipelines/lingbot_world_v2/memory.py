@@ -83,7 +83,12 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
         refused["block"] = "CUDA graphs cannot replay streamed blocks; pass --cuda-graphs off (or auto)"
     # auto captures under Ulysses unless blocks stream: counted for every tier then, the block tier's estimate errs high
     graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and ulysses > 1)
-    graph_pool = -(-rows // ulysses) * GRAPH_POOL_ROW_FACTOR * config.dim * element if graphs else 0
+    held = {
+        "kv windows": sessions * (kv + cross),
+        "latents": sessions * (LATENT_CHANNELS + CONDITION_CHANNELS) * grid * 4,
+    }
+    if graphs:
+        held["CUDA graph pools"] = sessions * -(-rows // ulysses) * GRAPH_POOL_ROW_FACTOR * config.dim * element
     return Workload(
         title=title,
         stacks=(
@@ -91,11 +96,7 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
             text_encoder_stack(text["fixed"], text["layer"], text["count"]),
             Stack("vae", fixed=_vae_bytes(size, vae_element)),
         ),
-        held={
-            "kv windows": sessions * (kv + cross),
-            "latents": sessions * (LATENT_CHANNELS + CONDITION_CHANNELS) * grid * 4,
-            "CUDA graph pools": sessions * graph_pool,
-        },
+        held=held,
         stages=(
             Stage("text", uses=("text_encoder",), transient={"prompt activations": _prompt_bytes(size, element)}),
             Stage("condition", uses=("vae",), transient={"encode": int(VAE_ENCODE_MAPS * frame_maps)}),
@@ -169,7 +170,8 @@ def _dit_config(size: str):
     if size == "official":
         return LingBotWorldV2Config()
     from ...models.lingbot_world_v2.checkpoint import V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE, find_checkpoint
-    from .loading import DIFFUSERS_SUBDIRS, DIT_SUBDIR, is_diffusers_layout
+    from ..wan.components import is_diffusers_layout
+    from .loading import DIFFUSERS_SUBDIRS, DIT_SUBDIR
 
     root = Path(size)
     dit = root / DIFFUSERS_SUBDIRS["dit"] if is_diffusers_layout(root) else root / DIT_SUBDIR
@@ -180,7 +182,8 @@ def _dit_config(size: str):
 @functools.lru_cache(maxsize=16)
 def _dit_bytes(size: str, element: int, quantization: str) -> dict[str, int]:
     """Bytes of the non-block tensors (`fixed`) and of one block (`block`), in the dtypes they run in."""
-    from ...models.lingbot_world_v2.dit import LingBotWorldV2DiT, keeps_fp32
+    from ...models.lingbot_world_v2.dit import LingBotWorldV2DiT
+    from ...models.wan.checkpoint import keeps_fp32
 
     with torch.device("meta"):
         model = LingBotWorldV2DiT(_dit_config(size))
@@ -202,7 +205,7 @@ def _dit_bytes(size: str, element: int, quantization: str) -> dict[str, int]:
 
 
 def _text_config(size: str) -> dict:
-    from .text_encoder import OFFICIAL_UMT5, tiny_umt5_config
+    from ..wan.text_encoder import OFFICIAL_UMT5, tiny_umt5_config
 
     return tiny_umt5_config(int(_dit_config("tiny").text_dim)) if size == "tiny" else dict(OFFICIAL_UMT5)
 
@@ -228,7 +231,7 @@ def _prompt_bytes(size: str, element: int) -> int:
 
 
 def _vae_base_dim(size: str) -> int:
-    from .vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
+    from ..wan.vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
 
     return int((TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG)["base_dim"])
 
@@ -238,7 +241,7 @@ def _vae_bytes(size: str, element: int) -> int:
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKLWan
 
-    from .vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
+    from ..wan.vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
 
     with init_empty_weights():
         model = AutoencoderKLWan(**(TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG))

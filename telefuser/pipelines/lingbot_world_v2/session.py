@@ -17,6 +17,7 @@ from telefuser.profiling.timing import PhaseClock
 from ..chunk import Chunk
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
+from ..wan.vae import LATENT_CHANNELS, to_uint8_frames
 from .camera_control import CameraFactory, CameraGeometry, no_camera
 from .controls import normalize_keys
 from .image import image_to_canvas, load_reference_image
@@ -33,7 +34,6 @@ from .request import (
     plan_session,
 )
 from .scheduler import DenoisingSchedule, flow_to_x0, renoise
-from .vae import LATENT_CHANNELS, to_uint8_frames
 
 MASK_CHANNELS = 4
 CONDITION_ENCODINGS = ("upfront", "per_chunk")
@@ -132,7 +132,7 @@ class WorldSessionPipeline:
         if dist.get_world_size(self.vae_group) == 1:
             return None
         if latent_height not in self._sharded:
-            from .vae_parallel import HeightShardedDecoder
+            from ..wan.vae_parallel import HeightShardedDecoder
 
             self._sharded[latent_height] = HeightShardedDecoder(self.vae.model.decoder, latent_height, self.vae_group)
         return self._sharded[latent_height]

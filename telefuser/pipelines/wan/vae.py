@@ -54,13 +54,13 @@ def check_stream_internals(model=None) -> list[str]:
         lacking += [f"AutoencoderKLWan.{part}" for part in _MODEL_PARTS if not hasattr(model, part)]
     if lacking:
         raise DiffusersVersionError(
-            f"diffusers {version} lacks what the LingBot VAE streams drive: {', '.join(lacking)}. They use "
+            f"diffusers {version} lacks what the Wan VAE streams drive: {', '.join(lacking)}. They use "
             f"AutoencoderKLWan's private internals as of diffusers {TESTED_DIFFUSERS}; install "
             f"'diffusers{TESTED_DIFFUSERS}'"
         )
     if not SpecifierSet(TESTED_DIFFUSERS).contains(version, prereleases=True):
         message = (
-            f"diffusers {version} is outside the range the LingBot VAE streams were tested with "
+            f"diffusers {version} is outside the range the Wan VAE streams were tested with "
             f"({TESTED_DIFFUSERS}); the private AutoencoderKLWan internals they drive are present, but may "
             "behave otherwise"
         )
@@ -70,17 +70,43 @@ def check_stream_internals(model=None) -> list[str]:
 
 
 # Wan 2.1 VAE architecture (diffusers' AutoencoderKLWan defaults, written out so a change there cannot move us).
-OFFICIAL_VAE_CONFIG = dict(
-    base_dim=96,
-    z_dim=16,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    attn_scales=[],
-    temperal_downsample=[False, True, True],
-)
+OFFICIAL_VAE_CONFIG = {
+    "base_dim": 96,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+}
 # Same structure (and so the same frame arithmetic and receptive field), narrow channels: for CPU tests and demos.
 TINY_VAE_CONFIG = dict(OFFICIAL_VAE_CONFIG, base_dim=8)
-LATENT_CHANNELS = 16
+LATENT_CHANNELS = 16  # Wan 2.1's
+# Wan 2.2's VAE (TI2V-5B): 48 latent channels, 16x spatial compression (a 2x2 pixel patch before the encoder),
+# residual down/up blocks. Random weights only: its released latent statistics come with its diffusers config, so a
+# random one normalises with zero mean and unit std.
+WAN22_VAE_CONFIG = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "latents_mean": [0.0] * 48,
+    "latents_std": [1.0] * 48,
+}
+VAE_CONFIGS = {
+    ("wan2.1", "official"): OFFICIAL_VAE_CONFIG,
+    ("wan2.1", "tiny"): TINY_VAE_CONFIG,
+    ("wan2.2", "official"): WAN22_VAE_CONFIG,
+    ("wan2.2", "tiny"): dict(WAN22_VAE_CONFIG, base_dim=8, decoder_base_dim=16),
+}
+LATENT_CHANNELS_OF = {"wan2.1": 16, "wan2.2": 48}
 
 
 class WanVideoVAE:
@@ -93,27 +119,30 @@ class WanVideoVAE:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         config = model.config
-        if int(config.z_dim) != LATENT_CHANNELS:
-            raise ValueError(f"expected a {LATENT_CHANNELS}-channel Wan VAE, got z_dim={config.z_dim}")
+        if int(config.z_dim) not in LATENT_CHANNELS_OF.values():
+            raise ValueError(f"expected a Wan 2.1 (16-channel) or 2.2 (48-channel) VAE, got z_dim={config.z_dim}")
+        self.latent_channels = int(config.z_dim)
+        self.spatial_scale = int(getattr(config, "scale_factor_spatial", 8))
         self.mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=torch.float32, device=self.device).view(
             1, -1, 1, 1, 1
         )
 
     @classmethod
-    def random(cls, size: str = "tiny", *, seed: int = 0, device="cpu", dtype=torch.float32) -> WanVideoVAE:
+    def random(cls, size: str = "tiny", *, seed: int = 0, device="cpu", dtype=torch.float32, kind: str = "wan2.1"):
+        """A seeded random VAE of `kind` ("wan2.1" | "wan2.2") at `size` ("tiny" | "official")."""
         from diffusers import AutoencoderKLWan
 
-        configs = {"tiny": TINY_VAE_CONFIG, "official": OFFICIAL_VAE_CONFIG}
-        if size not in configs:
-            raise ValueError(f"VAE size must be one of {list(configs)}, got {size!r}")
+        if (kind, size) not in VAE_CONFIGS:
+            raise ValueError(f"VAE kind and size must be one of {sorted(VAE_CONFIGS)}, got {(kind, size)}")
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)  # diffusers initialises from the global generator; restore it afterwards
         try:
-            model = AutoencoderKLWan(**configs[size])
+            model = AutoencoderKLWan(**VAE_CONFIGS[kind, size])
         finally:
             torch.random.set_rng_state(generator_state)
-        return cls(_place(model, device, dtype), description=f"random (no checkpoint), {size} Wan 2.1 VAE")
+        version = {"wan2.1": "Wan 2.1", "wan2.2": "Wan 2.2"}[kind]
+        return cls(_place(model, device, dtype), description=f"random (no checkpoint), {size} {version} VAE")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, device="cpu", dtype=torch.float32) -> WanVideoVAE:
@@ -127,12 +156,18 @@ class WanVideoVAE:
         return cls(model.to(device=device), description=f"{path} (Wan 2.1 VAE, diffusers format)")
 
     @classmethod
-    def from_official(cls, path: str | Path, *, device="cpu", dtype=torch.float32) -> WanVideoVAE:
-        """Load ``Wan2.1_VAE.pth`` (Wan's state dict) into ``AutoencoderKLWan``."""
+    def from_official(cls, path: str | Path, *, device="cpu", dtype=torch.float32, kind: str = "wan2.1"):
+        """Load ``Wan2.1_VAE.pth`` (Wan's state dict) into ``AutoencoderKLWan``. Wan 2.2's ``Wan2.2_VAE.pth`` is
+        refused: diffusers has no converter for it; its diffusers folder (``vae/``) loads with `from_pretrained`."""
         from diffusers import AutoencoderKLWan
         from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
         path = Path(path)
+        if kind != "wan2.1":
+            raise ValueError(
+                f"{path}: only the Wan 2.1 VAE loads from the original release's file; load Wan 2.2's from a "
+                "diffusers folder (vae/)"
+            )
         if not path.is_file():
             raise FileNotFoundError(f"Wan VAE checkpoint not found: {path}")
         state = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -171,6 +206,21 @@ class WanVideoVAE:
     def stream_encoder(self, image: torch.Tensor, *, reuse_steady_state: bool = True) -> StreamEncoder:
         """A condition stream for `image` (``[3, H, W]`` in [-1, 1]): ``next(n)`` gives the next n latent frames."""
         return StreamEncoder(self, image, reuse_steady_state=reuse_steady_state)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, sharding=None) -> torch.Tensor:
+        """Normalised ``[1, C, F, h, w]`` -> pixels ``[1, 3, 1 + 4 (F - 1), H, W]`` in [-1, 1], in one pass (this
+        rank's rows with a `HeightShardedDecoder`, Wan 2.1 only: Wan 2.2's decoder ends in a pixel unpatchify)."""
+        if sharding is None:
+            z = self.denormalize(latents).to(device=self.device, dtype=self.dtype)
+            return self.model.decode(z).sample.clamp_(-1.0, 1.0)
+        if getattr(self.model.config, "patch_size", None):
+            raise ValueError("height-sharded decode runs the Wan 2.1 VAE only; decode a Wan 2.2 VAE on one rank")
+        stream = StreamDecoder(self, sharding)
+        try:
+            return stream.decode(latents)
+        finally:
+            stream.close()
 
     def stream_decoder(self, sharding=None) -> StreamDecoder:
         """A fresh decoding stream (one per session). `sharding`: a `HeightShardedDecoder` for multi-rank decode."""

@@ -19,22 +19,22 @@ from ...memory.streaming import StreamedLayers
 TEXT_LEN = 512
 TOKENIZER_SUBDIR = "google/umt5-xxl"
 # umT5-XXL encoder (Wan's `umt5_xxl`: dim 4096, ffn 10240, 64 heads, 24 layers, vocab 256384, 32 buckets).
-OFFICIAL_UMT5 = dict(
-    vocab_size=256384,
-    d_model=4096,
-    d_kv=64,
-    d_ff=10240,
-    num_layers=24,
-    num_heads=64,
-    relative_attention_num_buckets=32,
-    relative_attention_max_distance=128,
-    feed_forward_proj="gated-gelu",
-    layer_norm_epsilon=1e-6,
-    dropout_rate=0.0,
-    pad_token_id=0,
-    eos_token_id=1,
-    decoder_start_token_id=0,
-)
+OFFICIAL_UMT5 = {
+    "vocab_size": 256384,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_heads": 64,
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "feed_forward_proj": "gated-gelu",
+    "layer_norm_epsilon": 1e-6,
+    "dropout_rate": 0.0,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+}
 
 
 def tiny_umt5_config(d_model: int = 32) -> dict:
@@ -251,8 +251,9 @@ class PromptEncoder:
         return int(self.encoder.config.d_model)
 
     @torch.no_grad()
-    def __call__(self, prompt: str, device: torch.device | str) -> torch.Tensor:
-        if not isinstance(prompt, str) or not prompt.strip():
+    def __call__(self, prompt: str, device: torch.device | str, *, allow_empty: bool = False) -> torch.Tensor:
+        """`allow_empty`: an empty prompt encodes to its end-of-text token alone (a CFG negative prompt's default)."""
+        if not isinstance(prompt, str) or not (prompt.strip() or allow_empty):
             raise ValueError("prompt must be a non-empty string")
         ids = self.tokenizer.encode(clean_prompt(prompt), self.text_len)
         if self.stream is None:

@@ -34,7 +34,7 @@ def chunk_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[frames*height*width, head_dim/2]`` (float32) for tokens in raster (f, h, w) order."""
     f_pairs, h_pairs, w_pairs = rope_axis_pairs(head_dim)
-    arange = lambda n, start=0: torch.arange(start, start + n, dtype=torch.float64, device=device)  # noqa: E731
+    arange = lambda n, start=0: torch.arange(start, start + n, dtype=torch.float64, device=device)
     f = _axis_angles(arange(frames, frame_offset), f_pairs, theta)
     h = _axis_angles(arange(height), h_pairs, theta)
     w = _axis_angles(arange(width), w_pairs, theta)

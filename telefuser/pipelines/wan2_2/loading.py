@@ -1,0 +1,122 @@
+"""Assemble a `Wan22Pipeline` from a release folder (original or diffusers layout) or from random weights.
+
+Every path is checked before any weight is read. The text encoder and VAE come from `pipelines.wan.components`,
+the experts from `models.wan2_2.checkpoint`; each expert is parallelized by `runtime` (its spec's plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ...models.wan2_2 import checkpoint as dit_checkpoint
+from ...models.wan2_2.config import Wan22Release, release
+from ...ops.fp8 import QUANTIZATIONS
+from ..wan.components import component_paths, text_and_vae
+from ..wan.text_encoder import PromptEncoder
+from .pipeline import Wan22Pipeline
+
+VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
+
+
+def resolve_checkpoint(root: str | Path, variant: Wan22Release) -> dict:
+    """{vae, text_encoder, tokenizer, experts: [dirs], boundary_ratio} of a release folder in either layout;
+    FileNotFoundError naming every missing part."""
+    root = Path(root).expanduser()
+    paths = component_paths(root, VAE_FILES[variant.vae])
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{root} is not a Wan 2.2 {variant.name} folder; missing: {', '.join(missing)}")
+    paths["experts"] = dit_checkpoint.expert_dirs(root, variant.experts)
+    paths["boundary_ratio"] = dit_checkpoint.boundary_ratio(root)
+    return paths
+
+
+def build_wan22_pipeline(
+    *,
+    variant: str = "t2v-a14b",
+    config: str = "tiny",
+    checkpoint: str | Path | None = None,
+    runtime=None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    attn_impl: str = "sdpa",
+    quantization: str = "none",
+    vae_dtype: torch.dtype = torch.float32,
+) -> Wan22Pipeline:
+    """`variant` ("t2v-a14b" | "ti2v-5b") at `config` ("tiny" | "official") sizes without `checkpoint`. `runtime`
+    (a `telefuser.runtime.Runtime`): its device, dtype and layout replace `device` and `dtype`, and it parallelizes
+    every expert (None: one rank). `quantization` "fp8" runs the blocks' projection and FFN GEMMs in FP8."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if runtime is not None:
+        device, dtype = runtime.device, runtime.dtype
+    device = torch.device(device)
+    size = "official" if checkpoint is not None else config
+    variant_info = release(variant, size)
+    paths = resolve_checkpoint(checkpoint, variant_info) if checkpoint is not None else None
+    vae, tokenizer, encoder, weights = text_and_vae(
+        size,
+        checkpoint,
+        paths,
+        device=device,
+        dtype=dtype,
+        vae_dtype=vae_dtype,
+        seed=seed,
+        text_from=None,
+        tiny_text_dim=variant_info.dit.text_dim,
+        vae_kind=variant_info.vae,
+    )
+    experts = []
+    for index in range(variant_info.experts):
+        if paths is None:  # the experts differ: one seed each
+            dit = dit_checkpoint.build_random_wan22_dit(
+                variant_info.dit, seed + index, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
+            )
+        else:
+            dit = dit_checkpoint.load_wan22_dit(
+                paths["experts"][index], device=device, dtype=dtype, attn_impl=attn_impl
+            )
+        if quantization != "none":
+            dit.quantize(quantization)
+        experts.append(runtime.parallelize(dit) if runtime is not None else dit)
+    weights["dit"] = ", ".join(str(d) for d in paths["experts"]) if paths else weights["dit"]
+    if paths is not None and paths["boundary_ratio"] is not None:
+        variant_info = replace(variant_info, boundary_ratio=paths["boundary_ratio"])
+    if int(encoder.config.d_model) != variant_info.dit.text_dim:
+        raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {variant_info.dit.text_dim}")
+    mesh = getattr(runtime, "mesh", None)
+    vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
+    return Wan22Pipeline(
+        experts,
+        PromptEncoder(tokenizer, encoder, text_len=variant_info.dit.text_len),
+        vae,
+        variant_info,
+        device=device,
+        vae_group=vae_group,
+        weights=weights,
+    )
+
+
+def pipeline_from_args(variant: str, args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
+    """The pipeline the variant's flags in `args` describe, on `runtime`; --attn-impl resolved and agreed by all
+    ranks unless `overrides` names it."""
+    from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
+
+    spec = {"t2v-a14b": WAN22_T2V_A14B, "ti2v-5b": WAN22_TI2V_5B}[variant]
+    options = spec.options(args, "config", "checkpoint", "quantization")
+    if "attn_impl" not in overrides:
+        options["attn_impl"] = spec.attention_impl(args, runtime)
+    return build_wan22_pipeline(variant=variant, runtime=runtime, **{**options, **overrides})
+
+
+def t2v_a14b_from_args(args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
+    return pipeline_from_args("t2v-a14b", args, runtime, **overrides)
+
+
+def ti2v_5b_from_args(args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
+    return pipeline_from_args("ti2v-5b", args, runtime, **overrides)

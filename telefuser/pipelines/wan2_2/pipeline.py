@@ -1,0 +1,181 @@
+"""Wan 2.2 text-to-video: prompt -> umT5 states -> flow-matching UniPC denoise (two experts switched at the boundary
+timestep, CFG batched as one B=2 DiT call) -> one VAE decode.
+
+    pipe = build_wan22_pipeline(variant="t2v-a14b", config="tiny")           # loading.py
+    video = pipe("a red fox in the snow", seed=0)                            # Wan22Video: uint8 frames [T, H, W, 3]
+
+`denoise` is the loop alone (latents and encoder states in, latents out): what the parity test runs beside diffusers'
+``WanPipeline``. The scheduler is diffusers' ``UniPCMultistepScheduler`` with flow sigmas, as Wan 2.2 samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ...models.wan2_2.config import Wan22Release
+from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
+from ..wan.vae import to_uint8_frames
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+def flow_scheduler(flow_shift: float):
+    """Wan 2.2's sampler: UniPC (order 2) over flow-matching sigmas shifted by `flow_shift`."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(
+        num_train_timesteps=NUM_TRAIN_TIMESTEPS,
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        flow_shift=flow_shift,
+    )
+
+
+@dataclass
+class Wan22Video:
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    latents: torch.Tensor  # normalised, [1, C, F, h, w] fp32
+    fps: int
+    dit_calls: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Wan22Pipeline:
+    def __init__(
+        self,
+        experts: Sequence,
+        prompt_encoder,
+        vae,
+        release: Wan22Release,
+        *,
+        device: torch.device | str = "cpu",
+        vae_group=None,
+        weights: dict[str, str] | None = None,
+    ):
+        """`experts`: the DiTs, high-noise first (two for T2V-A14B, one for TI2V-5B). `vae_group`: a process group
+        whose ranks each decode a band of rows (`HeightShardedDecoder`, Wan 2.1's VAE), None to decode whole."""
+        if len(experts) != release.experts:
+            raise ValueError(f"Wan 2.2 {release.name} runs {release.experts} expert(s), got {len(experts)}")
+        self.experts = list(experts)
+        self.prompt_encoder = prompt_encoder
+        self.vae = vae
+        self.release = release
+        self.device = torch.device(device)
+        self.vae_group = vae_group if release.vae == "wan2.1" else None  # Wan 2.2's VAE decodes on each rank
+        self._sharding: dict[int, object] = {}  # latent height -> its HeightShardedDecoder
+        self.weights = dict(weights or {})
+
+    # -- shapes -------------------------------------------------------------------------------------------------------
+    def latent_shape(self, width: int, height: int, num_frames: int) -> tuple[int, int, int, int]:
+        """(C, F, h, w) of a clip; ValueError naming the rule a size breaks."""
+        multiple = self.release.vae_scale * 2  # the VAE's stride times the DiT's 2x2 patch
+        if width % multiple or height % multiple or width < multiple or height < multiple:
+            raise ValueError(f"width and height must be positive multiples of {multiple}, got {width}x{height}")
+        if num_frames < 1 or (num_frames - 1) % 4:
+            raise ValueError(
+                f"num_frames must be 4n + 1 (the VAE's causal first frame, then 4 per latent), got {num_frames}"
+            )
+        scale = self.release.vae_scale
+        return self.release.dit.in_dim, (num_frames - 1) // 4 + 1, height // scale, width // scale
+
+    def _vae_sharding(self, latent_height: int):
+        if self.vae_group is None:
+            return None
+        if latent_height not in self._sharding:
+            from ..wan.vae_parallel import HeightShardedDecoder
+
+            self._sharding[latent_height] = HeightShardedDecoder(self.vae.model.decoder, latent_height, self.vae_group)
+        return self._sharding[latent_height]
+
+    # -- one request --------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str,
+        *,
+        negative_prompt: str = "",
+        width: int | None = None,
+        height: int | None = None,
+        num_frames: int | None = None,
+        steps: int | None = None,
+        guidance_scale: float | None = None,
+        guidance_scale_2: float | None = None,
+        seed: int = 0,
+        hooks: StepHooks = NO_HOOKS,
+    ) -> Wan22Video:
+        """The release's canvas, frames, steps and guidance where not given. The initial noise comes from one CPU
+        generator seeded with `seed` (the same on every rank and device). `hooks`: ``progress(done, total)`` after
+        each step, ``cancelled()`` before each (`GenerationCancelled`)."""
+        release = self.release
+        width, height = width or release.size[0], height or release.size[1]
+        shape = self.latent_shape(width, height, num_frames or release.frames)
+        timings = {}
+        start = time.perf_counter()
+        text = self.prompt_encoder(prompt, self.device)
+        negative = self.prompt_encoder(negative_prompt, self.device, allow_empty=True)
+        timings["text_encode_s"] = time.perf_counter() - start
+        noise = torch.randn(1, *shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+        start = time.perf_counter()
+        guidance = (
+            guidance_scale if guidance_scale is not None else release.guidance[0],
+            guidance_scale_2 if guidance_scale_2 is not None else release.guidance[1],
+        )
+        latents, calls = self.denoise(noise.to(self.device), text, negative, steps=steps or release.steps,
+                                      guidance=guidance, hooks=hooks)  # fmt: skip
+        timings["denoise_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        sharding = self._vae_sharding(shape[2])
+        frames = to_uint8_frames(self.vae.decode(latents, sharding))
+        if sharding is not None:
+            frames = sharding.gather_frames(frames)
+        timings["decode_s"] = time.perf_counter() - start
+        return Wan22Video(frames.cpu().numpy(), latents.cpu(), release.fps, calls, timings)
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        latents: torch.Tensor,
+        text: torch.Tensor,
+        negative_text: torch.Tensor | None,
+        *,
+        steps: int,
+        guidance: tuple[float, float],
+        hooks: StepHooks = NO_HOOKS,
+        boundary_ratio: float | None = None,
+    ) -> tuple[torch.Tensor, int]:
+        """`steps` UniPC steps from `latents` ``[B, C, F, h, w]`` (fp32); returns (latents, DiT calls). Each step
+        runs the high-noise expert while ``t >= boundary_ratio * 1000`` (the release's boundary unless given), then
+        the low-noise one, with that expert's guidance; with guidance above 1 (the high-noise expert's, as
+        diffusers decides) the conditional and unconditional predictions come from one batched call."""
+        release = self.release
+        boundary = release.boundary_ratio if boundary_ratio is None else boundary_ratio
+        boundary_t = None if boundary is None or len(self.experts) == 1 else boundary * NUM_TRAIN_TIMESTEPS
+        cfg = guidance[0] > 1.0 and negative_text is not None
+        batch = latents.shape[0]
+        states = text.expand(batch, -1, -1)
+        if cfg:
+            states = torch.cat([states, negative_text.expand(batch, -1, -1)])
+        scheduler = flow_scheduler(release.flow_shift)
+        scheduler.set_timesteps(steps, device=latents.device)
+        scheduler.set_begin_index(0)
+        text_kv: dict[int, tuple] = {}  # per expert, computed at its first step
+        for i, t in enumerate(scheduler.timesteps):
+            if hooks.cancelled():
+                raise GenerationCancelled(i)
+            expert = 0 if boundary_t is None or t >= boundary_t else 1
+            dit = self.experts[expert]
+            if expert not in text_kv:
+                text_kv[expert] = dit.text_kv(states.to(dit.compute_dtype))
+            x = torch.cat([latents, latents]) if cfg else latents
+            flow = dit(x.to(dit.compute_dtype), t.expand(x.shape[0]).to(latents.device), text_kv[expert]).float()
+            if cfg:
+                cond, uncond = flow.chunk(2)
+                flow = uncond + guidance[expert] * (cond - uncond)
+            latents = scheduler.step(flow, t, latents, return_dict=False)[0]
+            hooks.progress(i + 1, steps)
+        return latents, steps
