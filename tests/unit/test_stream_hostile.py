@@ -222,7 +222,11 @@ def test_a_server_fault_is_a_generic_500_with_the_request_id_in_the_log(caplog):
             headers={"X-Request-ID": "req-15"},
         )
         assert r.status_code == 500 and r.headers["x-request-id"] == "req-15"
-        assert r.json() == {"detail": "internal server error (request id req-15); the server log has the details"}
+        message = "internal server error (request id req-15); the server log has the details"
+        assert r.json() == {
+            "error": {"message": message, "type": "server_error", "param": None, "code": "server_error"},
+            "detail": message,
+        }
         assert client.get("/v1/service/health").json()["sessions_in_use"] == 0  # the slot came back
         other = client.get("/v1/service/health")
         assert len(other.headers["x-request-id"]) == 32  # a fresh id when the client sends none (or a bad one)

@@ -376,15 +376,19 @@ def test_http_control_endpoint_for_sse_clients():
     with TestClient(app) as client:
         s = create(client)
         sid = s["session_id"]
-        r = client.post(f"/v1/stream/sessions/{sid}/control", json={"keys": ["ArrowUp", "k"]})
-        assert r.status_code == 200 and r.json() == {"keys": ["ArrowUp", "K"], "applies_from_chunk": 0}
+        r = client.post(f"/v1/stream/sessions/{sid}/control", json={"keys": ["ArrowUp", "k"], "seq": 7})
+        assert r.status_code == 200
+        assert r.json() == {"keys": ["ArrowUp", "K"], "applies_from_chunk": 0, "generation": 1, "seq": 7}
+        r = client.post(f"/v1/stream/sessions/{sid}/control", json={"keys": ["W"], "seq": -1})
+        assert r.status_code == 422 and "'seq' must be an integer" in r.json()["detail"]
         r = client.post(f"/v1/stream/sessions/{sid}/control", json={"keys": ["Space"]})
         assert r.status_code == 422 and "unknown key 'Space'" in r.json()["detail"]
         r = client.post(f"/v1/stream/sessions/{sid}/ack", json={"published_frames": 3})
         assert r.status_code == 409 and "only valid after the done event" in r.json()["detail"]
         with client.stream("GET", s["sse_path"]) as resp:
-            list(resp.iter_lines())
+            chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith('data: {"type":"chunk')]
         assert fake.sessions[0].history[0]["keys"] == ["ArrowUp", "K"]
+        assert [(c["control_generation"], c["control_seq"]) for c in chunks] == [(1, 7)] * 3
 
 
 def test_disconnect_mid_stream_stops_generation_and_frees_the_slot():
@@ -568,12 +572,12 @@ def test_lossless_backpressure_holds_the_generator():
     assert model.close_calls == 1
 
 
-def test_realtime_mode_drops_and_counts():
+def test_realtime_mode_never_runs_past_the_buffer_nor_drops():
+    # bounded playout: with nothing delivered the generator stops at the announced buffer, and nothing is dropped
     blocked_at, sent, done, metrics, _ = _run_unconsumed("realtime", 1)
-    assert blocked_at == 6  # never waits
-    assert len(sent) < 6 and done["dropped_frames"] > 0
-    assert metrics.value("frames_dropped_total") == done["dropped_frames"]
-    assert done["published_frames"] + done["dropped_frames"] == 13 + 16 * 5
+    assert blocked_at == 1, blocked_at
+    assert sent == list(range(6)) and done["dropped_frames"] == 0 and done["published_frames"] == 13 + 16 * 5
+    assert metrics.value("frames_dropped_total") == 0 and metrics.value("playout_wait_seconds_total") > 0.2
 
 
 # ---- teardown -------------------------------------------------------------------------------------------------------

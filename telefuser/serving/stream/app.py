@@ -27,6 +27,7 @@ from .routes import page, sessions
 from .routes import service as service_routes
 from .service import StreamService
 from .session import StreamSettings
+from .webrtc.settings import WebRtcSettings
 
 log = logging.getLogger("telefuser.serving")
 
@@ -53,9 +54,10 @@ def create_stream_app(
     api_keys: ApiKeys | None = None,
     replica: ReplicaIdentity | None = None,
     models: Sequence[str] = (),
+    webrtc: WebRtcSettings | None = None,
 ) -> FastAPI:
     """`factory` opens the model's sessions (see contract.py). `models`: the models the CLI can serve, listed by
-    /v1/service/metadata."""
+    /v1/service/metadata. `webrtc`: offer WebRTC delivery (needs aiortc) beside the WebSocket and SSE."""
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
     limit_set = derive_stream_limits(factory, max_sessions=max_sessions, max_body_bytes=max_body_bytes, flags=limits)
@@ -80,6 +82,7 @@ def create_stream_app(
         replica=identity,
         bindings=bindings,
         models=tuple(models),
+        webrtc=webrtc,
     )
 
     app = new_service_app(

@@ -1,4 +1,5 @@
-"""Messages a client sends on the WebSocket: control, delivery_ack, stop. Bad ones become non-fatal error events.
+"""Messages a client sends on the WebSocket (or the WebRTC data channel): control, playout, delivery_ack, stop. Bad
+ones become non-fatal error events.
 
 A message is bounded in size, parsed with the request-body rules and rate-limited per connection (`RATE`, `BURST`;
 the excess is dropped unread and counted). Nothing a client sends here can end the stream or reach the model except
@@ -16,7 +17,8 @@ from .contract import normalize_keys
 from .session import SessionRuntime, StateError
 
 MAX_MESSAGE_BYTES = 4096  # a control with every key is ~150 bytes
-RATE, BURST = 30.0, 60  # messages per second, and at once
+RATE, BURST = 30.0, 60  # messages per second, and at once (the page reports playout at most 10 times a second)
+MAX_COUNT = 2**53 - 1  # seq and frame counts: integers a JavaScript client keeps exactly
 
 
 class MessageBudget:
@@ -47,8 +49,11 @@ class MessageBudget:
         return False
 
 
-def receive_client_message(runtime: SessionRuntime, message: dict, budget: MessageBudget) -> None:
-    """One ASGI websocket.receive message (text or bytes) from the client."""
+def receive_client_message(
+    runtime: SessionRuntime, message: dict, budget: MessageBudget, *, playout_reports: bool = True
+) -> None:
+    """One ASGI websocket.receive message (text or bytes) from the client; `playout_reports=False` refuses `playout`
+    (WebRTC, where the server's video track is the playout clock)."""
     if not budget.take():
         runtime.metrics.inc("client_messages_dropped_total")
         if budget.should_warn():
@@ -63,10 +68,10 @@ def receive_client_message(runtime: SessionRuntime, message: dict, budget: Messa
     if len(text) > MAX_MESSAGE_BYTES:  # characters; the server's frame limit bounds the bytes
         runtime.client_error(f"message of {len(text)} characters ignored; the limit is {MAX_MESSAGE_BYTES}")
         return
-    handle_client_message(runtime, text)
+    handle_client_message(runtime, text, playout_reports=playout_reports)
 
 
-def handle_client_message(runtime: SessionRuntime, text: str) -> None:
+def handle_client_message(runtime: SessionRuntime, text: str, *, playout_reports: bool = True) -> None:
     try:
         msg = parse_json(text, what="JSON message")
     except RequestError as exc:
@@ -80,10 +85,21 @@ def handle_client_message(runtime: SessionRuntime, text: str) -> None:
         if kind == "control":
             try:
                 keys = normalize_keys(msg.get("keys"), runtime.settings.keys)
+                seq = _count(msg, "seq", required=False)
             except ValueError as exc:
                 runtime.client_error(f"control rejected: {exc}")
                 return
-            runtime.set_controls(keys)
+            runtime.set_controls(keys, seq)
+        elif kind == "playout" and not playout_reports:
+            runtime.client_error("playout reports are not taken here: the server's video track is the playout clock")
+        elif kind == "playout":
+            try:
+                played = _count(msg, "frames_played", required=True)
+                buffered = _count(msg, "frames_buffered", required=False)
+            except ValueError as exc:
+                runtime.client_error(f"playout report rejected: {exc}")
+                return
+            runtime.record_playout(played, buffered)
         elif kind == "delivery_ack":
             frames = msg.get("published_frames")
             if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
@@ -96,7 +112,17 @@ def handle_client_message(runtime: SessionRuntime, text: str) -> None:
             runtime.request_stop()
         else:
             runtime.client_error(
-                f"unknown message type {repr(kind)[:40]}; expected 'control', 'delivery_ack' or 'stop'"
+                f"unknown message type {repr(kind)[:40]}; expected 'control', 'playout', 'delivery_ack' or 'stop'"
             )
     except StateError as exc:
         runtime.client_error(str(exc))
+
+
+def _count(msg: dict, name: str, *, required: bool) -> int | None:
+    """A non-negative integer field (`seq`, frame counts); None when optional and absent."""
+    value = msg.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"'{name}' must be an integer in [0, 2**53), got {repr(value)[:40]}")
+    return value

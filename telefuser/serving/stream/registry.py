@@ -72,6 +72,11 @@ class SessionRegistry:
         """Estimated bytes of the sessions holding a slot and of the creates in progress."""
         return sum(self._estimates.values()) + self._pending_bytes
 
+    @property
+    def chunk_frames(self) -> int:
+        """The model's frames per chunk after the first: the unit of the delivery buffer."""
+        return int(((getattr(self.factory, "metadata", {}) or {}).get("chunk_frames") or {}).get("later", 16))
+
     def run_blocking(self, fn, *args) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
@@ -122,8 +127,7 @@ class SessionRegistry:
         if not callable(estimate) or self.limits.value("max_session_memory_bytes") is None:
             return 0
         terms = dict(estimate(config))
-        chunk = int((self.factory.metadata.get("chunk_frames") or {}).get("later", 16))
-        terms["delivery"] = delivery_bytes(config, chunk, self.settings.buffer_chunks)
+        terms["delivery"] = delivery_bytes(config, self.chunk_frames, self.settings.buffer_chunks)
         what = f"a {config.get('resolution')} session"
         self.limits.check_memory(terms, what, "max_session_memory_bytes")
         self.limits.check_memory(terms, what, POOL)
@@ -173,6 +177,7 @@ class SessionRegistry:
             run_blocking=self.run_blocking,
             on_released=self._released,
             on_closed=self._closed,
+            chunk_frames=self.chunk_frames,
         )
         runtime.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
         self.live[runtime.id] = runtime

@@ -21,8 +21,9 @@ from ..common.http_errors import RequestError
 from .registry import SessionRegistry
 from .replica import ReplicaIdentity
 from .session import SessionRuntime
+from .webrtc.settings import WebRtcSettings
 
-_STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events)$")
+_STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events|webrtc)$")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class StreamService:
     replica: ReplicaIdentity
     bindings: dict[str, str]  # the model's {key: action} controls
     models: Sequence[str] = ()  # the models this service's CLI can serve (/v1/service/metadata)
+    webrtc: WebRtcSettings | None = None  # None: WebRTC delivery is off (serve-stream without --webrtc)
 
     def lookup(self, session_id: str, *, live_only: bool = True) -> SessionRuntime:
         runtime = self.registry.live.get(session_id) if live_only else self.registry.get(session_id)
@@ -40,8 +42,8 @@ class StreamService:
         return runtime
 
     def stream_token_ok(self, path: str, token: str) -> bool:
-        """A session's WebSocket or event stream also takes that session's own token in the query (a browser cannot
-        set headers on either)."""
+        """A session's WebSocket, event stream and WebRTC offer also take that session's own token in the query (a
+        browser cannot set headers on the first two)."""
         match = _STREAM_PATH.match(path)
         if match is None:
             return False
@@ -58,12 +60,15 @@ class StreamService:
         prefix = urlsplit(base).path.rstrip("/")  # "/r/<replica>" behind the shipped proxy, else ""
         path = f"/v1/stream/sessions/{runtime.id}"
         query = f"?token={runtime.stream_token}" if self.keys.enabled else ""
-        return {
+        urls = {
             "ws_url": f"{ws_base}{path}/ws{query}",
             "sse_url": f"{base}{path}/events{query}",
             "ws_path": f"{prefix}{path}/ws{query}",
             "sse_path": f"{prefix}{path}/events{query}",
         }
+        if self.webrtc is not None:
+            urls |= {"webrtc_url": f"{base}{path}/webrtc{query}", "webrtc_path": f"{prefix}{path}/webrtc{query}"}
+        return urls
 
 
 def stream_service(connection: HTTPConnection) -> StreamService:

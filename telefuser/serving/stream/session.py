@@ -1,8 +1,10 @@
 """One streaming session at run time: its generation task, bounded delivery FIFO, controls and delivery ack.
 
-The generator task computes chunk i+1 in a worker thread while the consumer (WebSocket or SSE) sends chunk i; a full
-FIFO makes it wait (lossless) or drops the oldest chunk (realtime). The data flow, and why `close()` never meets a
-running `next_chunk()`, are in serving/README.md.
+The generator task computes chunk i+1 in a worker thread while the consumer (WebSocket, SSE or WebRTC) sends chunk i;
+a full FIFO makes it wait. Before a chunk starts, the playout gate (playout.py) holds it until the viewer has played
+enough (realtime mode, or a client that reports playout); the held keys are read when it starts, and every chunk
+carries the control generation it was computed under, so a client can time a key press to its first frame on screen.
+The data flow, and why `close()` never meets a running `next_chunk()`, are in serving/README.md.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..common.request_body import encodable_text
 from .contract import StreamSession, parse_resolution
 from .envelope import chunk_checksum, encode_frame, frame_crc32, pack
 from .metrics import StreamMetrics
+from .playout import PlayoutGate
 
 log = logging.getLogger("telefuser.serving")
 DELIVERY_MODES = ("lossless", "realtime")
@@ -74,6 +77,8 @@ class ChunkItem:
     codec: str | None  # None: the consumer wants events only, frames were not encoded
     images: list[bytes] | None
     encode_seconds: float
+    control: dict[str, Any] | None = None  # {"generation", "seq"} of the held keys the chunk was computed under
+    pixels: np.ndarray | None = None  # uint8 [F, H, W, 3], for a consumer that encodes video itself (WebRTC)
 
     def envelope(self, fps: float) -> bytes:
         header = {
@@ -85,8 +90,13 @@ class ChunkItem:
             "fps": fps,
             "codec": self.codec,
             "crc32": self.frame_crc32,
+            **self.control_fields(),
         }
         return pack(header, self.images or [])
+
+    def control_fields(self) -> dict[str, Any]:
+        control = self.control or {}
+        return {"control_generation": control.get("generation", 0), "control_seq": control.get("seq")}
 
 
 @dataclass
@@ -104,8 +114,11 @@ class Notice:
 KEEPALIVE = object()
 
 
-def prepare_chunk(chunk: Any, index: int, first_frame: int, codec: str | None, quality: int, wall: float) -> ChunkItem:
-    """Check a model chunk, checksum it and encode its frames (runs in a worker thread)."""
+def prepare_chunk(
+    chunk: Any, index: int, first_frame: int, codec: str | None, quality: int, wall: float, keep_pixels: bool = False
+) -> ChunkItem:
+    """Check a model chunk, checksum it and encode its frames (runs in a worker thread); `keep_pixels` keeps the
+    frames themselves for a consumer that encodes video itself."""
     frames = chunk.frames
     if getattr(chunk, "index", index) != index:
         raise ValueError(f"model returned chunk {chunk.index} where chunk {index} was expected")
@@ -134,6 +147,7 @@ def prepare_chunk(chunk: Any, index: int, first_frame: int, codec: str | None, q
         codec=codec,
         images=images,
         encode_seconds=time.perf_counter() - t0,
+        pixels=frames if keep_pixels else None,
     )
 
 
@@ -151,6 +165,7 @@ class SessionRuntime:
         run_blocking: Callable[..., asyncio.Future],
         on_released: Callable[[SessionRuntime], None],
         on_closed: Callable[[SessionRuntime], None],
+        chunk_frames: int = 16,
     ):
         self.id, self.model, self.prompt, self.config, self.codec = session_id, model, prompt, config, codec
         self.settings, self.metrics = settings, metrics
@@ -166,7 +181,15 @@ class SessionRuntime:
         self.fifo: asyncio.Queue = asyncio.Queue(maxsize=settings.buffer_chunks)
         self.notices: asyncio.Queue = asyncio.Queue()
         self.keys: list[str] = []
+        self.control = {"generation": 0, "seq": None}  # bumped by every accepted control; chunks carry it
         self.next_index = 0  # the chunk that controls received now apply to
+        self.chunk_frames = chunk_frames  # the model's frames per (later) chunk: the buffer's unit
+        self.playout = PlayoutGate(
+            fps=self.fps or 16,
+            buffer_frames=settings.buffer_chunks * chunk_frames,
+            realtime=settings.delivery_mode == "realtime",
+        )
+        self.started_at: float | None = None
         self.stop_requested = False
         self.chunks_generated = self.frames_generated = 0
         self.chunks_sent = self.frames_sent = self.chunks_dropped = self.frames_dropped = 0
@@ -187,15 +210,27 @@ class SessionRuntime:
     def closed(self) -> bool:
         return self._closed
 
-    def attach(self, consumer: str, *, images: bool) -> None:
-        """Bind the one consumer and start generating; images=False skips frame encoding (events only)."""
+    def attach(self, consumer: str, *, images: bool, pixels: bool = False) -> None:
+        """Bind the one consumer and start generating; images=False skips frame encoding (events only); pixels=True
+        keeps each chunk's frames for a consumer that encodes video itself."""
         if self._closed:
             raise StateError(f"session {self.id} is closed ({self.close_reason})")
         if self.consumer is not None:
             raise StateError(f"session {self.id} already has a consumer ({self.consumer}); one stream per session")
-        self.consumer, self.state = consumer, "streaming"
+        self.consumer, self.state, self.started_at = consumer, "streaming", time.monotonic()
+        length = f"{self.total_frames} frames" if self.total_frames is not None else "open-ended"
+        log.info(
+            "session %s: started (%s, %s at %s fps, %s, %s delivery, buffer %d chunks)",
+            self.id,
+            consumer,
+            self.resolution,
+            self.fps,
+            length,
+            self.settings.delivery_mode,
+            self.settings.buffer_chunks,
+        )
         self._task = asyncio.get_running_loop().create_task(
-            self._generate(self.codec if images else None), name=f"stream-{self.id}"
+            self._generate(self.codec if images else None, pixels), name=f"stream-{self.id}"
         )
 
     async def events(self, keepalive_s: float | None = None) -> AsyncIterator[Any]:
@@ -239,14 +274,18 @@ class SessionRuntime:
             "height": self.height,
             "delivery_mode": self.settings.delivery_mode,
             "buffer_chunks": self.settings.buffer_chunks,
+            "buffer_frames": self.playout.buffer_frames,
+            "chunk_frames": self.chunk_frames,
             "codec": self.codec,
             "keys": list(self.settings.keys),
+            "control_generation": self.control["generation"],
         }
 
     def mark_sent(self, item: ChunkItem, nbytes: int) -> dict[str, Any]:
         """Count a delivered chunk; returns its event fields (shared by chunk_sent and the SSE chunk event)."""
         self.chunks_sent += 1
         self.frames_sent += item.frames
+        self.playout.on_sent(item.frames)
         self.metrics.inc("chunks_sent_total")
         self.metrics.inc("frames_sent_total", item.frames)
         self.metrics.inc("bytes_sent_total", nbytes)
@@ -259,6 +298,7 @@ class SessionRuntime:
             "queue_depth": self.fifo.qsize(),
             "encode_seconds": round(item.encode_seconds, 6),
             "measurement": item.measurement,
+            **item.control_fields(),
         }
 
     def done_payload(self, item: DoneItem) -> dict[str, Any]:
@@ -289,15 +329,31 @@ class SessionRuntime:
         return self.acked_frames == self.published_frames
 
     # ---- client messages -----------------------------------------------------------------------------------------
-    def set_controls(self, keys: list[str]) -> int:
-        """Hold `keys` from the next chunk that has not started; acknowledged with a control_state notice."""
+    def set_controls(self, keys: list[str], seq: int | None = None) -> dict[str, Any]:
+        """Hold `keys` from the next chunk that has not started, as a new control generation (`seq`: the client's own
+        number for this control, echoed back); acknowledged with a control_state notice, whose fields it returns."""
         if self._closed:
             raise StateError(f"session {self.id} is closed")
         self.keys = list(keys)
-        applies = self.next_index
+        self.control = {"generation": self.control["generation"] + 1, "seq": seq}
         self.metrics.inc("controls_total")
-        self._notify({"type": "status", "stage": "control_state", "keys": self.keys, "applies_from_chunk": applies})
-        return applies
+        state = {
+            "keys": self.keys,
+            "applies_from_chunk": self.next_index,
+            "generation": self.control["generation"],
+            "seq": seq,
+        }
+        self._notify({"type": "status", "stage": "control_state", **state})
+        return state
+
+    def record_playout(self, played: int, buffered: int | None) -> None:
+        """A playout report from the client: frames displayed so far, frames it holds."""
+        if self._closed:
+            raise StateError(f"session {self.id} is closed")
+        self.playout.on_played(played, buffered)
+        self.metrics.inc("playout_reports_total")
+        if buffered is not None and buffered > self.playout.buffer_frames:
+            self.metrics.inc("playout_over_buffer_total")
 
     def client_error(self, message: str) -> None:
         """A bad client message: reported as a non-fatal error event; the stream goes on."""
@@ -324,6 +380,7 @@ class SessionRuntime:
     def request_stop(self) -> None:
         """End an (open-ended) stream after the chunk in progress; done follows with reason 'stopped'."""
         self.stop_requested = True
+        self.playout.wake()
 
     async def finish_after_ack(self) -> None:
         """After done: wait for the client's delivery_ack (bounded), then close."""
@@ -344,11 +401,14 @@ class SessionRuntime:
         self._inflight = None  # the future holds the result (frames): do not keep it past its use
         return result
 
-    async def _generate(self, codec: str | None) -> None:
+    async def _generate(self, codec: str | None, pixels: bool = False) -> None:
         index = first_frame = 0
         reason, failed = "completed", False
         try:
             while True:
+                if self.total_chunks is None or index < self.total_chunks:  # bounded playout (playout.py)
+                    waited = await self.playout.wait_to_start(self.chunk_frames, lambda: self.stop_requested)
+                    self.metrics.inc("playout_wait_seconds_total", waited)
                 if self.stop_requested:
                     reason = "stopped"
                     break
@@ -361,7 +421,8 @@ class SessionRuntime:
                     break
                 if self.total_chunks is not None and index >= self.total_chunks:
                     break
-                keys, self.next_index = list(self.keys), index + 1
+                # the latest input: the keys held now, read after the wait
+                keys, control, self.next_index = list(self.keys), dict(self.control), index + 1
                 t0 = time.perf_counter()
                 chunk = await self._blocking(self.model.next_chunk, keys)
                 item = await self._blocking(
@@ -372,8 +433,11 @@ class SessionRuntime:
                     codec,
                     self.settings.jpeg_quality,
                     time.perf_counter() - t0,
+                    pixels,
                 )
                 del chunk
+                item.control = control
+                self.playout.on_generated(item.frames, time.perf_counter() - t0)
                 index, first_frame = index + 1, first_frame + item.frames
                 self.chunks_generated, self.frames_generated = index, first_frame
                 self.metrics.inc("chunks_generated_total")
@@ -408,22 +472,14 @@ class SessionRuntime:
             await self._release_model(self.close_reason)
 
     async def _publish(self, item: ChunkItem | DoneItem) -> None:
-        if self.settings.delivery_mode == "lossless":
-            if self.fifo.full():
-                t0 = time.perf_counter()
-                await self.fifo.put(item)  # backpressure: wait for the consumer, never drop
-                self.metrics.inc("backpressure_seconds_total", time.perf_counter() - t0)
-            else:
-                self.fifo.put_nowait(item)
-            return
-        while self.fifo.full():  # realtime: the newest chunk wins
-            old = self.fifo.get_nowait()
-            if isinstance(old, ChunkItem):
-                self.chunks_dropped += 1
-                self.frames_dropped += old.frames
-                self.metrics.inc("chunks_dropped_total")
-                self.metrics.inc("frames_dropped_total", old.frames)
-        self.fifo.put_nowait(item)
+        """Queue for the consumer; a full FIFO makes the generator wait (backpressure), nothing is dropped. In
+        realtime mode the playout gate keeps the FIFO from filling."""
+        if self.fifo.full():
+            t0 = time.perf_counter()
+            await self.fifo.put(item)
+            self.metrics.inc("backpressure_seconds_total", time.perf_counter() - t0)
+        else:
+            self.fifo.put_nowait(item)
 
     # ---- teardown ------------------------------------------------------------------------------------------------
     async def _release_model(self, reason: str) -> None:
@@ -473,8 +529,28 @@ class SessionRuntime:
                 Notice({"type": "status", "stage": "closed", "reason": self.close_reason}, final=True)
             )
             self._task = self._inflight = None
+            self._log_end()
             self._on_closed(self)
             self._close_done.set()
+
+    def _log_end(self) -> None:
+        if self.started_at is None:
+            log.info("session %s: ended (%s) before a consumer attached", self.id, self.close_reason)
+            return
+        seconds = max(time.monotonic() - self.started_at, 1e-9)
+        log.info(
+            "session %s: ended (%s) after %.1f s: %d chunks, %d frames generated (%.1f FPS), %d sent (%.1f FPS), "
+            "%.1f s waiting for the viewer",
+            self.id,
+            self.close_reason,
+            seconds,
+            self.chunks_generated,
+            self.frames_generated,
+            self.frames_generated / seconds,
+            self.frames_sent,
+            self.frames_sent / seconds,
+            self.playout.waited_s,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -488,8 +564,12 @@ class SessionRuntime:
             "chunks_sent": self.chunks_sent,
             "frames_sent": self.frames_sent,
             "frames_dropped": self.frames_dropped,
+            "frames_played": self.playout.played,
+            "client_buffered_max": self.playout.client_buffered_max,
+            "buffer_frames": self.playout.buffer_frames,
             "queue_depth": self.fifo.qsize(),
             "keys": self.keys,
+            "control_generation": self.control["generation"],
             "published_frames": self.published_frames,
             "acked_frames": self.acked_frames,
             "ack_match": self.ack_matches,

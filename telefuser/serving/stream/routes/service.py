@@ -64,7 +64,8 @@ async def metadata(service: Service) -> dict[str, Any]:
         "config_keys": list(CONFIG_KEYS),
         "codecs": list(CODECS),
         "default_codec": settings.codec,
-        "envelope": "TFCH v1: magic, uint32 BE header length, JSON header, frames (see /static/app.js)",
+        "webrtc": service.webrtc.describe() if service.webrtc else {"enabled": False},
+        "envelope": "TFCH v1: magic, uint32 BE header length, JSON header, frames (see /static/ws_player.js)",
     }
 
 

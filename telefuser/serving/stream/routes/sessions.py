@@ -1,5 +1,5 @@
-"""`/v1/stream/sessions`: create, list, read and delete sessions; steer, stop and acknowledge one; its WebSocket and
-its event stream (PROTOCOL.md)."""
+"""`/v1/stream/sessions`: create, list, read and delete sessions; steer, stop and acknowledge one; its WebSocket, its
+event stream and its WebRTC offer (PROTOCOL.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ...common.http_errors import RequestError
 from ...common.request_body import json_object, read_body
+from ..client_messages import MAX_COUNT
 from ..contract import normalize_keys
 from ..request import parse_create_request
 from ..service import Service
@@ -48,6 +49,7 @@ async def create_session(request: Request, service: Service) -> JSONResponse:
             "delivery_mode": settings.delivery_mode,
             "buffer_chunks": settings.buffer_chunks,
             "keys": list(settings.keys),
+            **({"webrtc": {"ice_servers": list(service.webrtc.ice_servers)}} if service.webrtc else {}),
         },
         status_code=201,
     )
@@ -78,8 +80,12 @@ async def delete_session(session_id: str, service: Service) -> Response:
 async def control(session_id: str, request: Request, service: Service) -> dict[str, Any]:
     runtime = service.lookup(session_id)
     try:
-        keys = normalize_keys((await _json_body(request)).get("keys"), service.registry.settings.keys)
-        return {"keys": keys, "applies_from_chunk": runtime.set_controls(keys)}
+        message = await _json_body(request)
+        keys = normalize_keys(message.get("keys"), service.registry.settings.keys)
+        seq = message.get("seq")
+        if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_COUNT):
+            raise ValueError(f"'seq' must be an integer in [0, 2**53), got {repr(seq)[:40]}")
+        return runtime.set_controls(keys, seq)
     except ValueError as exc:
         runtime.metrics.inc("control_errors_total")
         raise RequestError(422, f"control rejected: {exc}") from None
@@ -109,6 +115,33 @@ async def ack(session_id: str, request: Request, service: Service) -> dict[str, 
 @router.websocket("/v1/stream/sessions/{session_id}/ws")
 async def websocket_stream(websocket: WebSocket, session_id: str, service: Service) -> None:
     await serve_websocket(websocket, service.registry, session_id)
+
+
+@router.post("/v1/stream/sessions/{session_id}/webrtc")
+async def webrtc_offer(session_id: str, request: Request, service: Service) -> dict[str, str]:
+    """The browser's SDP offer -> the answer; the session then streams over that peer connection."""
+    if service.webrtc is None:
+        raise RequestError(404, "WebRTC delivery is off on this server (start it with serve-stream --webrtc)")
+    runtime = service.lookup(session_id)
+    offer = json_object(await read_body(request, SMALL_BODY_BYTES), '{"type": "offer", "sdp": "v=0..."}')
+    if offer.get("type") != "offer" or not isinstance(offer.get("sdp"), str):
+        raise RequestError(422, 'the body must be {"type": "offer", "sdp": <the SDP text>}')
+    if runtime.consumer is not None or runtime.closed:
+        raise RequestError(409, f"session {session_id} already has a consumer or is closed; one stream per session")
+    from ..webrtc.peer import OfferError, PeerSession
+
+    peer = PeerSession(runtime, service.registry, service.webrtc)
+    try:
+        answer = await peer.answer(offer["sdp"])
+        runtime.attach("webrtc", images=False, pixels=True)
+    except (OfferError, StateError) as exc:
+        await peer.close()
+        raise RequestError(409 if isinstance(exc, StateError) else 422, str(exc)) from None
+    except BaseException:
+        await peer.close()
+        raise
+    service.registry.spawn(peer.run())
+    return answer
 
 
 @router.get("/v1/stream/sessions/{session_id}/events")

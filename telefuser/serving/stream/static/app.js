@@ -1,10 +1,6 @@
-// TeleFuser stream client: create a session, receive chunks over a WebSocket, play them on a canvas at the
-// session's FPS from a local buffer, send held keys as controls, and acknowledge delivery at the end.
-//
-// Binary messages are chunk envelopes (telefuser/serving/stream/envelope.py):
-//   "TFCH" | uint32 BE header length | JSON header {chunk, first_frame, frames, width, height, fps, codec, sizes, crc32}
-//   | frame 0 bytes | frame 1 bytes | ...      (jpeg/png: image files; raw: RGB24)
-// Text messages are status events {"type":"status","stage":...}.
+// TeleFuser stream client: create a session, receive it over WebRTC when the server offers it (webrtc_player.js) or
+// over the WebSocket (ws_player.js), send held keys as controls, show what the stream does (measure.js), and
+// acknowledge delivery at the end. Status events are the same JSON on both transports (PROTOCOL.md).
 //
 // API key: when the server requires one, HTTP calls send "Authorization: Bearer <key>" (the key comes from the
 // API key field or the page's #api_key=... fragment, which never reaches the server, and stays in sessionStorage);
@@ -16,17 +12,29 @@
     KeyW: "W", KeyS: "S", KeyA: "A", KeyD: "D", KeyJ: "J", KeyL: "L", KeyI: "I", KeyK: "K",
     ArrowUp: "ArrowUp", ArrowDown: "ArrowDown", ArrowLeft: "ArrowLeft", ArrowRight: "ArrowRight",
   };
-  const PREBUFFER_CHUNKS = 2;
   const canvas = $("screen");
-  const ctx = canvas.getContext("2d");
+  const video = $("video");
 
   const st = {
-    ws: null, sessionId: null, fps: 16, totalChunks: null, keyOrder: Object.values(KEY_BY_CODE),
-    queue: [], decodeChain: Promise.resolve(), received: 0, drawn: 0, chunks: 0, framesPerChunk: 16,
-    playing: false, clock: 0, sinceClock: 0, done: false, published: null, held: new Set(),
-    drawTimes: [], lastCompute: null, serverQueue: 0, state: "idle", ack: null,
+    player: null, sessionId: null, sessionPath: null, fps: 16, totalChunks: null, keyOrder: Object.values(KEY_BY_CODE),
+    measure: new TF.Measure(), ready: null, done: false, published: null, held: new Set(), seq: 0,
+    lastCompute: null, serverQueue: 0, state: "idle", ack: null, webrtcOffered: false, transport: null,
   };
-  window.tfStream = st; // inspection hook (tests, devtools)
+  // inspection hook (tests, benchmarks, devtools)
+  window.tfStream = {
+    get drawn() { return st.player ? st.player.drawn : 0; },
+    get received() { return st.player ? st.player.received : 0; },
+    get chunks() { return st.player ? st.player.chunks : 0; },
+    get held() { return st.player ? st.player.held : 0; },
+    get state() { return st.state; },
+    get transport() { return st.transport; },
+    get ready() { return st.ready; },
+    get ack() { return st.ack; },
+    get sessionId() { return st.sessionId; },
+    summary: () => ({ ...st.measure.summary(), transport: st.transport, buffer_frames: st.ready && st.ready.buffer_frames }),
+    measure: () => st.measure,
+    player: () => st.player,
+  };
 
   function log(text, cls) {
     const li = document.createElement("li");
@@ -67,8 +75,10 @@
       $("model-info").dataset.auth = meta.auth && meta.auth.api_key_required ? "accepted" : "none";
       const model = meta.model || {};
       const defaults = model.defaults || {};
+      st.webrtcOffered = Boolean(meta.webrtc && meta.webrtc.enabled);
       $("model-info").textContent = `${model.model || "model"} · weights: ${model.weights || "?"} · ` +
-        `max sessions ${meta.limits.max_sessions} · ${meta.limits.delivery_mode}`;
+        `max sessions ${meta.limits.max_sessions} · ${meta.limits.delivery_mode} · ` +
+        `${st.webrtcOffered ? "WebRTC" : "WebSocket"}`;
       const resolutions = [...new Set([defaults.resolution, ...(model.resolutions || [])].filter(Boolean))];
       $("resolution").replaceChildren(...resolutions.map((r) => Object.assign(document.createElement("option"), { textContent: r })));
       if (defaults.num_frames) $("num-frames").value = defaults.num_frames;
@@ -96,22 +106,22 @@
     return readAsBase64(file || (await (await fetch("/static/default.jpg")).blob()));
   }
 
-  function resetPlayback() {
-    for (const bmp of st.queue) bmp.close();
+  function reset() {
+    if (st.player) st.player.close();
     Object.assign(st, {
-      queue: [], decodeChain: Promise.resolve(), received: 0, drawn: 0, chunks: 0, playing: false, sinceClock: 0,
-      done: false, published: null, drawTimes: [], lastCompute: null, serverQueue: 0, ack: null,
+      player: null, measure: new TF.Measure(), ready: null, done: false, published: null, lastCompute: null,
+      serverQueue: 0, ack: null, transport: null,
     });
     $("control-ack").textContent = "none";
     $("control-ack").dataset.keys = "";
     $("control-ack").dataset.appliesFrom = "";
     $("delivery").textContent = "–";
+    $("delivery").dataset.match = "";
   }
 
   async function start(ev) {
     ev.preventDefault();
-    if (st.ws) st.ws.close();
-    resetPlayback();
+    reset();
     setState("creating");
     const numFrames = $("num-frames").value.trim();
     const body = {
@@ -134,9 +144,11 @@
       if (!r.ok) throw new Error(`${r.status}: ${reply.detail}`);
     } catch (err) {
       log(`create failed: ${err.message}`, "error");
-      setState("error");
+      $("refusal").textContent = err.message;
+      setState("refused");
       return;
     }
+    $("refusal").textContent = "";
     st.sessionId = reply.session_id;
     // behind the replicas' proxy the session's routes live under its replica's prefix (/r/<replica>), as ws_path says
     st.sessionPath = reply.ws_path.split("?")[0].replace(/\/ws$/, "");
@@ -148,39 +160,79 @@
     $("stat-target-fps").textContent = st.fps;
     $("stat-total-chunks").textContent = st.totalChunks ?? "∞";
     log(`session ${st.sessionId}: ${reply.total_chunks ?? "open-ended"} chunks at ${st.fps} FPS`);
-    connect(reply.ws_path);
+    await connect(reply);
   }
 
-  function connect(path) {
-    const url = new URL(path, location.href);
-    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(url);
-    ws.binaryType = "arraybuffer";
-    st.ws = ws;
+  const hooks = {
+    onEvent: (ev) => onEvent(ev),
+    onClosed: (code, reason) => {
+      log(`${st.transport} closed${code ? ` (${code}${reason ? " " + reason : ""})` : ""}`);
+      $("stop").disabled = true;
+      $("end").disabled = true;
+      if (!st.done && st.state !== "error") setState("disconnected");
+    },
+    onPlaying: (playing) => {
+      if (playing) setState("playing");
+      else setState(st.done ? "finished" : "buffering");
+    },
+    onOpen: () => {
+      $("stop").disabled = false;
+      $("end").disabled = false;
+      canvas.focus();
+      if (st.held.size) sendKeys(); // keys held before the stream opened; none is the server's start state
+    },
+    log,
+  };
+
+  async function connect(reply) {
+    const wantRtc = st.webrtcOffered && reply.webrtc_path && window.RTCPeerConnection && $("transport").value !== "websocket";
+    if (wantRtc) {
+      const player = new TF.RtcPlayer(video, st.measure, hooks);
+      st.player = player;
+      st.transport = "webrtc";
+      showSurface("webrtc");
+      setState("connecting");
+      try {
+        await player.connect(reply.webrtc_path, authFetch, st.fps, (reply.webrtc && reply.webrtc.ice_servers) || []);
+        return;
+      } catch (err) {
+        log(`WebRTC failed (${err.message}); falling back to the WebSocket`, "error");
+        player.close();
+        if (!player.fallbackOk) { setState("error"); return; }
+      }
+    }
+    const player = new TF.WsPlayer(canvas, st.measure, hooks);
+    st.player = player;
+    st.transport = "websocket";
+    showSurface("websocket");
     setState("connecting");
-    ws.onopen = () => { $("stop").disabled = false; $("end").disabled = false; canvas.focus(); sendKeys(); };
-    ws.onmessage = (msg) => (typeof msg.data === "string" ? onEvent(JSON.parse(msg.data)) : onChunk(msg.data));
-    ws.onclose = (e) => {
-      log(`websocket closed (${e.code}${e.reason ? " " + e.reason : ""})`);
-      if (st.ws === ws) { st.ws = null; $("stop").disabled = true; $("end").disabled = true; }
-      if (!st.done) setState("disconnected");
-    };
+    player.connect(reply.ws_path, st.fps);
+    player.ws.addEventListener("open", hooks.onOpen);
   }
 
-  function send(obj) {
-    if (st.ws && st.ws.readyState === WebSocket.OPEN) st.ws.send(JSON.stringify(obj));
+  function showSurface(kind) {
+    canvas.hidden = kind !== "websocket";
+    video.hidden = kind !== "webrtc";
+    $("stat-transport").textContent = kind;
   }
+
+  function send(obj) { return st.player ? st.player.send(obj) : false; }
 
   // ---- incoming ----------------------------------------------------------------------------------------------
-  function onEvent(ev) {
+  async function onEvent(ev) {
     switch (ev.stage) {
       case "runtime_ready":
+        st.ready = ev;
+        st.player.configure(ev);
         setState("buffering");
-        log(`runtime ready: ${ev.resolution} · ${ev.delivery_mode} · buffer ${ev.buffer_chunks} chunks · ${ev.codec}`);
+        $("stat-buffer-max").textContent = `${ev.buffer_frames} frames (${ev.buffer_chunks} chunks)`;
+        log(`runtime ready: ${ev.resolution} · ${ev.delivery_mode} · buffer ${ev.buffer_chunks} chunks · ${st.transport}`);
         break;
       case "chunk_sent":
         st.lastCompute = ev.measurement && ev.measurement.compute_seconds;
         st.serverQueue = ev.queue_depth;
+        if (st.lastCompute) st.measure.computed(ev.frames, st.lastCompute);
+        if (st.player.chunkSent) st.player.chunkSent(ev);
         break;
       case "control_state": {
         const el = $("control-ack");
@@ -191,14 +243,18 @@
         setTimeout(() => el.classList.remove("fresh"), 600);
         break;
       }
-      case "done":
+      case "done": {
         st.done = true;
+        st.player.done = true;
         st.published = ev.published_frames;
         // Lossless check: the server declares what it sent, we answer with what we got.
-        send({ type: "delivery_ack", published_frames: st.received });
-        $("delivery").textContent = `server sent ${ev.published_frames}, received ${st.received}`;
+        const received = await st.player.receivedFrames(ev.published_frames);
+        send({ type: "delivery_ack", published_frames: received });
+        $("delivery").textContent = `server sent ${ev.published_frames}, received ${received}`;
         log(`done: ${ev.chunks} chunks, ${ev.published_frames} frames (${ev.reason})`);
+        if (!st.player.playing && st.player.held === 0) setState("finished"); // everything was on screen already
         break;
+      }
       case "delivery_ack":
         st.ack = ev;
         $("delivery").textContent = `${ev.acked_frames}/${ev.published_frames} frames ${ev.match ? "✓ lossless" : "✗ mismatch"}`;
@@ -216,87 +272,44 @@
     }
   }
 
-  function rawToBitmap(bytes, w, h) {
-    const rgba = new Uint8ClampedArray(w * h * 4);
-    for (let i = 0, j = 0; i < bytes.length; i += 3, j += 4) {
-      rgba[j] = bytes[i]; rgba[j + 1] = bytes[i + 1]; rgba[j + 2] = bytes[i + 2]; rgba[j + 3] = 255;
-    }
-    return createImageBitmap(new ImageData(rgba, w, h));
-  }
-
-  function onChunk(buf) {
-    const view = new DataView(buf);
-    if (buf.byteLength < 8 || String.fromCharCode(...new Uint8Array(buf, 0, 4)) !== "TFCH") {
-      log("ignored a binary message that is not a TFCH envelope", "error");
-      return;
-    }
-    const headerLength = view.getUint32(4);
-    const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 8, headerLength)));
-    let offset = 8 + headerLength;
-    const parts = header.sizes.map((size) => { const part = new Uint8Array(buf, offset, size); offset += size; return part; });
-    st.received += header.frames;
-    st.chunks = header.chunk + 1;
-    if (header.chunk > 0) st.framesPerChunk = header.frames;
-    const mime = header.codec === "png" ? "image/png" : "image/jpeg";
-    // Frames decode in parallel; the chain keeps chunks in order in the play queue.
-    const decoded = Promise.all(parts.map((p) =>
-      header.codec === "raw" ? rawToBitmap(p, header.width, header.height) : createImageBitmap(new Blob([p], { type: mime }))));
-    st.decodeChain = st.decodeChain
-      .then(() => decoded)
-      .then((bitmaps) => { st.queue.push(...bitmaps); })
-      .catch((err) => log(`chunk ${header.chunk}: decode failed: ${err}`, "error"));
-  }
-
-  // ---- playback ----------------------------------------------------------------------------------------------
-  function draw(bitmap, now) {
-    ctx.drawImage(bitmap, 0, 0, canvas.width, canvas.height);
-    bitmap.close();
-    st.drawn += 1;
-    st.drawTimes.push(now);
-  }
-
-  function tick() {
-    const now = performance.now();
-    if (!st.playing) {
-      const ready = st.queue.length >= PREBUFFER_CHUNKS * st.framesPerChunk || (st.done && st.queue.length > 0);
-      if (ready) {
-        st.playing = true;
-        st.clock = now;
-        st.sinceClock = 0;
-        setState("playing");
-      }
-    }
-    if (st.playing) {
-      const due = Math.floor(((now - st.clock) * st.fps) / 1000);
-      while (st.sinceClock <= due && st.queue.length) {
-        draw(st.queue.shift(), now);
-        st.sinceClock += 1;
-      }
-      if (st.sinceClock <= due && !st.queue.length) { // buffer ran dry
-        st.playing = false;
-        setState(st.done ? "finished" : "buffering");
-      }
-    }
-    while (st.drawTimes.length && now - st.drawTimes[0] > 1000) st.drawTimes.shift();
-    if (document.hidden) setTimeout(tick, 10); else requestAnimationFrame(tick);
-  }
+  // ---- stats -------------------------------------------------------------------------------------------------
+  const fmt = (v, digits = 0, unit = "") => (v === null || v === undefined ? "–" : `${v.toFixed(digits)}${unit}`);
 
   function updateStats() {
-    $("stat-fps").textContent = st.drawTimes.length.toFixed(1);
-    $("stat-drawn").textContent = st.drawn;
-    $("stat-received").textContent = st.received;
-    $("stat-chunks").textContent = st.chunks;
+    const p = st.player;
+    const m = st.measure;
+    const now = performance.now();
+    const playback = m.playbackFps(now);
+    const generation = m.generationFps();
+    const chunkFrames = (st.ready && st.ready.chunk_frames) || 16;
+    $("stat-fps").textContent = playback.toFixed(1);
+    $("stat-gen-fps").textContent = fmt(generation, 1);
+    $("stat-drawn").textContent = p ? p.drawn : 0;
+    $("stat-received").textContent = p ? p.received : 0;
+    $("stat-chunks").textContent = p ? p.chunks : 0;
     $("stat-compute").textContent = st.lastCompute == null ? "–" : `${(st.lastCompute * 1000).toFixed(0)} ms`;
-    $("stat-buffer").textContent = st.queue.length;
-    $("stat-buffer-chunks").textContent = (st.queue.length / st.framesPerChunk).toFixed(1);
+    $("stat-buffer").textContent = p ? p.held : 0;
+    $("stat-buffer-chunks").textContent = ((p ? p.held : 0) / chunkFrames).toFixed(1);
     $("stat-queue").textContent = st.serverQueue;
+    const s = m.summary();
+    $("stat-latency").textContent = s.controls ? `${fmt(s.latency_p50_ms)} / ${fmt(s.latency_p95_ms)} ms (${s.controls})` : "–";
+    $("stat-interval").textContent = fmt(s.chunk_interval_mean_ms, 0, " ms");
+    $("stat-rate").textContent = s.bytes_per_s === null ? "–" : `${((s.bytes_per_s * 8) / 1e6).toFixed(2)} Mbit/s`;
+    const slow = generation !== null && m.computeFps.length >= 2 && generation < st.fps * 0.97 && !st.done;
+    $("slow-warning").hidden = !slow;
+    if (slow) {
+      $("slow-warning").textContent = `The model generates ${generation.toFixed(1)} FPS, slower than the ` +
+        `${st.fps} FPS playback: the picture pauses between chunks, and a key shows after about one chunk's compute ` +
+        `(${st.lastCompute ? st.lastCompute.toFixed(1) : "?"} s).`;
+    }
   }
 
   // ---- keyboard ----------------------------------------------------------------------------------------------
   function sendKeys() {
     const keys = st.keyOrder.filter((k) => st.held.has(k));
     $("keys-held").textContent = keys.length ? keys.join("+") : "none";
-    send({ type: "control", keys });
+    st.seq += 1;
+    if (send({ type: "control", keys, seq: st.seq })) st.measure.pressed(st.seq, keys, performance.now());
   }
 
   function typing(target) { return target && ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName); }
@@ -318,20 +331,22 @@
   $("stop").addEventListener("click", () => { send({ type: "stop" }); log("stop requested"); });
   $("end").addEventListener("click", async () => {
     if (st.sessionId) await authFetch(st.sessionPath, { method: "DELETE" });
-    if (st.ws) st.ws.close();
+    if (st.player) st.player.close();
     log("session ended");
   });
   $("image").addEventListener("change", () => {
     const file = $("image").files[0];
     if (file) $("image-preview").src = URL.createObjectURL(file);
   });
-  canvas.addEventListener("click", () => canvas.focus());
+  for (const surface of [canvas, video]) surface.addEventListener("click", () => surface.focus());
   $("api-key").addEventListener("change", () => {
     sessionStorage.setItem("tfApiKey", $("api-key").value.trim());
     loadMetadata();
   });
 
+  // leaving the page closes the stream at once (a WebRTC peer would otherwise be missed only by ICE consent checks)
+  window.addEventListener("pagehide", () => { if (st.player) st.player.close(); });
+
   loadMetadata();
   setInterval(updateStats, 250);
-  tick();
 })();
