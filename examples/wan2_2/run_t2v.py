@@ -30,8 +30,12 @@ DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its breath steaming
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    # --model picks the spec whose flags (--config, --checkpoint, --attn-impl, ...) the full parser, and --help, show
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--model", choices=MODELS, default=MODELS[0])
+    model = probe.parse_known_args(argv)[0].model
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=MODELS, default=MODELS[0])
+    p.add_argument("--model", choices=MODELS, default=MODELS[0], help="which Wan 2.2 release (default %(default)s)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the release's canvas)")
@@ -44,8 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=Path("outputs/wan2_2/t2v.mp4"))
     add_runtime_args(p, ulysses_default=None)
-    known, _ = p.parse_known_args(argv)
-    get_spec(known.model).add_flags(p.add_argument_group(f"{known.model} flags"))
+    get_spec(model).add_flags(p.add_argument_group(f"{model} flags"))
     return p.parse_args(argv)
 
 

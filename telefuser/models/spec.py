@@ -1,9 +1,11 @@
 """`ModelSpec`: what an entry point needs to know about one model, declared once in the model's ``spec.py``.
 
 A spec names the model and its command-line flags, applies its parallel plan (`parallelize`: TP, then Ulysses) and
-points at its loaders, its pipeline builder and the service adapters that serve it. Everything heavy is referenced as
-a ``"module:attribute"`` string and imported at first use, so that importing a spec (and building a command line
-from it) does not import torch.
+points at its loaders, its pipeline builder and the service adapters that serve it. For tests, tools and benches it
+also names the DiT's sizes (``"tiny"``, ``"official"``), one forward on example inputs, that forward's FLOP count,
+the head count and the checkpoint writer: what the conformance suite (tests/conformance) runs for every model.
+Everything heavy is referenced as a ``"module:attribute"`` string and imported at first use, so that importing a spec
+(and building a command line from it) does not import torch.
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Example:
+    """One forward of a DiT on seeded random inputs built once: `run()` calls the model and returns its outputs as a
+    tuple of tensors (fp32 predictions). `shape` holds the sizes the inputs were made for (batch, latent frames,
+    height, width, ...), the keywords `ModelSpec.forward_flops` takes."""
+
+    run: Callable[[], tuple]
+    shape: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str  # what --model takes and the registry's key
     title: str  # for people: help text, logs
@@ -71,6 +83,13 @@ class ModelSpec:
     memory_alternatives: str | None = None
     # "module:function" (args) -> the request an entry point's flags describe (the model's defaults for the rest)
     memory_request: str | None = None
+    # -- the DiT itself, for tests, tools and benches (torchtitan's flavors and FLOP count) --
+    sizes: tuple[str, ...] = ()  # the DiT's named sizes, smallest first: what `dit_config` takes
+    dit_config: str | None = None  # "module:function" (size) -> the DiT config of that size
+    example: str | None = None  # "module:function" (model, *, seed, **shape) -> Example: one forward
+    flops: str | None = None  # "module:function" (config, **shape) -> FLOPs of an Example's forward of that shape
+    heads_field: str = "num_heads"  # the DiT config's field holding its attention head count
+    checkpoint_writer: str | None = None  # "module:function" (model, directory) -> what loader("checkpoint") reads
 
     def __post_init__(self):
         object.__setattr__(self, "adapters", MappingProxyType(dict(self.adapters)))
@@ -80,6 +99,8 @@ class ModelSpec:
             raise ValueError(
                 f"{self.name}: auto_attention {self.auto_attention} must name some of {self.attention_impls}"
             )
+        if bool(self.sizes) != (self.dit_config is not None):
+            raise ValueError(f"{self.name}: sizes and dit_config come together (sizes {self.sizes})")
 
     # -- flags ------------------------------------------------------------------------------------------------------
     def flag(self, dest: str) -> Flag:
@@ -192,6 +213,47 @@ class ModelSpec:
     def build_pipeline(self, args: argparse.Namespace, runtime, **overrides):
         """The model's pipeline on this rank, from its flags in `args` (defaults where `args` lacks one)."""
         return resolve(self.pipeline)(args, runtime, **overrides)
+
+    # -- the DiT, by size ---------------------------------------------------------------------------------------------
+    def config_of(self, size: str):
+        """The DiT config of the named size (one of `sizes`)."""
+        if size not in self.sizes:
+            known = ", ".join(self.sizes) or "none"
+            raise ValueError(f"{self.name} has no DiT size {size!r}; its sizes: {known}")
+        return resolve(self.dit_config)(size)
+
+    def build_random(self, config, *, seed: int, device="cpu", dtype=None, **options):
+        """A dense DiT of `config` (or a size name) with seeded random weights, the same on every rank; `options`
+        go to the model's random loader (attn_impl, init_on_device, after_block)."""
+        config = self.config_of(config) if isinstance(config, str) else config
+        extra = {} if dtype is None else {"dtype": dtype}
+        return self.loader("random")(config, seed, device, **extra, **options)
+
+    def example_forward(self, model, *, seed: int = 0, **shape) -> Example:
+        """One forward of `model` (this spec's DiT, dense or parallelized) on seeded random inputs of `shape` (the
+        model's keywords; its small defaults where absent), built on the model's device."""
+        self._require("example")
+        return resolve(self.example)(model, seed=seed, **shape)
+
+    def forward_flops(self, config, **shape) -> int:
+        """Floating-point operations (2 per multiply-add) of one dense `example_forward` of `shape`: every GEMM and
+        attention product, as torch's FlopCounterMode counts them."""
+        self._require("flops")
+        return resolve(self.flops)(config, **shape)
+
+    def num_heads(self, config) -> int:
+        """The attention head count of a DiT config: what Ulysses and TP degrees must divide."""
+        return getattr(config, self.heads_field)
+
+    def write_checkpoint(self, model, directory):
+        """Write `model`'s weights (dense) and config in the release's layout under `directory`; returns the path
+        `loader("checkpoint")` reads."""
+        self._require("checkpoint_writer")
+        return resolve(self.checkpoint_writer)(model, directory)
+
+    def _require(self, what: str) -> None:
+        if getattr(self, what) is None:
+            raise ValueError(f"{self.name} declares no {what}")
 
     def serves(self, kind: str) -> bool:
         return kind in self.adapters

@@ -247,10 +247,8 @@ def test_a_bf16_load_of_a_diffusers_directory_keeps_the_fp32_regions(source, tmp
         assert torch.equal(value, expected[key]), key  # the source is bf16/fp32 already: read back exactly
 
 
-def test_random_weights_say_so(caplog):
+def test_random_weights_say_so(caplog):  # seeded alike on every rank: the conformance suite (tests/conformance)
     with caplog.at_level(logging.WARNING, logger="telefuser.models.lingbot_world_v2.checkpoint"):
         a = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=3)
-    b = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=3)
     assert a.weights_source == RANDOM_WEIGHTS == "random (no checkpoint)"
     assert "random weights" in caplog.text
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

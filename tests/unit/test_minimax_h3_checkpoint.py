@@ -168,13 +168,8 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(release, tmp_path):
         load_minimax_h3_dit(tmp_path / "root", device="cpu", dtype=torch.float32)
 
 
-def test_random_builder_says_so_and_is_seeded():
-    a = build_random_minimax_h3_dit(CONFIG, seed=7)
-    b = build_random_minimax_h3_dit(CONFIG, seed=7)
-    assert a.weights_source == RANDOM_WEIGHTS == "random (no checkpoint)"
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    c = build_random_minimax_h3_dit(CONFIG, seed=8)
-    assert not torch.equal(a.blocks[0].attn.qkv_proj.weight, c.blocks[0].attn.qkv_proj.weight)
+def test_random_builder_says_so():  # seeded alike on every rank: the conformance suite (tests/conformance)
+    assert build_random_minimax_h3_dit(CONFIG, seed=7).weights_source == RANDOM_WEIGHTS == "random (no checkpoint)"
 
 
 def test_config_round_trips_through_diffusers_names():

@@ -1,5 +1,6 @@
 """Wan 2.2's DiT against diffusers' `WanTransformer3DModel` on tiny random configs (both variants' channel counts),
-read from either release layout; the expert folders of both layouts; the spec in the registry.
+read from diffusers' layout; the expert folders of both layouts; the spec in the registry. The original layout's
+round trip, the seeded random build, FP8, compiled regions and Ulysses are the conformance suite's (tests/conformance).
 
 Tolerance: both models run in fp32 and compute the same function in another order; ours takes the timestep sinusoid
 and the RoPE angles in float64 (as the release), diffusers the sinusoid in float32 (angles t * f up to 1000 rad, so
@@ -100,16 +101,6 @@ def test_one_forward_matches_diffusers_in_either_layout(in_channels, tmp_path):
     print(f"Wan 2.2 DiT (in {in_channels}) against diffusers: max rel {error:.2e}")
     assert error <= BOUND
 
-    # the original layout: our (released) tensor names and config keys, read back bit for bit
-    original = tmp_path / "original"
-    original.mkdir()
-    save_file(
-        {k: v.contiguous() for k, v in ours.state_dict().items()}, original / "diffusion_pytorch_model.safetensors"
-    )
-    (original / "config.json").write_text(json.dumps({"_class_name": "WanModel", **ours.config.to_dict()}))
-    again = load_wan22_dit(original, device="cpu", dtype=torch.float32)
-    assert torch.equal(our_flow(again, latents, t, text), our_flow(ours, latents, t, text))
-
 
 def test_a_rope_convention_error_lands_far_above_the_bound(monkeypatch, tmp_path):
     """Negative control: the same model with RoPE rotating halves instead of Wan's adjacent pairs."""
@@ -155,10 +146,8 @@ def test_a_wan_2_1_image_branch_is_refused_by_name(tmp_path):
 
 def test_random_weights_say_so_and_the_specs_are_registered(caplog):
     with caplog.at_level(logging.WARNING, logger="telefuser.models.wan2_2.checkpoint"):
-        a = build_random_wan22_dit(Wan22Config.tiny(), seed=3)
+        build_random_wan22_dit(Wan22Config.tiny(), seed=3)
     assert "random weights (no checkpoint), seed 3 -- outputs are meaningless" in caplog.text
-    b = build_random_wan22_dit(Wan22Config.tiny(), seed=3)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     for name in ("wan2.2-t2v-a14b", "wan2.2-ti2v-5b"):
         spec = registry.get_spec(name)
         assert spec.model_class == "telefuser.models.wan2_2.dit:Wan22DiT" and spec.loader("random") is not None

@@ -676,6 +676,74 @@ H3_AS_RUN = Plan(
     ),
 )
 
+# ---- one GPU: a Wan 2.2 step against diffusers, and the other models before/after the Wan base (issue 37) ----------
+WAN_STEP = "tools.bench.wan2_2_step_bench"
+# The baseline (an earlier commit, .baseline/) may predate the bench: there these steps are skipped, not failed.
+WAN_STEP_ABSENT = command("test ! -f tools/bench/wan2_2_step_bench.py")
+WAN_STEP_PLAN = Plan(
+    "wan-step",
+    "a Wan 2.2 T2V-A14B step (one expert, CFG batch, 81 frames, random bf16) at 480p and 720p against diffusers' "
+    "WanTransformer3DModel at its best settings, with the official LingBot session and MiniMax H3 DiT call in the "
+    "tree and in .baseline/ (before the redesign), interleaved",
+    (
+        *SETUP,
+        Step(
+            "wan_480p",
+            590,
+            module(f"{WAN_STEP} --resolutions 480p --output {{out}}/wan_step_480p.json"),
+            "Wan 2.2 T2V-A14B step at 832x480 (32,760 tokens): ours (compiled regions, cuDNN SDPA) against diffusers "
+            "(compile_repeated_blocks, _native_cudnn); skipped in a checkout without the bench",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        Step(
+            "wan_720p",
+            590,
+            module(f"{WAN_STEP} --resolutions 720p --warmup 1 --iters 3 --output {{out}}/wan_step_720p.json"),
+            "the same at 1280x720 (75,600 tokens)",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        Step(
+            "wan_5b_request",
+            420,
+            command(
+                f"{{py}} examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --steps 4 --output {{out}}/wan_5b/t2v.mp4"
+            ),
+            "a Wan 2.2 TI2V-5B request as the release runs it (1280x704, 121 frames, random weights) at 4 steps: "
+            "load, text, denoise, decode and peak memory",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        COMPARE_COMMIT.step("lingbot_official"),
+        COMPARE_COMMIT.step("minimax_official"),
+    ),
+    baseline=".baseline",
+    calls=(
+        "setup_wheels,wan_480p,wan_5b_request",
+        "setup_wheels,wan_720p",
+        "setup_wheels,tf_kernel,lingbot_official,minimax_official",
+    ),
+)
+
+# ---- one GPU: how soon the picture answers a key (issue 35) ----------------------------------------------------------
+STREAM_LATENCY = "tools.bench.stream_latency.client --config official --startup-timeout 480 --presses 8"
+STREAM_LATENCY_PLAN = Plan(
+    "stream-latency",
+    "control-to-display of the official LingBot-World v2 session (random weights, FP8, warm-up on) from the Python "
+    "client that plays and timestamps as the page does, over the WebSocket",
+    (
+        SETUP[0],
+        Step(
+            "stream_fp8_realtime",
+            590,
+            module(
+                f"{STREAM_LATENCY} --output {{out}}/stream_fp8_realtime.json --service-log {{out}}/service_fp8.log "
+                "-- --quantization fp8 --attn-impl cudnn_fp8 --warmup on"
+            ),
+            "8 presses and releases of W, realtime delivery: p50/p95 control-to-display, in seconds and chunk intervals",
+        ),
+    ),
+    calls=("setup_wheels,stream_fp8_realtime",),
+)
+
 PLANS: dict[str, Plan] = {
     p.name: p
     for p in (
@@ -686,6 +754,8 @@ PLANS: dict[str, Plan] = {
         H200_GRAPHS,
         H200_SAGE,
         COMPARE_COMMIT,
+        WAN_STEP_PLAN,
+        STREAM_LATENCY_PLAN,
         multi_gpu(2),
         multi_gpu(4),
         multi_gpu(8),

@@ -10,6 +10,7 @@ from ...dtypes import DTYPE_NAMES
 from ..flags import (
     ATTENTION_IMPLS,
     QUANTIZATIONS,
+    SIZES,
     attn_impl_flag,
     checkpoint_flag,
     config_flag,
@@ -20,6 +21,7 @@ from ..flags import (
 from ..spec import Flag, ModelSpec
 
 CUDA_GRAPHS = ("auto", "on", "off")
+EXAMPLE = "telefuser.models.lingbot_world_v2.example"
 
 
 def parallelize(model, mesh, *, communicator_factory=None):
@@ -88,4 +90,9 @@ LINGBOT_WORLD_V2 = ModelSpec(
         "checkpoint": "telefuser.models.lingbot_world_v2.checkpoint:load_lingbot_dit",
     },
     serve_defaults={"config": "official"},  # a service runs the released sizes unless told
+    sizes=SIZES,
+    dit_config=f"{EXAMPLE}:dit_config",
+    example=f"{EXAMPLE}:example",
+    flops=f"{EXAMPLE}:flops",
+    checkpoint_writer="telefuser.models.lingbot_world_v2.checkpoint_writer:write_lingbot_checkpoint",
 )

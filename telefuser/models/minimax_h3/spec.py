@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..flags import (
     ATTENTION_IMPLS,
     QUANTIZATIONS,
+    SIZES,
     attn_impl_flag,
     checkpoint_flag,
     config_flag,
@@ -21,6 +22,7 @@ QKV_LAYOUTS = ("interleaved", "stacked")  # checkpoint_formats.QKV_LAYOUTS
 # --attn-impl auto (the default): SageAttention2's SM90 kernel where it is built and the GPU is Hopper (it passed the
 # H3 quality gate, tools/validation/sage_quality_gate.py, and is faster), else torch SDPA
 AUTO_ATTENTION = ("sage_sm90", "sdpa")
+EXAMPLE = "telefuser.models.minimax_h3.example"
 
 
 def head_dim(args) -> int | None:
@@ -28,10 +30,7 @@ def head_dim(args) -> int | None:
     None for a checkpoint, whose config is read only when it loads (the released H3 has 128)."""
     if MINIMAX_H3.option(args, "checkpoint") is not None:
         return None
-    from .config import MiniMaxH3Config
-
-    config = MiniMaxH3Config.tiny() if MINIMAX_H3.option(args, "config") == "tiny" else MiniMaxH3Config()
-    return config.attention_head_dim
+    return MINIMAX_H3.config_of(MINIMAX_H3.option(args, "config")).attention_head_dim
 
 
 def parallelize(model, mesh, *, communicator_factory=None):
@@ -90,4 +89,10 @@ MINIMAX_H3 = ModelSpec(
         "random": "telefuser.models.minimax_h3.checkpoint:build_random_minimax_h3_dit",
         "checkpoint": "telefuser.models.minimax_h3.checkpoint:load_minimax_h3_dit",
     },
+    sizes=SIZES,
+    dit_config=f"{EXAMPLE}:dit_config",
+    example=f"{EXAMPLE}:example",
+    flops=f"{EXAMPLE}:flops",
+    heads_field="num_attention_heads",
+    checkpoint_writer="telefuser.models.minimax_h3.checkpoint_writer:write_minimax_h3_release",
 )

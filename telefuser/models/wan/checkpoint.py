@@ -1,12 +1,13 @@
 """Wan checkpoint names: the two tensor layouts (the original release's and diffusers'), what the released model keeps
 in fp32, and the steps every Wan DiT loader shares (names mapped, keys checked, shards read one tensor at a time onto
-a meta-built model; or seeded random weights).
+a meta-built model; or seeded random weights), and writing a model back in the original layout.
 
 Our modules carry the original names; diffusers' names are mapped with diffusers' own Wan converter run on ours.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..checkpoint_io import (
     random_tensor,
     standard_normal,
 )
+from ..shard_writer import write_shards
 
 INDEX_NAMES = ("diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json")
 DIFFUSERS_MARKERS = ("condition_embedder.", ".attn1.", ".attn2.", "scale_shift_table", "proj_out.")
@@ -156,6 +158,27 @@ def fill_random_weights(
         after_block=None if after_block is None else partial(after_block, model),
     )
     finish_loading(model, RANDOM_WEIGHTS, error=error)
+
+
+# -- writing ----------------------------------------------------------------------------------------------------------
+def write_original_layout(
+    model: nn.Module,
+    weights_dir: Path,
+    config: dict,
+    *,
+    config_dir: Path | None = None,
+    shard_stem: str = "diffusion_pytorch_model",
+    shards: int = 2,
+) -> Path:
+    """A dense model's tensors under their original names, as the releases store them: `shards` safetensors files
+    ``<shard_stem>-0000i-of-0000N.safetensors`` in `weights_dir` with the index the loaders look for, and `config`
+    as ``config.json`` in `config_dir` (default: beside the shards). Tensors keep their dtypes. Returns
+    `weights_dir`."""
+    weights_dir = Path(weights_dir)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    (Path(config_dir or weights_dir) / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    write_shards(model.state_dict(), weights_dir, stem=shard_stem, index_name=INDEX_NAMES[0], shards=shards)
+    return weights_dir
 
 
 def _random_tensor(name: str, param: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

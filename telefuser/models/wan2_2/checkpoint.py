@@ -6,6 +6,7 @@
 
 Each expert is built on the meta device and filled one tensor at a time in its target device and dtype
 (`models.wan.checkpoint`); tensors in diffusers' names are mapped with diffusers' own Wan converter.
+`write_wan22_expert` writes a model back as one original expert folder.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..wan.checkpoint import (
     has_weights,
     is_diffusers_layout,
     load_named_shards,
+    write_original_layout,
 )
 from .config import Wan22Config, Wan22ConfigError
 from .dit import Wan22DiT
@@ -133,3 +135,12 @@ def build_random_wan22_dit(
     )
     log.warning("Wan 2.2 DiT: random weights (no checkpoint), seed %d -- outputs are meaningless", seed)
     return model
+
+
+def write_wan22_expert(model: Wan22DiT, directory: str | Path) -> Path:
+    """`model` (dense) as one expert folder of the original release: ``config.json`` in the original keys (the
+    release's class name; RoPE's base is not a config key there) beside sharded safetensors and their index.
+    `load_wan22_dit(directory)` reads it back bit for bit."""
+    config = {"_class_name": "WanModel", **model.config.to_dict()}
+    config.pop("rope_theta")
+    return write_original_layout(model, Path(directory), config)

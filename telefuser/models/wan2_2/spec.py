@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..flags import (
     ATTENTION_IMPLS,
     QUANTIZATIONS,
+    SIZES,
     attn_impl_flag,
     checkpoint_flag,
     config_flag,
@@ -36,6 +37,7 @@ def parallelize(model, mesh, *, communicator_factory=None):
 
 
 def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
+    example = "telefuser.models.wan2_2.example"
     return ModelSpec(
         name=f"wan2.2-{variant}",
         title=title,
@@ -55,6 +57,11 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
             "random": "telefuser.models.wan2_2.checkpoint:build_random_wan22_dit",
             "checkpoint": "telefuser.models.wan2_2.checkpoint:load_wan22_dit",
         },
+        sizes=SIZES,
+        dit_config=f"{example}:{variant.replace('-', '_')}_config",
+        example=f"{example}:example",
+        flops=f"{example}:flops",
+        checkpoint_writer="telefuser.models.wan2_2.checkpoint:write_wan22_expert",
     )
 
 
