@@ -1,6 +1,6 @@
 # The two commands a fresh CPU-only machine needs: `make demo` and `make test`. Each installs what it needs into
 # .venv: torch $(TORCH_VERSION) (the CPU wheel on these machines; never a CUDA torch in CI), then this package.
-# On a GPU host with torch already installed (the lent H200 image), use PYTHON=python3 with the *-gpu targets.
+# On a GPU host with a CUDA build of torch already installed, use PYTHON=python3 with the *-gpu targets.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -52,7 +52,8 @@ demo-attention: $(STAMP)
 	    --output $(DEMO_OUT) || exit 1; \
 	done
 
-# ruff format decides the layout (a file it would change fails the run). CI compiles tf-kernel with the machine's nvcc
+# ruff format decides the layout (a file it would change fails the run), and ruff check finds defects (undefined
+# names, unused imports; the rules are pyproject.toml's [tool.ruff.lint]). CI compiles tf-kernel with the machine's nvcc
 # against the CPU torch, so a build break fails CI; its CPU tests
 # check registration and argument validation. pytest exits 5 when nothing was collected: a broken suite, not a pass.
 # The tests marked `numerics` (float results of different computation orders) then run again under torch's
@@ -62,6 +63,7 @@ PORTABLE_KERNELS = ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 ONED
 test: $(STAMP) browser services aiperf-env
 	$(PY) -m ruff format --check --quiet telefuser tools tests examples || \
 	  { echo "error: run '$(PY) -m ruff format telefuser tools tests examples'"; exit 1; }
+	$(PY) -m ruff check --quiet telefuser tools tests examples
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
 	@$(PY) -m pytest; rc=$$?; \
@@ -115,7 +117,7 @@ bench-stream-1min: $(BENCH_DEPS)
 bench-batch: $(BENCH_DEPS)
 	$(BENCH_PY) -m tools.aiperf.run_batch_bench --bench-config tools/aiperf/configs/batch_minimax_h3.yaml $(BENCH_ARGS)
 
-# On a CUDA host (the lent H200: PYTHON=python3): build tf-kernel for that interpreter, then its GPU tests and ours.
+# On a CUDA host (PYTHON=python3, the interpreter with CUDA torch): build tf-kernel for it, then its GPU tests and ours.
 test-gpu: build-sm90
 	$(MAKE) -C tf-kernel test-gpu PYTHON=$(PYTHON)
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -rs tests/gpu

@@ -33,15 +33,15 @@ def _bad_mesh(ctx, case):
 
 def test_tp2_ulysses2_groups(ranks4):
     layout = ranks4.run(_mesh_layout, 2, 2)
-    assert [l[0] for l in layout] == [[0, 2], [1, 3], [0, 2], [1, 3]]
-    assert [l[1] for l in layout] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert [(l[2], l[3]) for l in layout] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [row[0] for row in layout] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [row[1] for row in layout] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [(row[2], row[3]) for row in layout] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_ulysses4_groups(ranks4):
     layout = ranks4.run(_mesh_layout, 4, 1)
-    assert all(l[0] == [0, 1, 2, 3] for l in layout)
-    assert [l[1] for l in layout] == [[0], [1], [2], [3]]
+    assert all(row[0] == [0, 1, 2, 3] for row in layout)
+    assert [row[1] for row in layout] == [[0], [1], [2], [3]]
 
 
 def test_bad_configurations_fail_on_every_rank(ranks4):

@@ -165,7 +165,10 @@ def test_a_tool_narrowing_the_choices_keeps_an_explicit_default():
     assert parser.parse_args([]).attn_impl is None and "(default auto)" in " ".join(parser.format_help().split())
     from tools.bench.minimax_h3_dit_bench import parse_args
 
-    assert parse_args([]).attn_impl == "sdpa"
+    # the DiT bench offers auto too (its default, resolved as the model's entry points resolve it) and keeps the rest
+    assert parse_args([]).attn_impl == "auto" and parse_args(["--attn-impl", "sdpa"]).attn_impl == "sdpa"
+    with pytest.raises(SystemExit):
+        parse_args(["--attn-impl", "flash"])
 
 
 def test_a_spec_whose_auto_names_an_impl_it_does_not_run_is_refused():

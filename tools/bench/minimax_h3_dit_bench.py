@@ -43,6 +43,7 @@ from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
 from telefuser.models.minimax_h3.packing import pack_layout
 from telefuser.models.registry import get_spec
+from telefuser.ops.attention import AUTO
 from telefuser.ops.fusion import set_fusion
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 from telefuser.profiling.flop_rates import (
@@ -124,8 +125,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"comma-separated Ulysses transports to time side by side ({', '.join(TRANSPORTS)}); "
         "default: the communicator's default ($TELEFUSER_ULYSSES_TRANSPORT, else auto)",
     )
-    # the model's --attn-impl, plus the attention-free one that times everything else
-    MODEL.flag("attn_impl").add_to(p, choices=(*MODEL.attention_impls, *NO_ATTENTION_IMPLS))
+    # the model's --attn-impl (auto, its default, included), plus the attention-free one that times everything else
+    MODEL.flag("attn_impl").add_to(p, choices=(AUTO, *MODEL.attention_impls, *NO_ATTENTION_IMPLS))
     p.add_argument("--iters", type=int, default=3)
     p.add_argument(
         "--fusion",
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
     if runtime.mesh is not None:
         agree_on_arguments(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank
+    if args.attn_impl == AUTO:  # what the model's entry points run: its preference that is usable here
+        args.attn_impl = MODEL.attention_impl(args, runtime)
 
     t0 = time.perf_counter()
     model = MODEL.loader("random")(
@@ -220,6 +223,7 @@ def main(argv=None) -> int:
     achieved = rate(flops, seconds, device_name)
     result = {
         "config": args.config,
+        "attn_impl": args.attn_impl,  # what ran (`auto` resolved)
         "layers": config.num_layers,
         "device": device_name,
         "world": runtime.world_size,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tests.fault_matrix import ROWS, format_table, run_matrix
 

@@ -93,7 +93,7 @@ def local_report(device: torch.device, flag_bits: int = 64) -> dict:
             reasons["ce-symm"] = f"torch {torch.__version__} < 2.11 (Symmetric Memory mappings)"
         else:
             try:
-                import torch.distributed._symmetric_memory as symm_mem
+                importlib.import_module("torch.distributed._symmetric_memory")  # the probe: does this build have it?
 
                 reasons["ce-symm"] = missing or problem
             except ImportError as exc:

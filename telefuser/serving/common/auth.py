@@ -18,6 +18,8 @@ from urllib.parse import parse_qsl
 
 from starlette.responses import JSONResponse
 
+from .http_errors import error_body
+
 ENV_VAR = "TELEFUSER_API_KEY"
 _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
 _TOKEN_IN_TEXT = re.compile(r"(token=)[^&\s\"']+")
@@ -111,7 +113,7 @@ class ApiKeyMiddleware:
             if self.query_token_ok is not None:
                 detail += " (WebSocket and SSE streams also accept ?token=<API key or the session's stream token>)"
         response = JSONResponse(
-            {"detail": detail}, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="telefuser"'}
+            error_body(401, detail), status_code=401, headers={"WWW-Authenticate": 'Bearer realm="telefuser"'}
         )
         if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
             await response(scope, receive, send)  # Starlette sends a WebSocket refusal as the denial response

@@ -1,6 +1,9 @@
 """What `serve` and `serve-stream` share: the service flags, one HTTP server until a signal, and under torchrun the
 split into rank 0 (serving) and followers (replaying its model calls; replay.py).
 
+Before a model is built, the start-up checks run (startup.py: the device, the port, the attention package), and a
+builder's error that is the user's to fix (a bad checkpoint or configuration) ends in one line with exit status 2.
+
 Rank 0 binds its own socket (so `--port 0` works and the log names the real port), caps WebSocket frames, hides
 `token=` in access logs, warns about a keyless bind beyond loopback and ends gracefully on SIGINT or SIGTERM;
 followers leave only when rank 0 broadcasts stop, never in the middle of a collective.
@@ -18,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .auth import add_auth_args, keys_from_args
+from .cli_help import OneLineErrorParser
+from .startup import StartupError, bind_failure, check_attention, check_device, check_port, explain_build_error, run_cli
 
 log = logging.getLogger("telefuser.serving")
 WS_MAX_BYTES = 64 << 10  # a larger client frame closes the connection (1009) before the app reads it
@@ -30,8 +35,10 @@ def add_server_args(group, *, port: int) -> None:
         default="127.0.0.1",
         help="127.0.0.1 (default) serves this machine only; see the README before exposing a service",
     )
-    group.add_argument("--port", type=int, default=port, help="0 picks a free port (the log names it)")
-    group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    group.add_argument("--port", type=int, default=port, help="the port to listen on; 0 picks a free one (logged)")
+    group.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="log verbosity"
+    )
     add_auth_args(group)
 
 
@@ -48,8 +55,9 @@ def run_service(
     each model call on the followers and has `shutdown()`), and the other ranks run `follow(model, group)`."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys_from_args(args)  # a malformed key fails now, not after the model is loaded
-    model = build(args)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    check_before_build(args, serving=rank == 0)
+    model = build_or_explain(build, args)
     try:
         if world == 1:
             return serve(model)
@@ -67,12 +75,35 @@ def run_service(
             model.close()
 
 
+def check_before_build(args: argparse.Namespace, *, serving: bool) -> None:
+    """The start-up checks that need no model: the device and the attention package (not for a fake model, which
+    uses neither), and on the serving rank the port."""
+    if not getattr(args, "fake", False):
+        check_device(getattr(args, "device", None))
+        check_attention(getattr(args, "attn_impl", None))
+    if serving:
+        check_port(args.host, args.port)
+
+
+def build_or_explain(build: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
+    """`build(args)`; an error that is a start-up mistake (startup.explain_build_error) becomes one line."""
+    try:
+        return build(args)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        mistake = explain_build_error(exc)
+        if mistake is None:
+            raise
+        raise mistake from None
+
+
 def run_command(add_parser: Callable[[Any], Any], prog: str, argv: list[str] | None = None) -> int:
-    """`python -m` a service's cli: parse its one subcommand and run it."""
-    parser = argparse.ArgumentParser(prog=prog)
+    """`python -m` a service's cli: parse its one subcommand and run it (a start-up mistake: one line, status 2)."""
+    parser = OneLineErrorParser(prog=prog)
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return run_cli(args.func, args, args.command)
 
 
 def _raise_system_exit(signum, frame) -> None:
@@ -116,7 +147,11 @@ def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:  # taken since the early check (startup.check_port)
+            sock.close()
+            raise StartupError(bind_failure(host, port, exc)) from None
         sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
         shown = f"[{host}]" if ":" in host else host
         log.info("serving on http://%s:%d (%s)", shown, sock.getsockname()[1], describe)

@@ -36,8 +36,18 @@ def add_model_args(parser: argparse.ArgumentParser, *, service: str, default: st
         group = parser.add_argument_group(f"{spec.name} flags", f"taken with --model {spec.name}")
         for flag in spec.flags:
             if not added & set(flag.names):
-                flag.add_to(group, default=argparse.SUPPRESS)  # filled in by chosen_spec for the chosen model
+                # filled in by chosen_spec for the chosen model; --help still shows that model's default
+                flag.add_to(group, default=argparse.SUPPRESS, **_help_with_default(spec, flag))
                 added.update(flag.names)
+
+
+def _help_with_default(spec: ModelSpec, flag) -> dict[str, str]:
+    """{"help": ...} naming the default `spec` gives the flag, where its help does not say it already."""
+    text = flag.options.get("help")
+    default = spec.serve_defaults.get(flag.dest, flag.default)
+    if text is None or default in (None, False) or "default" in text.lower() or "%(default)" in text:
+        return {}
+    return {"help": f"{text} (default: {default})"}
 
 
 def chosen_spec(args: argparse.Namespace, *, service: str, command: str) -> ModelSpec:

@@ -105,8 +105,9 @@ def create_video_app(
 
 
 def _public(path: str) -> bool:
-    """No key needed: health (what a proxy's check reads)."""
-    return path == "/v1/service/health"
+    """No key needed: health (what a proxy's check reads; `/health` is rewritten to it first), and `/`, which only
+    redirects to the route list."""
+    return path in ("/v1/service/health", "/")
 
 
 @asynccontextmanager

@@ -1,7 +1,7 @@
 """`telefuser serve`: the batch text(+keyframes or references)-to-video(+audio) service, and under torchrun its
 follower ranks.
 
-    telefuser serve --fake --port 8000                           # test pattern + tone, no weights (CI, AIPerf smoke)
+    telefuser serve --fake --port 8000                           # fake-MiniMax-H3: test pattern + tone, no weights
     telefuser serve --config tiny --device cpu                   # --model minimax_h3 (the default), tiny, on the CPU
     telefuser serve --checkpoint /models/MiniMax-H3 --task-partition Ref2VA --lora-dir /models/loras   # references
     torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
@@ -22,6 +22,7 @@ from ..common.auth import keys_from_args
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
 from ..common.model_args import add_model_args, chosen_spec
+from ..common.startup import StartupError
 from ..common.warmup import add_warmup_arg
 from .contract import VideoRunner
 from .limits import VideoLimitFlags
@@ -33,6 +34,7 @@ from .replica_args import add_replica_args, check_replica_args, open_stores
 log = logging.getLogger("telefuser.serving")
 SERVICE = "video"  # the adapter kind a model's spec names for this service: a `VideoRunner` builder
 DEFAULT_MODEL = "minimax_h3"
+FAKE_PREFIX = "fake-"  # --fake serves "fake-<the model's name>": its name says it is not the model
 
 
 def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
@@ -49,6 +51,7 @@ def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
         defaults=defaults,
         run_log=args.fake_run_log,
         partition=args.task_partition,
+        stands_in_for=getattr(args, "fake_stands_in_for", None),
     )
 
 
@@ -70,7 +73,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "shared filesystem) or s3://bucket/prefix (credentials from the usual AWS variables)",
     )
     g.add_argument("--max-queue", type=int, default=16, help="jobs waiting (on all replicas); more get 429")
-    g.add_argument("--max-seconds", type=float, default=10.0, help="longest clip a request may ask for")
+    g.add_argument(
+        "--max-seconds",
+        type=float,
+        default=10.0,
+        help="longest clip a request may ask for (the OpenAI SDK's seconds='12' needs --max-seconds 12)",
+    )
     g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
     g.add_argument(
         "--max-body-mib",
@@ -83,7 +91,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "--served-model-name",
         default=None,
         help="the name /v1/models lists and a request's 'model' must match (case-insensitive); default: the "
-        "model's own (MiniMax-H3 for minimax_h3, its registry name for a model that declares none)",
+        "model's own (MiniMax-H3 for minimax_h3, its registry name for a model that declares none; with --fake, "
+        "fake-MiniMax-H3, which also accepts requests naming MiniMax-H3)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -91,7 +100,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds to wait at shutdown for the running job to stop at its next step",
     )
-    g.add_argument("--fake", action="store_true", help="serve a fake model: test pattern + tone, no weights")
+    g.add_argument(
+        "--fake", action="store_true", help="serve a fake model (fake-MiniMax-H3): test pattern + tone, no weights"
+    )
     g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
     g.add_argument("--fake-run-log", type=Path, default=None, help="--fake: append a JSON line per run start and end")
     add_replica_args(p)
@@ -113,10 +124,22 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     add_runtime_args(p, tp=True)
     add_model_args(p, service=SERVICE, default=DEFAULT_MODEL)
     m = p.add_argument_group("requests", "what a request that leaves them out gets")
-    m.add_argument("--steps-default", type=int, default=None, help="num_inference_steps when a request omits it (50)")
-    m.add_argument("--size-default", default=None, help="size when a request omits it (tiny 64x32, else 1344x768)")
     m.add_argument(
-        "--seconds-default", type=float, default=None, help="seconds when a request omits it (tiny 0.5, else 5)"
+        "--steps-default",
+        type=int,
+        default=None,
+        help="num_inference_steps when a request omits it (default: 50; --fake 4)",
+    )
+    m.add_argument(
+        "--size-default",
+        default=None,
+        help="size when a request omits it (default: 1344x768; --config tiny 64x32; --fake 64x64)",
+    )
+    m.add_argument(
+        "--seconds-default",
+        type=float,
+        default=None,
+        help="seconds when a request omits it (default: 5; --config tiny and --fake 0.5)",
     )
     add_warmup_arg(m, what="two discarded requests of one DiT call each (the default size and seconds, then another)")
     p.set_defaults(func=run_serve)
@@ -131,7 +154,7 @@ def add_media_args(p: argparse.ArgumentParser) -> None:
         choices=("FL2VA", "Ref2VA"),
         default="FL2VA",
         help="MiniMax H3's DiT to serve: FL2VA runs text-only and keyframe (input_reference, last_frame) jobs, "
-        "Ref2VA runs reference jobs; a job the other one runs gets 422 naming it (default %(default)s)",
+        "Ref2VA runs reference jobs; a job the other one runs gets 422 naming it",
     )
     g.add_argument("--max-image-mib", type=float, default=10.0, help="largest image file (a keyframe or reference)")
     g.add_argument(
@@ -152,14 +175,14 @@ def add_media_args(p: argparse.ArgumentParser) -> None:
         nargs=2,
         default=(-4.0, 4.0),
         metavar=("MIN", "MAX"),
-        help="the scales a request may give a LoRA (default -4 4)",
+        help="the scales a request may give a LoRA",
     )
 
 
 def media_options(args: argparse.Namespace) -> tuple[MediaLimits, LoraPolicy]:
     low, high = args.lora_scale_range
     if low > high or args.max_loras < 0:
-        raise SystemExit("telefuser serve: --lora-scale-range MIN MAX needs MIN <= MAX, and --max-loras >= 0")
+        raise StartupError("--lora-scale-range MIN MAX needs MIN <= MAX, and --max-loras >= 0")
     media = MediaLimits(
         max_image_bytes=int(args.max_image_mib * 2**20),
         max_image_pixels=args.max_image_pixels,
@@ -172,8 +195,11 @@ def run_serve(args: argparse.Namespace) -> int:
     check_replica_args(args)
     media_options(args)  # a bad flag ends the command before any weight loads
     spec = chosen_spec(args, service=SERVICE, command="serve")
+    own_name = spec.served_name or spec.name
+    if args.fake:
+        args.fake_stands_in_for = own_name
     if args.served_model_name is None:
-        args.served_model_name = spec.served_name or spec.name
+        args.served_model_name = f"{FAKE_PREFIX}{own_name}" if args.fake else own_name
     build = build_fake_runner if args.fake else spec.adapter_builder(SERVICE)
     return run_service(
         args,
@@ -206,7 +232,11 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
         media_limits=media,
         lora_policy=loras,
     )
-    describe = f"model: {runner.model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
+    model = runner.model
+    if runner.metadata.get("fake"):
+        also = runner.metadata["stands_in_for"]
+        model += f" (a fake model: test pattern and tone, no weights; requests may also name {also})"
+    describe = f"model: {model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
     return serve_until_stopped(app, args, describe=describe, command="serve")
 
 

@@ -8,11 +8,33 @@ it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from telefuser.pipelines.hooks import StepHooks
+
+# The stages a running job passes through, as its video object's `stage` shows them (PROTOCOL.md, "Jobs"): the
+# worker sets all but "muxing", which a runner reports (`report_stage`) when it starts writing the MP4.
+RUN_STAGES = ("starting", "denoising", "decoding", "muxing", "publishing")
+
+
+def _no_stage(stage: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class JobHooks(StepHooks):
+    """The pipeline's `StepHooks` plus `stage(name)`, which a runner calls as it enters a stage of `RUN_STAGES` the
+    worker cannot see (the MP4 muxing inside `run`)."""
+
+    stage: Callable[[str], None] = _no_stage
+
+
+def report_stage(hooks: StepHooks, stage: str) -> None:
+    """Tell the worker the job entered `stage`; hooks without a `stage` callback (a follower rank's) ignore it."""
+    getattr(hooks, "stage", _no_stage)(stage)
 
 
 class JobCancelled(Exception):

@@ -24,7 +24,7 @@ from telefuser.pipelines.hooks import StepHooks
 from telefuser.pipelines.minimax_h3.shapes import plan_shape  # imported now, not on the first request
 
 from .canvas import write_clip
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
 
 FPS = 24
 SAMPLE_RATE = 32_000
@@ -40,7 +40,10 @@ class FakeVideoRunner:
         defaults: dict[str, Any] | None = None,
         run_log: Path | None = None,
         partition: str = "FL2VA",
+        stands_in_for: str | None = None,
     ):
+        """`model`: the served name (`telefuser serve --fake` makes it fake-MiniMax-H3); `stands_in_for`: the
+        model's own name, which requests may also give (default MiniMax-H3)."""
         from telefuser.pipelines.minimax_h3.pipeline import PARTITION_TASKS
 
         from .minimax import preset_metadata
@@ -51,6 +54,8 @@ class FakeVideoRunner:
         self.defaults = {"size": "64x64", "seconds": 0.5, "steps": 4, "seed": 0, **(defaults or {})}
         self.metadata = {
             "model": model,
+            "fake": True,
+            "stands_in_for": stands_in_for or "MiniMax-H3",
             "runner": "fake (test pattern and tone, no weights)",
             "native_size": "1344x768",  # MiniMax H3's canvas, which the fake imitates
             "device": "cpu",
@@ -101,6 +106,7 @@ class FakeVideoRunner:
             hooks.progress(step + 1, plan.dit_calls)
         frames, audio = render(plan, spec.seed)
         inference_s = time.perf_counter() - started
+        report_stage(hooks, "muxing")
         mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
         width, height = spec.output_dims or (plan.width, plan.height)
         self._log_run("end", spec)

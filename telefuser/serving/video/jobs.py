@@ -61,6 +61,13 @@ class VideoJob:
     worker: str | None = None  # the replica that runs (or last ran) it
     expires_at: float | None = None  # when a finished job and its MP4 are deleted (--retention-hours)
     revision: int = 0  # bumped on every change; the store never overwrites a newer record with an older one
+    stage: str | None = None  # while in_progress: contract.RUN_STAGES, as the worker last recorded it
+
+    def current_stage(self) -> str:
+        """What the job is doing: its status, or while it runs the stage it is in ("starting" until one is known)."""
+        if self.status != "in_progress":
+            return self.status
+        return self.stage or "starting"
 
     def touch(self) -> None:
         self.revision += 1
@@ -93,6 +100,7 @@ class VideoJob:
             "object": "video",
             "status": self.status,
             "progress": self.progress,
+            "stage": self.current_stage(),  # queued | starting, denoising, decoding, muxing, publishing | the end
             "created_at": int(self.created_at),
             "completed_at": int(self.finished_at) if self.status == "completed" and self.finished_at else None,
             "expires_at": int(self.expires_at) if self.expires_at is not None else None,

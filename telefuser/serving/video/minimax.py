@@ -22,9 +22,10 @@ from typing import Any
 from telefuser.memory.plan import plan_or_exit
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 
+from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
 from .lora_library import LoraLibrary, LoraSwitch
 from .media import MediaLimits
 from .minimax_inputs import pipeline_inputs
@@ -179,6 +180,7 @@ class MiniMaxRunner:
             applied = self._lora_switch.applied if self._lora_switch is not None else []
         mux_s = 0.0
         if output is not None:
+            report_stage(hooks, "muxing")
             mux_s = write_clip(
                 output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate, spec.output_dims
             )
@@ -247,7 +249,7 @@ def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:
             lora_switching=loras is not None,  # host copies of what a merge changes, to unmerge exactly
         )
     except ValueError as exc:  # --lora-dir that is not a directory, or with streamed blocks (--offload block)
-        raise SystemExit(f"telefuser serve: {exc}") from None
+        raise StartupError(str(exc)) from None
     if tiny:  # references at the tiny canvas's scale, not the release's 2048-pixel short edge (minutes on a CPU)
         pipe.reference_policy = _tiny_references()
     info = {

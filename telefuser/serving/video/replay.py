@@ -9,6 +9,7 @@ rank merges the job's LoRAs from its own --lora-dir, in the same order of jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -62,7 +63,8 @@ class FollowingRunner:
 
     def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self._runner.plan(spec)  # raises here, before any follower hears of the job
-        shared = StepHooks(progress=hooks.progress, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
+        # the caller's hooks (its progress and stage reports) with the cancel answer shared by every rank
+        shared = dataclasses.replace(hooks, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
         job = self._leader.make(
             "job", spec.as_dict(), spec.media_data(), local=lambda: _Job(self._runner, spec, output, shared)
         )

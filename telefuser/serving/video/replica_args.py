@@ -8,6 +8,7 @@ import logging
 import os
 
 from ..common.replica import replica_id
+from ..common.startup import require_package
 from .store import ArtifactStore, JobStore, QueuePolicy, open_artifacts, open_job_store
 from .store.base import StoreUnavailable
 
@@ -64,6 +65,12 @@ def check_replica_args(args: argparse.Namespace) -> None:
         raise SystemExit("telefuser serve: --job-store must be 'embedded' or a postgresql:// URL")
     if args.s3_endpoint and not str(args.artifacts).startswith("s3://"):
         raise SystemExit("telefuser serve: --s3-endpoint needs --artifacts s3://bucket/prefix")
+    install = "pip install 'telefuser[serve]'"
+    if args.job_store != "embedded":
+        require_package("psycopg", flag="--job-store postgresql://...", install=install)
+        require_package("psycopg_pool", flag="--job-store postgresql://...", install=install)
+    if str(args.artifacts).startswith("s3://"):
+        require_package("boto3", flag="--artifacts s3://...", install=install)
 
 
 def open_stores(args: argparse.Namespace) -> tuple[JobStore, ArtifactStore]:

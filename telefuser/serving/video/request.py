@@ -47,6 +47,7 @@ class VideoPolicy:
 
     model: str
     max_seconds: float
+    model_aliases: tuple[str, ...] = ()  # other names a request's 'model' may give (a fake: the model it stands for)
     fps: int = 24
     size_multiple: int = 32
     max_steps: int = 1000
@@ -72,8 +73,10 @@ class VideoPolicy:
     ) -> VideoPolicy:
         meta = runner.metadata
         presets = {name: int(preset["steps"]) for name, preset in meta.get("presets", {}).items()}
+        stands_in_for = meta.get("stands_in_for") if meta.get("fake") else None
         return cls(
             model=runner.model,
+            model_aliases=(stands_in_for,) if stands_in_for else (),
             max_seconds=float(max_seconds),
             fps=int(meta.get("fps", 24)),
             size_multiple=int(meta.get("size_multiple", 32)),
@@ -87,6 +90,10 @@ class VideoPolicy:
             media=media or MediaLimits(),
             loras=dataclasses.replace(loras or LoraPolicy(), enabled=bool(meta.get("loras_enabled"))),
         )
+
+    def model_names(self) -> set[str]:
+        """What a request's 'model' may say, lower-cased."""
+        return {name.lower() for name in (self.model, *self.model_aliases)}
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,10 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     prompt = check_prompt(given.get("prompt"))
 
     model = given.get("model")
-    if model is not None and str(model).strip().lower() != policy.model.lower():
-        raise RequestError(422, f"model {short_repr(model)} is not served here; this server serves {policy.model!r}")
+    if model is not None and str(model).strip().lower() not in policy.model_names():
+        raise RequestError(
+            422, f"model {short_repr(model)} is not served here; this server serves {policy.model!r}", param="model"
+        )
 
     _check_guidance(given, policy)
     if "fps" in given:
@@ -145,7 +154,12 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     if seconds <= 0:
         raise RequestError(422, f"'seconds' must be positive, got {short_repr(given.get('seconds'))}")
     if seconds > policy.max_seconds:
-        raise RequestError(422, f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s")
+        raise RequestError(
+            422,
+            f"'seconds' is {seconds:g}; this server allows at most {policy.max_seconds:g} s (its operator can raise "
+            f"that with --max-seconds)",
+            param="seconds",
+        )
 
     loras = parse_loras(given.get("lora"), policy.loras)
     check_task(requested_task(given), policy.tasks, policy.partition)  # before any upload is decoded

@@ -9,7 +9,10 @@ thread: the worker retries with backoff, and what it could not record is left to
 A job that runs out of device memory fails alone (`out_of_memory`, saying what ran out and what to change); the
 allocator's cache is freed and the next job runs. A job's media (keyframes, references) are read back from the
 artifact store before it runs, checked against the sha256 recorded at submission, and removed once it has ended for
-good (a job handed back or whose lease was lost keeps them: it runs again).
+good (a job handed back or whose lease was lost keeps them: it runs again). Each job logs one line when it starts
+and one when it ends (job_log.py), and its video object says which stage it is in: "starting" (text encoding, inputs,
+LoRAs) until the first denoising step, "denoising", "decoding" after the last step, "muxing" (the runner reports it)
+and "publishing" (the MP4 moved or uploaded to the artifact store).
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from telefuser.pipelines.hooks import StepHooks
-
 from ..common.out_of_memory import (
     VIDEO_ADVICE,
     free_cached_memory,
@@ -32,7 +33,8 @@ from ..common.out_of_memory import (
     what_ran_out,
 )
 from ..common.request_body import encodable_text
-from .contract import JobCancelled, RunOutcome, VideoRunner, VideoSpec
+from .contract import JobCancelled, JobHooks, RunOutcome, VideoRunner, VideoSpec
+from .job_log import StageClock, ended_line, started_line
 from .metrics import VideoMetrics
 from .store.base import ArtifactStore, Claim, Ending, JobStore, MissingArtifact, StoreUnavailable
 
@@ -120,13 +122,19 @@ class VideoWorker:
     def _execute(self, claim: Claim) -> None:
         job = claim.job
         staged = self.artifacts.staging_path(job.id, claim.attempt)
-        hooks = StepHooks(progress=lambda done, total: self._renew(claim, done, total), cancelled=claim.stop.is_set)
+        stages = StageClock()
+        log.info("%s", started_line(job, claim.attempt))
+        hooks = JobHooks(
+            progress=lambda done, total: self._progress(claim, stages, done, total),
+            cancelled=lambda: self._before_step(claim, stages),
+            stage=lambda stage: self._enter(claim, stages, stage),
+        )
         outcome: RunOutcome | None = None
         error, stopped_at, published = None, None, False
         try:
             with LeaseKeeper(lambda: self._renew(claim), self.store.policy.lease_s / 3):
                 outcome = self.runner.run(self._spec(job), staged, hooks)
-                self._renew(claim)  # still ours, and not cancelled during the decode?
+                self._enter(claim, stages, "publishing")  # also asks: still ours, not cancelled during the decode?
                 if not claim.stop.is_set():
                     self.artifacts.publish(job.id, staged)
                     published = True
@@ -137,15 +145,17 @@ class VideoWorker:
                 log.error("video job %s ran out of memory: %s", job.id, what_ran_out(exc))
                 error = {"code": "out_of_memory", "message": encodable_text(out_of_memory_message(exc, VIDEO_ADVICE))}
             else:
-                log.exception("video job %s failed", job.id)
+                log.exception("video job %s: the run raised", job.id)
                 error = {"code": "generation_failed", "message": encodable_text(f"{type(exc).__name__}: {exc}")}
         finally:
             self.artifacts.discard(staged)
+            stages.stop()
         if error is not None and error["code"] == "out_of_memory":
             free_cached_memory()  # here, once the exception and the job's tensors in its traceback are gone
 
         if self.stopping and not published and error is None:
             self._record(lambda: self.store.release(claim, stopped_at))
+            log.info("video job %s stopped by the shutdown after %.2f s", job.id, stages.elapsed())
             return
         if error is not None:
             ending = Ending("failed", error=error)
@@ -154,6 +164,8 @@ class VideoWorker:
         else:
             ending = Ending("cancelled", stopped_at_step=stopped_at)
         status = self._record(lambda: self.store.finish(claim, ending))
+        line = ended_line(job, status, stages, outcome=outcome, error=error, stopped_at=stopped_at)
+        (log.warning if status == "failed" else log.info)("%s", line)
         if published and status not in ("completed", None):  # cancelled after the file was in place
             self.artifacts.delete(job.id)
         if status is not None and job.spec.get("media"):  # ended for good: its inputs are not needed again
@@ -177,10 +189,29 @@ class VideoWorker:
             raise ValueError(f"the job's media are gone: {exc}") from None
         return spec.with_media_data(blobs)
 
-    def _renew(self, claim: Claim, done: int | None = None, total: int | None = None) -> None:
+    def _before_step(self, claim: Claim, stages: StageClock) -> bool:
+        """The pipeline's `cancelled()`, asked before each denoising step: the first one starts "denoising"."""
+        if stages.current == "starting":
+            self._enter(claim, stages, "denoising")
+        return claim.stop.is_set()
+
+    def _progress(self, claim: Claim, stages: StageClock, done: int, total: int) -> None:
+        """After each denoising step; after the last one the pipeline decodes."""
+        stage = "decoding" if done >= total else "denoising"
+        self._renew(claim, done, total, stage if stages.enter(stage) else None)
+
+    def _enter(self, claim: Claim, stages: StageClock, stage: str) -> None:
+        """The job entered `stage`: recorded with a lease renewal (which also reads a cancel back)."""
+        if stages.enter(stage):
+            self._renew(claim, stage=stage)
+
+    def _renew(self, claim: Claim, done: int | None = None, total: int | None = None, stage: str | None = None) -> None:
         """A progress write; an unreachable database does not stop the run (the lease decides what happens)."""
         try:
-            self.store.renew(claim, done, total)
+            if stage is None:
+                self.store.renew(claim, done, total)
+            else:
+                self.store.renew(claim, done, total, stage=stage)
         except StoreUnavailable as exc:
             log.warning("video job %s: could not renew its lease: %s", claim.job.id, exc)
 

@@ -1,11 +1,12 @@
-"""What the video service says about itself: `/v1/models`, and `/v1/service/{health,metadata,metrics}`."""
+"""What the video service says about itself: `/v1/models`, `/v1/service/{health,metadata,metrics}` (also at
+`/health` and `/metrics`: common/well_known.py), and `/`, which sends a browser to the route list at `/docs`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..canvas import RESIZE_METHOD
@@ -16,22 +17,31 @@ from ..service import Service
 router = APIRouter()
 
 
+@router.get("/", include_in_schema=False)
+async def index() -> RedirectResponse:
+    return RedirectResponse("/docs")
+
+
 @router.get("/v1/models")
 async def models(service: Service) -> dict[str, Any]:
+    """The one model this server serves (OpenAI's list shape)."""
     model = {"id": service.policy.model, "object": "model", "created": int(service.started), "owned_by": "telefuser"}
     return {"object": "list", "data": [model]}
 
 
 @router.get("/v1/service/health")
 async def health(service: Service) -> JSONResponse:
-    model = service.policy.model
+    """ok (200) or shutting_down (503), the model (`fake`: true for a test-pattern model), the queue."""
+    model, fake = service.policy.model, bool(service.runner.metadata.get("fake"))
     if service.worker.stopping:
-        return JSONResponse({"status": "shutting_down", "model": model}, status_code=503)
-    return JSONResponse({"status": "ok", "model": model, **await run_in_threadpool(service.queue_state)})
+        return JSONResponse({"status": "shutting_down", "model": model, "fake": fake}, status_code=503)
+    state = await run_in_threadpool(service.queue_state)
+    return JSONResponse({"status": "ok", "model": model, "fake": fake, **state})
 
 
 @router.get("/v1/service/metadata")
 async def metadata(service: Service) -> dict[str, Any]:
+    """The model, the limits and where each came from, the fields a request may send, the defaults."""
     policy, store = service.policy, service.store
     return {
         "service": "telefuser-video",
@@ -66,6 +76,7 @@ async def metadata(service: Service) -> dict[str, Any]:
 
 @router.get("/v1/service/metrics")
 async def service_metrics(service: Service) -> PlainTextResponse:
+    """Prometheus text: jobs by outcome, the queue, inference seconds."""
     state = await run_in_threadpool(service.queue_state)
     gauges = [
         (

@@ -21,6 +21,7 @@ router = APIRouter()
 
 @router.post("/v1/videos")
 async def create_video(request: Request, service: Service) -> JSONResponse:
+    """Queue a job (JSON or multipart: prompt, size, seconds, ...; PROTOCOL.md); the video object, status queued."""
     if service.worker.stopping:
         raise RequestError(503, "the server is shutting down")
     metrics, store = service.metrics, service.store
@@ -65,6 +66,7 @@ async def create_video(request: Request, service: Service) -> JSONResponse:
 async def list_videos(
     request: Request, service: Service, limit: int = 20, after: str | None = None, order: str = "desc"
 ):
+    """Jobs, newest first (`order`, `after`, `limit`)."""
     if order not in ("asc", "desc") or not 1 <= limit <= 100:  # checked first: nothing is echoed back
         raise RequestError(422, "'order' must be asc or desc and 'limit' between 1 and 100")
     try:
@@ -93,11 +95,13 @@ async def list_videos(
 
 @router.get("/v1/videos/{video_id}")
 async def get_video(request: Request, video_id: str, service: Service) -> dict[str, Any]:
+    """One job: status, progress, stage, and once completed its timings and url."""
     return service.describe(request, await service.lookup(video_id))
 
 
 @router.get("/v1/videos/{video_id}/content", name="video_content")
 async def video_content(video_id: str, service: Service, variant: str = "video"):
+    """The MP4 (H.264 + AAC) of a completed job; 409 before then."""
     job = await service.lookup(video_id)
     if variant != "video":
         raise RequestError(422, f"variant {variant!r} is not available; only 'video' (the MP4 with audio)")
@@ -113,6 +117,7 @@ async def video_content(video_id: str, service: Service, variant: str = "video")
 
 @router.delete("/v1/videos/{video_id}")
 async def delete_video(request: Request, video_id: str, service: Service) -> dict[str, Any]:
+    """Cancel a queued or running job; delete a finished one with its MP4."""
     # A queued or running job is cancelled (and its object answered); a finished one is deleted with its MP4.
     store = service.store
     outcome = await run_in_threadpool(store.cancel, video_id, "client")

@@ -153,9 +153,9 @@ class JobStore(Protocol):
         """The oldest queued job, now held by `worker`; waits up to `wait_s` for one to arrive."""
         ...
 
-    def renew(self, claim: Claim, done: int | None = None, total: int | None = None) -> None:
-        """Extend the lease (and write progress when given); sets `claim.stop` when the job was cancelled or the
-        lease is no longer this worker's."""
+    def renew(self, claim: Claim, done: int | None = None, total: int | None = None, stage: str | None = None) -> None:
+        """Extend the lease (and write progress and the running job's stage when given); sets `claim.stop` when the
+        job was cancelled or the lease is no longer this worker's."""
         ...
 
     def finish(self, claim: Claim, ending: Ending) -> str | None:

@@ -129,7 +129,7 @@ class EmbeddedJobStore:
             if self._stopping:
                 return None
             job = self._pending.popleft()
-            job.status, job.started_at, job.worker = "in_progress", time.time(), worker
+            job.status, job.started_at, job.worker, job.stage = "in_progress", time.time(), worker, None
             job.attempts += 1
             job.touch()
             claim = self._held[job.id] = Claim(job, worker, job.attempts)
@@ -137,11 +137,13 @@ class EmbeddedJobStore:
         self._persist(record)
         return claim
 
-    def renew(self, claim: Claim, done: int | None = None, total: int | None = None) -> None:
+    def renew(self, claim: Claim, done: int | None = None, total: int | None = None, stage: str | None = None) -> None:
         with self._cond:
             job = claim.job
             if done is not None and total is not None:
                 job.progress = max(job.progress, progress_percent(done, total))
+            if stage is not None and job.status == "in_progress":
+                job.stage = stage
             if job.cancel_requested:
                 claim.stop.set()
 

@@ -47,7 +47,7 @@ NOW = "extract(epoch FROM clock_timestamp())::double precision"
 VISIBLE = f"(expires_at IS NULL OR expires_at > {NOW})"
 COLUMNS = (
     "id, status, body, created_at, progress, started_at, finished_at, expires_at, error, result, cancel_requested, "
-    "cancel_reason, cancelled_at_step, video_file, attempts, worker, revision"
+    "cancel_reason, cancelled_at_step, video_file, attempts, worker, revision, stage"
 )
 OWNED = "id = %(id)s AND worker = %(worker)s AND attempts = %(attempt)s AND lease_until IS NOT NULL"
 CONNECT_TIMEOUT_S = 3
@@ -207,13 +207,14 @@ class PostgresJobStore:
             claim = None if self._stopping else self._take_oldest(worker)
         return claim
 
-    def renew(self, claim: Claim, done: int | None = None, total: int | None = None) -> None:
+    def renew(self, claim: Claim, done: int | None = None, total: int | None = None, stage: str | None = None) -> None:
         percent = None if done is None or total is None else progress_percent(done, total)
         row = self._one(
             f"UPDATE video_jobs SET lease_until = {NOW} + %(lease)s, progress = CASE "
             f"WHEN status = 'in_progress' AND %(percent)s::integer IS NOT NULL THEN GREATEST(progress, %(percent)s) "
-            f"ELSE progress END WHERE {OWNED} RETURNING cancel_requested",
-            self._owned(claim) | {"lease": self.policy.lease_s, "percent": percent},
+            f"ELSE progress END, stage = CASE WHEN status = 'in_progress' AND %(stage)s::text IS NOT NULL "
+            f"THEN %(stage)s ELSE stage END WHERE {OWNED} RETURNING cancel_requested",
+            self._owned(claim) | {"lease": self.policy.lease_s, "percent": percent, "stage": stage},
         )
         if row is None:
             log.warning(
@@ -305,7 +306,8 @@ class PostgresJobStore:
             f"WITH next AS (SELECT id FROM video_jobs WHERE status = 'queued' ORDER BY seq LIMIT 1 "
             f"FOR UPDATE SKIP LOCKED) "
             f"UPDATE video_jobs AS j SET status = 'in_progress', worker = %(worker)s, attempts = j.attempts + 1, "
-            f"started_at = {NOW}, lease_until = {NOW} + %(lease)s, progress = 0, revision = j.revision + 1 "
+            f"started_at = {NOW}, lease_until = {NOW} + %(lease)s, progress = 0, stage = NULL, "
+            f"revision = j.revision + 1 "
             f"FROM next WHERE j.id = next.id RETURNING {', '.join('j.' + c for c in COLUMNS.split(', '))}",
             {"worker": worker, "lease": self.policy.lease_s},
         )

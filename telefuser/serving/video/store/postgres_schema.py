@@ -36,6 +36,9 @@ MIGRATIONS: tuple[str, ...] = (  # MIGRATIONS[i] takes the schema from version i
     CREATE INDEX video_jobs_leased ON video_jobs (lease_until) WHERE lease_until IS NOT NULL;
     CREATE INDEX video_jobs_expiring ON video_jobs (expires_at) WHERE expires_at IS NOT NULL;
     """,
+    """
+    ALTER TABLE video_jobs ADD COLUMN stage text;  -- a running job's stage (starting, denoising, ..., publishing)
+    """,
 )
 SCHEMA_LOCK = 0x7465_6C65_0001  # pg_advisory_xact_lock key: one replica migrates at a time
 COMPONENT = "video_jobs"

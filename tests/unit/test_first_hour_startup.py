@@ -1,0 +1,99 @@
+"""Issue 36: every start-up mistake ends in one line that says what is wrong and what to do, with exit status 2 and
+no traceback. Each case runs `telefuser serve` in a subprocess, as a user would (an optional package is made missing
+by putting None in its `sys.modules` slot before the command runs)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def serve(tmp_path: Path, *args: str, missing: tuple[str, ...] = (), env: dict | None = None) -> list[str]:
+    """`telefuser serve ARGS` with the modules in `missing` made unimportable; the lines of its stderr (after
+    checking that it exited with 2 and printed no traceback)."""
+    prelude = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in missing)
+    prelude += "from telefuser.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    argv = ["serve", "--artifacts", str(tmp_path / "out"), "--port", "0", *args]
+    done = subprocess.run(
+        [sys.executable, "-c", prelude, *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("telefuser serve: error: "), done.stderr[-3000:]
+    assert sum("error" in line for line in lines) == 1, done.stderr[-3000:]
+    return lines
+
+
+def test_cuda_asked_for_where_torch_has_none(tmp_path):
+    env = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}  # a GPU host: hide its GPUs
+    line = serve(tmp_path, "--config", "tiny", "--device", "cuda", env=env)[-1]
+    assert "--device cuda: " in line and "pass --device cpu" in line, line
+
+
+def test_a_checkpoint_that_is_not_one(tmp_path):
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    line = serve(tmp_path, "--device", "cpu", "--checkpoint", str(empty))[-1]
+    assert f"{empty} is not a MiniMax H3 checkpoint" in line and "check --checkpoint" in line, line
+    assert "'Weights'" in line, line  # where to look
+
+
+def test_a_port_in_use(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = serve(tmp_path, "--fake", "--port", str(port))[-1]
+    assert f"port {port} on 127.0.0.1 is already in use" in line and "--port 0 picks a free one" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "missing", "expected"),
+    [
+        (
+            ("--fake", "--job-store", "postgresql://nobody@127.0.0.1:1/none"),
+            ("psycopg",),
+            "--job-store postgresql://... needs the Python package 'psycopg'",
+        ),
+        (
+            ("--config", "tiny", "--device", "cpu", "--attn-impl", "flash_attn_4"),
+            ("flash_attn",),
+            "--attn-impl flash_attn_4: attention implementation 'flash_attn_4' was asked for but flash-attn-4 is "
+            "not installed",
+        ),
+        (("--fake",), ("telefuser.serving.video.cli",), "the services need their packages"),
+    ],
+    ids=["psycopg", "flash-attn-4", "service-stack"],
+)
+def test_a_missing_optional_package(tmp_path, args, missing, expected):
+    line = serve(tmp_path, *args, missing=missing)[-1]
+    assert expected in line, line
+    assert "pip install" in line or "install it" in line, line  # what to do
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--fake", "--s3-endpoint", "http://127.0.0.1:1"), "--s3-endpoint needs --artifacts s3://bucket/prefix"),
+        (("--fake", "--lora-scale-range", "2", "1"), "--lora-scale-range MIN MAX needs MIN <= MAX"),
+        (("--fake", "--no-such-flag"), "unrecognized arguments: --no-such-flag; see telefuser serve --help"),
+    ],
+    ids=["s3-endpoint-without-s3", "scale-range", "unknown-flag"],
+)
+def test_flags_that_do_not_go_together(tmp_path, args, expected):
+    lines = serve(tmp_path, *args)
+    assert len(lines) == 1 and expected in lines[0], lines  # no usage block either
