@@ -255,3 +255,20 @@ def test_on_a_gpu_a_job_past_the_memory_fraction_fails_and_the_next_one_runs(tmp
     assert big["error"]["code"] == "out_of_memory"
     assert "Tried to allocate 6.00 GiB" in big["error"]["message"], big["error"]
     assert reserved == 0, reserved  # the first job's 2 GiB are not kept cached after the failure
+
+
+def test_the_cuda_budget_counts_what_torch_caches_unused_as_available(monkeypatch):
+    """After a warm-up, the caching allocator keeps the freed activations reserved; the device reports them used. The
+    budget a service promises is what this process can still allocate: free + reserved-but-unallocated (H100 call of
+    2026-12-06: 11.4 GiB free after the warm-up, so every official LingBot session was refused at 10.3 GiB)."""
+    from telefuser.serving.common.memory_budget import GIB, HEADROOM, available_memory
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (11 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 62 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 25 * GIB)
+    budget = available_memory("cuda:0")
+    assert budget.bytes == int((11 + 37) * GIB * HEADROOM)
+    assert "11.0 GiB free + 37.0 GiB cached by torch, of 80.0 GiB" in budget.source
+    # the negative control: nothing cached (a fresh process) leaves the free memory alone
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 25 * GIB)
+    assert available_memory("cuda:0").bytes == int(11 * GIB * HEADROOM)

@@ -1,7 +1,9 @@
 """How much memory a service may promise to requests: read once at start-up, after the model is loaded.
 
-The device's free memory on CUDA (the weights are already resident), the host's available memory on a CPU; a tenth
-is kept back for the allocator's fragmentation and the service itself. Each request is checked against its own
+On CUDA, what new tensors of this process can still get: the device's free memory plus what torch's caching allocator
+holds unused (the weights are already resident; a warm-up's freed activations stay reserved by the allocator, and
+the device calls them used). On a CPU, the host's available memory. A tenth is kept back for the allocator's
+fragmentation and the service itself. Each request is checked against its own
 estimate from the model adapter, so one that cannot fit is refused with a 422 instead of taking the process down.
 """
 
@@ -21,14 +23,17 @@ class MemoryBudget:
 
 
 def available_memory(device: str | None) -> MemoryBudget:
-    """HEADROOM x the free memory of `device` ("cuda", "cuda:1", "cpu", None = cpu)."""
+    """HEADROOM x the memory `device` ("cuda", "cuda:1", "cpu", None = cpu) can still give this process."""
     if device and str(device).startswith("cuda"):
         import torch
 
-        free, total = torch.cuda.mem_get_info(torch.device(device))
+        index = torch.device(device)
+        free, total = torch.cuda.mem_get_info(index)
+        cached = max(0, torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index))
         return MemoryBudget(
-            int(free * HEADROOM),
-            f"{HEADROOM:g} x free memory of {device} at start-up ({free / GIB:.1f} of {total / GIB:.1f} GiB)",
+            int((free + cached) * HEADROOM),
+            f"{HEADROOM:g} x memory of {device} free at start-up ({free / GIB:.1f} GiB free + {cached / GIB:.1f} GiB "
+            f"cached by torch, of {total / GIB:.1f} GiB)",
         )
     free = _host_available()
     return MemoryBudget(
