@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from telefuser.models.checkpoint_io import ShardedCheckpoint, check_keys, finish_loading
+
+# diffusers' audio VAE builds its convolutions with torch.nn.utils.weight_norm, which torch deprecates with a
+# FutureWarning on every build: the dependency's warning, nothing a user of this pipeline can act on.
+warnings.filterwarnings("ignore", message=r"`torch\.nn\.utils\.weight_norm` is deprecated", category=FutureWarning)
 
 log = logging.getLogger(__name__)
 
