@@ -1,5 +1,6 @@
-"""Wan 2.2's `ModelSpec`s, one per released variant (T2V-A14B, TI2V-5B): flags, the parallel plan (Ulysses), loaders
-and pipeline. No service adapter yet: the video service's contract requires audio (see this folder's README).
+"""Wan 2.2's `ModelSpec`s, one per released variant (T2V-A14B, TI2V-5B): flags, the parallel plan (Ulysses), loaders,
+pipeline and video adapter (`telefuser serve --model wan2.2-t2v-a14b`: serving/video/wan2_2.py, text to video without
+audio, with classifier-free guidance).
 
 Importing this module imports no torch: the plan and the loaders import the model's modules when they run.
 """
@@ -53,6 +54,7 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
         head_dim="telefuser.models.wan2_2.spec:head_dim",
         plan=parallelize,
         pipeline=f"telefuser.pipelines.wan2_2.loading:{variant.replace('-', '_')}_from_args",
+        adapters={"video": "telefuser.serving.video.wan2_2:build_wan22_runner"},
         loaders={
             "random": "telefuser.models.wan2_2.checkpoint:build_random_wan22_dit",
             "checkpoint": "telefuser.models.wan2_2.checkpoint:load_wan22_dit",

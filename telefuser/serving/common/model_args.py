@@ -31,14 +31,30 @@ def add_model_args(parser: argparse.ArgumentParser, *, service: str, default: st
     parser.add_argument_group("model").add_argument(
         "--model", type=_model_name(service), default=default, help=f"the model to serve (default {default}); {listed}"
     )
-    added: set[str] = set()
+    shown: dict[str, str] = {}  # option name -> the help it is listed with (the first model's that declares it)
     for spec in specs:
-        group = parser.add_argument_group(f"{spec.name} flags", f"taken with --model {spec.name}")
-        for flag in spec.flags:
-            if not added & set(flag.names):
-                # filled in by chosen_spec for the chosen model; --help still shows that model's default
-                flag.add_to(group, default=argparse.SUPPRESS, **_help_with_default(spec, flag))
-                added.update(flag.names)
+        own = [flag for flag in spec.flags if not set(flag.names) & set(shown)]
+        shared = [_shared_note(spec, flag, shown) for flag in spec.flags if flag not in own]
+        about = f"taken with --model {spec.name}"
+        if shared:  # listed under an earlier model: say so, with this model's own help where it differs
+            about += f"; also these, listed above: {', '.join(shared)}"
+        group = parser.add_argument_group(f"{spec.name} flags", about)
+        for flag in own:
+            # filled in by chosen_spec for the chosen model; --help still shows that model's default
+            flag.add_to(group, default=argparse.SUPPRESS, **_help_with_default(spec, flag))
+            shown.update(dict.fromkeys(flag.names, _help_text(spec, flag)))
+
+
+def _help_text(spec: ModelSpec, flag) -> str:
+    """The flag's help as `spec` gives it, its default filled in."""
+    default = spec.serve_defaults.get(flag.dest, flag.default)
+    return str(flag.options.get("help", "")).replace("%(default)s", str(default)).replace("%%", "%")
+
+
+def _shared_note(spec: ModelSpec, flag, shown: dict[str, str]) -> str:
+    """A flag listed under another model: its name, and this model's help when that says something else."""
+    name, text = flag.names[0], _help_text(spec, flag)
+    return name if text == shown.get(name) else f"{name} (here: {text})"
 
 
 def _help_with_default(spec: ModelSpec, flag) -> dict[str, str]:

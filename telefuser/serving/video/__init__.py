@@ -1,4 +1,4 @@
-"""`telefuser serve`: OpenAI-style batch text-to-video+audio jobs (MiniMax H3) over `/v1/videos`.
+"""`telefuser serve`: OpenAI-style batch text-to-video jobs over `/v1/videos` (MiniMax H3 with audio, Wan 2.2 without).
 `app.create_video_app(runner)` builds the service for any model that offers `contract.py`'s `VideoRunner`;
-`minimax.py` is the real model's adapter, `fake.py` a test pattern with a tone. PROTOCOL.md has the fields and
-limits."""
+`minimax.py` and `wan2_2.py` are the real models' adapters, `fake.py` a test pattern with a tone. PROTOCOL.md has the
+fields and limits."""

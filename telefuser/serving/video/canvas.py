@@ -1,6 +1,6 @@
 """Sizes the model cannot make directly: generate on its grid, then resize and crop to exactly what was asked.
 
-MiniMax H3's canvas sides are multiples of 32, and the OpenAI SDK's typed sizes include 1280x720 and 720x1280. A size
+A model's canvas sides are multiples of its grid (MiniMax H3: 32; Wan 2.2: 16 or 32), and the OpenAI SDK's typed sizes include 1280x720 and 720x1280. A size
 off the grid is generated at the nearest-aspect grid canvas around it, scaled to cover with Lanczos and
 centre-cropped (1280x720 -> 1312x736); the choice rule is in PROTOCOL.md.
 """
@@ -48,9 +48,15 @@ def fit_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def write_clip(
-    output: Path, frames: np.ndarray, fps: int, audio: np.ndarray, sample_rate: int, size: tuple[int, int] | None
+    output: Path,
+    frames: np.ndarray,
+    fps: int,
+    audio: np.ndarray | None,
+    sample_rate: int | None,
+    size: tuple[int, int] | None,
 ) -> float:
-    """Resize to `size` (width, height) when given, mux the MP4; returns the seconds it took."""
+    """Resize to `size` (width, height) when given, mux the MP4 (no audio stream when `audio` is None: a model that
+    makes none); returns the seconds it took."""
     import time
 
     from telefuser.media import write_mp4
@@ -58,5 +64,8 @@ def write_clip(
     started = time.perf_counter()
     if size is not None:
         frames = fit_frames(frames, *size)
-    write_mp4(output, frames, fps, audio, sample_rate)
+    if audio is None:
+        write_mp4(output, frames, fps)
+    else:
+        write_mp4(output, frames, fps, audio, sample_rate)
     return time.perf_counter() - started

@@ -3,6 +3,7 @@ follower ranks.
 
     telefuser serve --fake --port 8000                           # fake-MiniMax-H3: test pattern + tone, no weights
     telefuser serve --config tiny --device cpu                   # --model minimax_h3 (the default), tiny, on the CPU
+    telefuser serve --model wan2.2-t2v-a14b --config tiny --device cpu   # Wan 2.2: video without audio, with CFG
     telefuser serve --checkpoint /models/MiniMax-H3 --task-partition Ref2VA --lora-dir /models/loras   # references
     torchrun --nproc-per-node 4 -m telefuser.cli serve --checkpoint /models/MiniMax-H3 \\
         --ulysses-degree 2 --tp-degree 2                         # rank 0 serves HTTP, ranks 1..3 follow
@@ -58,7 +59,8 @@ def build_fake_runner(args: argparse.Namespace) -> VideoRunner:
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
-        help=f"serve batch text-to-video+audio over an OpenAI-style /v1/videos API (models: {', '.join(names(SERVICE))})",
+        help="serve batch text-to-video (+audio where the model makes it) over an OpenAI-style /v1/videos API "
+        f"(models: {', '.join(names(SERVICE))})",
         description="Batch video service: POST /v1/videos, poll GET /v1/videos/{id}, fetch .../content. Rank 0 "
         "serves; other torchrun ranks follow its jobs.",
     )
@@ -123,7 +125,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     add_media_args(p)
     add_runtime_args(p, tp=True)
     add_model_args(p, service=SERVICE, default=DEFAULT_MODEL)
-    m = p.add_argument_group("requests", "what a request that leaves them out gets")
+    m = p.add_argument_group(
+        "requests",
+        "what a request that leaves them out gets (the defaults named are MiniMax H3's; a Wan 2.2 model's are its "
+        "release's canvas, length and steps)",
+    )
     m.add_argument(
         "--steps-default",
         type=int,

@@ -1,7 +1,8 @@
 """What the batch video service asks of a model: plan a request, run it with progress and cancellation hooks.
 
-A `VideoRunner` turns a validated `VideoSpec` into an MP4 (video + audio) and a `RunOutcome`; how the service calls
-it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner` (the real model) and
+A `VideoRunner` turns a validated `VideoSpec` into an MP4 (video, plus audio where the model makes it) and a
+`RunOutcome`; how the service calls it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner`
+(MiniMax H3: video + audio), `wan2_2.Wan22Runner` (Wan 2.2: video, with classifier-free guidance) and
 `fake.FakeVideoRunner` (tests, AIPerf CI).
 """
 
@@ -76,17 +77,24 @@ class VideoSpec:
     resolution: int | str  # the canvas to generate: "WxH" (explicit) or a short edge in pixels (with aspect_ratio)
     aspect_ratio: str
     seconds: float
-    steps: int  # sigma points (MiniMax convention): steps - 1 DiT calls
+    steps: int  # num_inference_steps as the model counts them; its metadata "steps" says how many DiT calls they make
     seed: int
     output_size: str | None = None  # "WxH" to resize and crop the generated frames to (canvas.py); None: as made
     task: str = "t2va"  # "t2va", "fl2va" (keyframes) or "ref2va" (references): what `media` makes it
     preset: str | None = None  # a sampling preset's name (its flow shifts; `steps` is already resolved)
     loras: tuple[tuple[str, float], ...] = ()  # (name in --lora-dir, scale), in merge order
     media: tuple[MediaInput, ...] = ()  # keyframes (first, last) or references, in order
+    # classifier-free guidance, set only for a runner whose metadata says "guidance": True (None: the model's default)
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready, without the media's bytes (their summaries only)."""
+        """JSON-ready, without the media's bytes (their summaries only); guidance fields only when set, so a model
+        without guidance records what it always did."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("guidance_scale", "negative_prompt"):
+            if out[name] is None:
+                del out[name]
         out["loras"] = [[name, scale] for name, scale in self.loras]
         out["media"] = [m.summary() for m in self.media]
         return out
@@ -164,10 +172,11 @@ class RunOutcome:
     width: int  # of the MP4 (after any resize)
     height: int
     duration_s: float
-    audio_channels: int
-    audio_samples: int
-    sample_rate: int
     dit_calls: int
+    # the MP4's audio stream; None for a model that makes no audio (the MP4 then has none)
+    audio_channels: int | None = None
+    audio_samples: int | None = None
+    sample_rate: int | None = None
     dit_calls_skipped: int = 0
     mux_s: float = 0.0  # resize (when asked) and MP4 muxing
     generated_size: str | None = None  # "WxH" the model made, when it differs from width x height
@@ -180,7 +189,9 @@ class RunOutcome:
 
 class VideoRunner(Protocol):
     model: str  # the served model name (what POST /v1/videos `model` must match)
-    metadata: dict[str, Any]  # fps, sample_rate, size_multiple, guidance, defaults {...}; shown by /v1/service/metadata
+    # fps, audio (bool; with it sample_rate, audio_channels), size_multiple, steps (how they map to DiT calls),
+    # guidance (bool; with it guidance_scale {"default", "min", "max"}), defaults {...}; shown by /v1/service/metadata
+    metadata: dict[str, Any]
 
     def plan(self, spec: VideoSpec) -> VideoPlan:
         """Validate and size a request; ValueError with a user-facing message when it cannot be made."""

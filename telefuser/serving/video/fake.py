@@ -60,10 +60,12 @@ class FakeVideoRunner:
             "native_size": "1344x768",  # MiniMax H3's canvas, which the fake imitates
             "device": "cpu",
             "fps": FPS,
+            "audio": True,
             "sample_rate": SAMPLE_RATE,
             "audio_channels": 2,
             "size_multiple": SIZE_MULTIPLE,
             "frame_grid": "17n+5 frames at 24 fps (requested seconds are snapped up)",
+            "steps": "num_inference_steps = N sigma points -> N-1 DiT calls",
             "guidance": False,
             "defaults": dict(self.defaults),
             "partition": partition,

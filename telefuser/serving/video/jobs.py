@@ -124,6 +124,9 @@ class VideoJob:
         }
         if self.spec.get("preset"):
             obj["preset"] = self.spec["preset"]
+        for name in ("guidance_scale", "negative_prompt"):  # set only by a model with guidance, when given
+            if self.spec.get(name) is not None:
+                obj[name] = self.spec[name]
         if self.spec.get("loras"):
             obj["loras"] = [{"name": name, "scale": scale} for name, scale in self.spec["loras"]]
         if self.spec.get("media"):
@@ -138,9 +141,11 @@ class VideoJob:
                 duration_s=r["duration_s"],
                 dit_calls=r["dit_calls"],
                 dit_calls_skipped=r.get("dit_calls_skipped", 0),
-                audio={"channels": r["audio_channels"], "sample_rate": r["sample_rate"], "samples": r["audio_samples"]},
                 timings=self.timings(),
             )
+            if r.get("audio_channels"):  # only a model that makes audio has it (RunOutcome.audio_*)
+                obj["audio"] = {"channels": r["audio_channels"], "sample_rate": r["sample_rate"],
+                                "samples": r["audio_samples"]}  # fmt: skip
             if content_url:
                 obj["url"] = content_url
         if record_path:

@@ -89,6 +89,7 @@ class MiniMaxRunner:
             **info,
             "feature_cache": feature_cache or "none",
             "fps": FPS,
+            "audio": True,
             "sample_rate": AUDIO_SAMPLE_RATE,
             "audio_channels": 2,
             "size_multiple": VAE_SPATIAL * max(pipeline.patch_size[1:]),

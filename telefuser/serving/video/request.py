@@ -20,7 +20,7 @@ from telefuser.pipelines.minimax_h3.conditions import keyframe_canvas
 
 from ..common.http_errors import RequestError
 from ..common.limits import amount
-from ..common.request_body import check_prompt, short_repr
+from ..common.request_body import MAX_PROMPT_CHARS, check_prompt, short_repr
 from .canvas import generation_canvas
 from .contract import VideoSpec
 from .form import Upload, read_fields
@@ -52,6 +52,8 @@ class VideoPolicy:
     size_multiple: int = 32
     max_steps: int = 1000
     guidance: bool = False  # False: the model has no classifier-free guidance (guidance_scale / negative_prompt)
+    guidance_range: tuple[float, float] = (1.0, 20.0)  # the guidance_scale a request may give (with guidance)
+    steps_rule: str | None = None  # how the model counts steps (its metadata "steps"), for the refusals
     defaults: dict[str, Any] = field(default_factory=dict)  # size, seconds, steps, seed, aspect_ratio
     max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
     tasks: tuple[str, ...] = ("t2va",)  # what the model runs: "t2va", "fl2va" (keyframes), "ref2va" (references)
@@ -82,6 +84,8 @@ class VideoPolicy:
             size_multiple=int(meta.get("size_multiple", 32)),
             max_steps=int(max_steps),
             guidance=bool(meta.get("guidance", False)),
+            guidance_range=_guidance_range(meta),
+            steps_rule=meta.get("steps"),
             defaults=dict(meta.get("defaults", {})),
             max_frames=max_frames,
             tasks=tuple(meta.get("tasks", ("t2va",))),
@@ -94,6 +98,11 @@ class VideoPolicy:
     def model_names(self) -> set[str]:
         """What a request's 'model' may say, lower-cased."""
         return {name.lower() for name in (self.model, *self.model_aliases)}
+
+
+def _guidance_range(meta: dict[str, Any]) -> tuple[float, float]:
+    bounds = meta.get("guidance_scale") or {}
+    return float(bounds.get("min", 1.0)), float(bounds.get("max", 20.0))
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
             422, f"model {short_repr(model)} is not served here; this server serves {policy.model!r}", param="model"
         )
 
-    _check_guidance(given, policy)
+    guidance_scale, negative_prompt = _guidance(given, policy)
     if "fps" in given:
         fps = _number("fps", given["fps"])
         if fps != policy.fps:
@@ -180,6 +189,8 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         preset=preset,
         loras=loras,
         media=inputs.media,
+        guidance_scale=guidance_scale,
+        negative_prompt=negative_prompt,
     )
     fields = {**given, **inputs.described}  # the media as summaries: no megabytes of base64 in the record
     return VideoRequest(spec=spec, model=policy.model, fields=fields, num_frames=num_frames)
@@ -195,15 +206,40 @@ def check_plan(request: VideoRequest, plan) -> None:
         )
 
 
-def _check_guidance(given: dict[str, Any], policy: VideoPolicy) -> None:
-    if policy.guidance:
-        return
-    why = "the model samples without classifier-free guidance (one DiT call per step)"
-    if "guidance_scale" in given and _number("guidance_scale", given["guidance_scale"]) != 1.0:
-        raise RequestError(422, f"'guidance_scale' cannot be honoured: {why}; omit it or send 1.0")
+def _guidance(given: dict[str, Any], policy: VideoPolicy) -> tuple[float | None, str | None]:
+    """(guidance_scale, negative_prompt) for the spec; None where not given (the model's default). A model without
+    guidance takes only the values that change nothing (1.0, an empty negative prompt), and records neither."""
+    scale = _number("guidance_scale", given["guidance_scale"]) if "guidance_scale" in given else None
     negative = given.get("negative_prompt")
-    if negative is not None and (not isinstance(negative, str) or negative.strip()):
-        raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
+    if not policy.guidance:
+        why = f"{policy.model} samples without classifier-free guidance (one DiT call per step)"
+        if scale is not None and scale != 1.0:
+            raise RequestError(422, f"'guidance_scale' cannot be honoured: {why}; omit it or send 1.0")
+        if negative is not None and (not isinstance(negative, str) or negative.strip()):
+            raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
+        return None, None
+    low, high = policy.guidance_range
+    if scale is not None and not low <= scale <= high:
+        raise RequestError(
+            422,
+            f"'guidance_scale' must be between {low:g} and {high:g} ({low:g}: no classifier-free guidance), "
+            f"got {scale:g}",
+            param="guidance_scale",
+        )
+    if negative is not None and not isinstance(negative, str):
+        raise RequestError(422, f"'negative_prompt' must be a string, got {type(negative).__name__}")
+    if negative is None or not negative.strip():
+        return scale, None
+    if len(negative) > MAX_PROMPT_CHARS:
+        raise RequestError(422, f"'negative_prompt' is {len(negative)} characters; the limit is {MAX_PROMPT_CHARS}")
+    if scale is not None and scale <= 1.0:  # no unconditional pass for it to steer
+        raise RequestError(
+            422,
+            f"'negative_prompt' has no effect at guidance_scale {scale:g} (no classifier-free guidance); raise "
+            "'guidance_scale' or omit the negative prompt",
+            param="negative_prompt",
+        )
+    return scale, negative
 
 
 def _canvas(
@@ -297,7 +333,8 @@ def _steps(given: dict[str, Any], policy: VideoPolicy, preset: str | None = None
         steps = int(policy.defaults.get("steps", 50))
     name = next(iter(values), "num_inference_steps")
     if steps < 2:
-        raise RequestError(422, f"'{name}' must be at least 2 (N steps give N-1 denoising calls), got {amount(steps)}")
+        rule = f" ({policy.steps_rule})" if policy.steps_rule else ""
+        raise RequestError(422, f"'{name}' must be at least 2{rule}, got {amount(steps)}")
     if steps > policy.max_steps:
         raise RequestError(422, f"'{name}' is {amount(steps)}; this server allows at most {policy.max_steps}")
     return steps

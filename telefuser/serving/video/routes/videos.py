@@ -101,10 +101,10 @@ async def get_video(request: Request, video_id: str, service: Service) -> dict[s
 
 @router.get("/v1/videos/{video_id}/content", name="video_content")
 async def video_content(video_id: str, service: Service, variant: str = "video"):
-    """The MP4 (H.264 + AAC) of a completed job; 409 before then."""
+    """The MP4 (H.264, + AAC where the model makes audio) of a completed job; 409 before then."""
     job = await service.lookup(video_id)
     if variant != "video":
-        raise RequestError(422, f"variant {variant!r} is not available; only 'video' (the MP4 with audio)")
+        raise RequestError(422, f"variant {variant!r} is not available; only 'video' (the MP4)")
     if job.status != "completed":
         raise RequestError(409, f"video {video_id} is {job.status}; content exists only once it is completed")
     try:

@@ -1,0 +1,229 @@
+"""The video service's Wan 2.2 runner: text -> video (no audio), with classifier-free guidance, behind `VideoRunner`.
+
+One runner serves either released variant (`telefuser serve --model wan2.2-t2v-a14b` or `wan2.2-ti2v-5b`) over
+`Wan22Pipeline`. A request's canvas is on the variant's grid (multiples of 16 for T2V-A14B's Wan 2.1 VAE, 32 for
+TI2V-5B's Wan 2.2 VAE), its seconds snap up to 4n+1 frames at the release's frame rate, and one step is one DiT call
+(the guided pair batched). `guidance_scale` applies to both experts, as diffusers' `guidance_scale_2` defaults to it;
+left out, each expert keeps the release's. Text only: no keyframes, references, presets or LoRAs. No memory estimate
+yet (no calibrated workload for Wan 2.2: a job too large for the device fails as out_of_memory). Under torchrun every
+rank builds the same runner on its share of the Ulysses mesh and rank 0 replays each job on the others (replay.py),
+as for MiniMax H3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
+from telefuser.pipelines.minimax_h3.shapes import ASPECT_RATIOS  # the service's named ratios (PROTOCOL.md)
+
+from ..common.startup import StartupError
+from ..common.warmup import warmup_wanted
+from .canvas import write_clip
+from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
+
+log = logging.getLogger(__name__)
+FRAME_STEP = 4  # the VAEs' temporal stride: clips are 4n+1 frames (the first frame, then 4 per latent frame)
+GUIDANCE_RANGE = (1.0, 20.0)  # 1.0: no classifier-free guidance; the releases sample at 3 to 5
+
+
+def frame_count(seconds: float, fps: int) -> int:
+    """The frames made for `seconds` at `fps`: snapped up to 4n+1."""
+    frames = max(1, round(seconds * fps))
+    return frames + (1 - frames) % FRAME_STEP
+
+
+def canvas(resolution: int | str, aspect_ratio: str, multiple: int) -> tuple[int, int]:
+    """(width, height) of "WxH", or of a short edge at a named aspect ratio (the long edge rounded to `multiple`)."""
+    if isinstance(resolution, str) and "x" in resolution.lower():
+        width, height = (int(v) for v in resolution.lower().split("x"))
+        return width, height
+    short = int(resolution)
+    if short <= 0 or short % multiple:
+        raise ValueError(f"'resolution' {short} must be a positive multiple of {multiple}")
+    if aspect_ratio not in ASPECT_RATIOS:
+        raise ValueError(f"unknown aspect ratio {aspect_ratio!r}; choose one of {', '.join(ASPECT_RATIOS)}")
+    ratio = ASPECT_RATIOS[aspect_ratio]
+    long = max(multiple, round(short * max(ratio, 1 / ratio) / multiple) * multiple)
+    return (long, short) if ratio >= 1 else (short, long)
+
+
+class Wan22Runner:
+    def __init__(self, pipeline, *, model: str, defaults: dict[str, Any], info: dict[str, Any] | None = None):
+        """`pipeline`: a `Wan22Pipeline` (its `release` says the variant and how it samples); `defaults`: size,
+        seconds, steps, seed for a request that leaves them out."""
+        from telefuser.models.wan2_2.config import release as official
+
+        self._pipe = pipeline
+        self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
+        self.model = model
+        self.defaults = dict(defaults)
+        variant = pipeline.release
+        self.size_multiple = variant.vae_scale * 2  # the VAE's stride times the DiT's 2x2 patch
+        native = official(variant.name).size  # the limits follow the release's canvas, also for tiny weights
+        self.metadata = {
+            "model": model,
+            "runner": f"Wan 2.2 {variant.name.upper()} text to video (no audio)",
+            "weights": pipeline.weights.get("summary", ""),
+            "native_size": f"{native[0]}x{native[1]}",
+            **(info or {}),
+            "fps": variant.fps,
+            "audio": False,
+            "size_multiple": self.size_multiple,
+            "frame_grid": f"4n+1 frames at {variant.fps} fps (requested seconds are snapped up)",
+            "steps": "num_inference_steps = N UniPC steps -> N DiT calls (a guided step batches its pair)",
+            "guidance": True,
+            "guidance_scale": {
+                "default": list(variant.guidance),  # (high-noise expert, low-noise expert)
+                "min": GUIDANCE_RANGE[0],
+                "max": GUIDANCE_RANGE[1],
+                "applies_to": "both experts" if variant.experts == 2 else "the DiT",
+            },
+            "negative_prompt_default": "",
+            "experts": variant.experts,
+            "boundary_ratio": variant.boundary_ratio,
+            "flow_shift": variant.flow_shift,
+            "defaults": dict(self.defaults),
+            "loras_enabled": False,
+        }
+
+    def plan(self, spec: VideoSpec) -> VideoPlan:
+        """ValueError (a 422 at submission) for a canvas off the variant's grid, or what only MiniMax H3 takes."""
+        if spec.task != "t2va" or spec.media:
+            raise ValueError("Wan 2.2 takes text only: no keyframes or references")
+        if spec.preset is not None or spec.loras:
+            raise ValueError("Wan 2.2 has no presets or LoRAs here")
+        if not spec.seconds > 0:
+            raise ValueError(f"seconds must be positive, got {spec.seconds}")
+        width, height = canvas(spec.resolution, spec.aspect_ratio, self.size_multiple)
+        fps = self._pipe.release.fps
+        frames = frame_count(spec.seconds, fps)
+        self._pipe.latent_shape(width, height, frames)  # the pipeline's own size rules
+        return VideoPlan(width, height, frames, fps, frames / fps, spec.steps)
+
+    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
+        from telefuser.profiling.timing import peak_memory, reset_peak_memory
+
+        plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
+        device = self._pipe.device
+        with self._lock:
+            reset_peak_memory(device)
+            started = time.perf_counter()
+            try:
+                video = self._pipe(
+                    spec.prompt,
+                    negative_prompt=spec.negative_prompt or "",
+                    width=plan.width,
+                    height=plan.height,
+                    num_frames=plan.frames,
+                    steps=spec.steps,
+                    guidance_scale=spec.guidance_scale,  # None: the release's, per expert
+                    guidance_scale_2=spec.guidance_scale,
+                    seed=spec.seed,
+                    hooks=hooks,
+                )
+            except GenerationCancelled as exc:
+                raise JobCancelled(exc.steps_done) from None
+            pipeline_s = time.perf_counter() - started
+            peak_bytes, peak_kind = peak_memory(device)
+        mux_s = 0.0
+        if output is not None:
+            report_stage(hooks, "muxing")
+            mux_s = write_clip(output, video.frames, video.fps, None, None, spec.output_dims)
+        width, height = spec.output_dims or (plan.width, plan.height)
+        return RunOutcome(
+            inference_time_s=pipeline_s,
+            peak_memory_bytes=int(peak_bytes),
+            peak_memory_kind=peak_kind,
+            frames=int(video.frames.shape[0]),
+            fps=int(video.fps),
+            width=width,
+            height=height,
+            duration_s=plan.duration_s,
+            dit_calls=int(video.dit_calls),
+            mux_s=mux_s,
+            generated_size=plan.generated_size if spec.output_dims else None,
+            timings={**video.timings, "pipeline_s": pipeline_s},
+            metrics=self._metrics(spec, video.dit_calls),
+        )
+
+    def close(self) -> None:
+        for expert in self._pipe.experts:
+            close = getattr(expert, "close", None)
+            if callable(close):
+                close()  # the Ulysses communicator, where one was opened
+
+    def _metrics(self, spec: VideoSpec, dit_calls: int) -> dict[str, Any]:
+        release = self._pipe.release
+        scale = spec.guidance_scale
+        guidance = [scale, scale] if scale is not None else list(release.guidance)
+        return {
+            "variant": release.name,
+            "dit_calls": dit_calls,
+            "guidance_scale": guidance,  # as each expert (high noise, low noise) ran
+            "classifier_free_guidance": guidance[0] > 1.0,
+            "negative_prompt": bool(spec.negative_prompt),
+        }
+
+
+def build_wan22_runner(args: argparse.Namespace) -> Wan22Runner:
+    """`telefuser serve --model wan2.2-t2v-a14b | wan2.2-ti2v-5b`: the pipeline on this rank (Ulysses over the
+    torchrun world)."""
+    from telefuser.models.registry import get_spec
+    from telefuser.runtime import Runtime
+
+    spec = get_spec(args.model)
+    _refuse_minimax_options(args, spec.name)
+    runtime = Runtime.from_args(args)
+    attn_impl = spec.attention_impl(args, runtime)  # auto resolved on this rank's device, agreed by all ranks
+    try:
+        pipe = spec.build_pipeline(args, runtime, attn_impl=attn_impl)
+    except ValueError as exc:  # heads that --ulysses-degree does not divide, a config the variant cannot take
+        raise StartupError(f"{spec.name}: {exc}") from None
+    variant = pipe.release
+    defaults = {
+        "size": args.size_default or f"{variant.size[0]}x{variant.size[1]}",
+        "seconds": args.seconds_default or variant.frames / variant.fps,
+        "steps": args.steps_default or variant.steps,
+        "seed": 0,
+    }
+    info = {
+        "config": "checkpoint" if args.checkpoint else args.config,
+        "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+        "device": str(runtime.device),
+        "dtype": runtime.dtype_name,
+        "attn_impl": attn_impl,
+        "attn_impl_requested": spec.option(args, "attn_impl"),
+        "quantization": spec.option(args, "quantization"),
+        "world_size": runtime.world_size,
+        "ulysses_degree": runtime.parallel.ulysses_degree,
+        "tp_degree": runtime.parallel.tp_degree,
+    }
+    if warmup_wanted(args, runtime.device):  # every rank: the DiT is collective
+        info["warmup_s"] = round(_warm_up(pipe, defaults), 3)
+    return Wan22Runner(pipe, model=args.served_model_name, defaults=defaults, info=info)
+
+
+def _refuse_minimax_options(args: argparse.Namespace, name: str) -> None:
+    """The service flags only MiniMax H3 takes end the command before any weight loads."""
+    if getattr(args, "lora_dir", None) is not None:
+        raise StartupError(f"--lora-dir: {name} takes no LoRAs here (MiniMax H3 does)")
+    if getattr(args, "task_partition", "FL2VA") != "FL2VA":
+        raise StartupError(f"--task-partition is MiniMax H3's; {name} runs text-to-video only")
+    if getattr(args, "tp_degree", 1) != 1:
+        raise StartupError(f"{name} runs Ulysses only: leave --tp-degree at 1 and set --ulysses-degree")
+
+
+def _warm_up(pipe, defaults: dict[str, Any]) -> float:
+    """One discarded request of one step at the default canvas and length (its kernels, the decode); seconds."""
+    started = time.perf_counter()
+    width, height = (int(v) for v in str(defaults["size"]).lower().split("x"))
+    pipe("warm-up", width=width, height=height, num_frames=frame_count(defaults["seconds"], pipe.release.fps), steps=1)
+    seconds = time.perf_counter() - started
+    log.info("warm-up request (%s, one DiT call) took %.1f s", defaults["size"], seconds)
+    return seconds

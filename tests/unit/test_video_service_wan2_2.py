@@ -1,0 +1,346 @@
+"""`telefuser serve --model wan2.2-t2v-a14b | wan2.2-ti2v-5b`: Wan 2.2 (text to video, no audio, with classifier-free
+guidance) through the real /v1/videos app on the CPU, tiny random weights.
+
+The MP4 has a video stream and no audio stream, the job object has no `audio`, `guidance_scale` and
+`negative_prompt` reach the pipeline (a recording wrapper around it, and the DiT's batch: 2 rows when guided), bad
+values are 422s with a reason, and the OpenAI SDK's `create_and_poll` works against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+
+import av
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from telefuser import cli
+from telefuser.media import probe_media
+from telefuser.serving.common.local_server import serve_in_thread
+from telefuser.serving.video.app import create_video_app
+from telefuser.serving.video.canvas import fit_frames
+from tests.unit.test_video_service import REPO, poll, post_form, wait_for
+from tests.video_runner_args import tiny_runner_args
+
+A14B, TI2V = "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"
+# H.264 (crf 18, 4:2:0) on the tiny model's noise-like frames: the decoded MP4's luma is within this mean absolute
+# error of the pipeline's frames' (measured 2.8 to 3.0 on both variants; the frames shifted by one or mirrored: 19 to
+# 24). Chroma is compared not at all: 4:2:0 halves it, which on noise costs 14 to 20 per RGB channel.
+LUMA_MEAN_ABS_ERROR = 6.0
+BT601 = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+class RecordingPipeline:
+    """The real `Wan22Pipeline`, with every call's keywords, frames, the prompts its text encoder read and the batch
+    of each DiT call recorded."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self.calls: list[dict] = []
+        self.frames: list[np.ndarray] = []
+        self.texts: list[str] = []
+        self.dit_batches: list[int] = []
+        encode = pipe.prompt_encoder
+
+        def recording_encode(text, *args, **kwargs):
+            self.texts.append(text)
+            return encode(text, *args, **kwargs)
+
+        pipe.prompt_encoder = recording_encode
+        for expert in pipe.experts:
+            expert.register_forward_hook(lambda module, inputs, output: self.dit_batches.append(inputs[0].shape[0]))
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def __call__(self, prompt, **kwargs):
+        self.calls.append({"prompt": prompt, **kwargs})
+        video = self._pipe(prompt, **kwargs)
+        self.frames.append(video.frames)
+        return video
+
+    def clear(self) -> None:
+        self.calls.clear(), self.frames.clear(), self.texts.clear(), self.dit_batches.clear()
+
+
+def wan_args(model: str, **overrides):
+    return tiny_runner_args(model=model, served_model_name=model, attn_impl="sdpa", steps_default=None, **overrides)
+
+
+@pytest.fixture(scope="module")
+def a14b():
+    """The T2V-A14B runner `telefuser serve --model wan2.2-t2v-a14b --config tiny` builds, its pipeline recorded."""
+    from telefuser.serving.video.wan2_2 import build_wan22_runner
+
+    runner = build_wan22_runner(wan_args(A14B))
+    runner._pipe = RecordingPipeline(runner._pipe)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture
+def client(a14b, tmp_path):
+    a14b._pipe.clear()
+    with TestClient(create_video_app(a14b, output_dir=tmp_path)) as c:
+        yield c
+
+
+def decoded_frames(path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        assert len(container.streams.video) == 1 and len(container.streams.audio) == 0, container.streams
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def luma_error(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean absolute difference of the two clips' BT.601 luma."""
+    return float(np.abs(a.astype(np.float32) @ BT601 - b.astype(np.float32) @ BT601).mean())
+
+
+# -- the job, end to end --------------------------------------------------------------------------------------------
+
+
+def test_a_wan_job_makes_an_mp4_with_video_and_no_audio(client, a14b, tmp_path):
+    fields = {"prompt": "a red fox trots across snow", "model": A14B, "size": "64x32", "seconds": "0.5",
+              "num_inference_steps": "3", "seed": "7"}  # fmt: skip
+    r = post_form(client, fields)  # multipart, as AIPerf sends it
+    assert r.status_code == 200, r.text
+    created = r.json()
+    # 0.5 s at 16 fps is 8 frames, snapped up to the 4n+1 grid: 9
+    assert (created["fps"], created["frames"], created["dit_calls"], created["size"]) == (16, 9, 3, "64x32")
+    done = poll(client, created["id"], timeout=60)
+    assert done["status"] == "completed", done
+    assert "audio" not in done and done["duration_s"] == pytest.approx(9 / 16) and done["dit_calls"] == 3
+    assert "guidance_scale" not in done and "negative_prompt" not in done  # not sent: the release's
+    content = client.get(f"/v1/videos/{created['id']}/content")
+    assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+
+    clip = tmp_path / "downloaded.mp4"
+    clip.write_bytes(content.content)
+    info = probe_media(clip)
+    assert (info.video_codec, info.video_frames, info.width, info.height, info.fps) == ("h264", 9, 64, 32, 16.0)
+    assert not info.has_audio and info.audio_samples == 0
+    made = a14b._pipe.frames[-1]
+    assert made.shape == (9, 32, 64, 3) and made.std() > 5  # not a flat picture
+    assert luma_error(decoded_frames(clip), made) < LUMA_MEAN_ABS_ERROR  # the pipeline's frames, through H.264
+
+    call = a14b._pipe.calls[-1]
+    assert (call["width"], call["height"], call["num_frames"], call["steps"], call["seed"]) == (64, 32, 9, 3, 7)
+    assert call["guidance_scale"] is None and call["guidance_scale_2"] is None and call["negative_prompt"] == ""
+    record = json.loads((tmp_path / f"{created['id']}.json").read_text())
+    result = record["result"]
+    assert (result["audio_channels"], result["audio_samples"], result["sample_rate"]) == (None, None, None)
+    assert result["metrics"]["guidance_scale"] == [4.0, 3.0]  # T2V-A14B's (high-noise, low-noise) experts
+    assert "guidance_scale" not in record["spec"] and "negative_prompt" not in record["spec"]
+
+
+def test_metadata_says_the_model_makes_no_audio_and_takes_guidance(client):
+    meta = client.get("/v1/service/metadata").json()
+    model = meta["model"]
+    assert model["audio"] is False and "sample_rate" not in model and "audio_channels" not in model
+    assert model["guidance"] is True and model["guidance_scale"]["default"] == [4.0, 3.0]
+    assert (model["fps"], model["size_multiple"], model["native_size"], model["experts"]) == (16, 16, "1280x720", 2)
+    assert "random" in model["weights"] and model["defaults"]["size"] == "64x32" and model["defaults"]["steps"] == 4
+    assert meta["limits"]["fps"] == 16 and meta["limits"]["max_job_memory_bytes"] is None  # no estimate yet
+
+
+def test_guidance_scale_and_negative_prompt_reach_the_pipeline(client, a14b):
+    pipe = a14b._pipe
+    r = client.post(
+        "/v1/videos",
+        json={
+            "prompt": "a lighthouse at dusk",
+            "size": "32x32",
+            "seconds": 0.25,
+            "steps": 2,
+            "guidance_scale": 5.5,
+            "negative_prompt": "blurry, low quality",
+        },  # fmt: skip
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["guidance_scale"] == 5.5 and r.json()["negative_prompt"] == "blurry, low quality"
+    done = poll(client, r.json()["id"], timeout=60)
+    assert done["status"] == "completed" and "audio" not in done, done
+    call = pipe.calls[-1]
+    assert (call["guidance_scale"], call["guidance_scale_2"]) == (5.5, 5.5)  # both experts, as diffusers defaults
+    assert call["negative_prompt"] == "blurry, low quality" and call["prompt"] == "a lighthouse at dusk"
+    assert pipe.texts == ["a lighthouse at dusk", "blurry, low quality"]  # the negative prompt was encoded
+    assert pipe.dit_batches == [2, 2]  # guided: conditional and unconditional rows in each of the 2 DiT calls
+
+    pipe.clear()  # guidance 1.0: no unconditional pass, one row per DiT call
+    r = client.post("/v1/videos", json={"prompt": "a lighthouse", "size": "32x32", "seconds": 0.25, "steps": 2,
+                                        "guidance_scale": "1"})  # fmt: skip
+    done = poll(client, r.json()["id"], timeout=60)
+    assert done["status"] == "completed" and done["guidance_scale"] == 1.0, done
+    assert (pipe.calls[-1]["guidance_scale"], pipe.dit_batches) == (1.0, [1, 1])
+
+
+BAD_GUIDANCE = [
+    ({"guidance_scale": 0.5}, "'guidance_scale' must be between 1 and 20 (1: no classifier-free guidance), got 0.5"),
+    ({"guidance_scale": 25}, "'guidance_scale' must be between 1 and 20"),
+    ({"guidance_scale": "high"}, "'guidance_scale' must be a number, got 'high'"),
+    ({"guidance_scale": 1.0, "negative_prompt": "fog"}, "'negative_prompt' has no effect at guidance_scale 1"),
+    ({"fps": 24}, "'fps' must be 16 (the model's fixed frame rate)"),
+    ({"size": "72x40"}, None),  # off the 16 grid: accepted, generated at 80x48 and resized (below)
+    ({"resolution": 40}, "'resolution' 40 must be a positive multiple of 16"),
+    ({"num_frames": 8}, "'num_frames' 8 is not a frame count this model makes"),
+    ({"steps": 1}, "'steps' must be at least 2 (num_inference_steps = N UniPC steps -> N DiT calls"),
+    ({"input_reference": "data:image/png;base64,iVBORw0KGgo="}, "this server's model takes text only"),
+    ({"lora": "style"}, "this server takes no LoRAs"),
+    ({"preset": "turbo-4"}, "unknown preset 'turbo-4'; presets: none (this model has no presets)"),
+]
+
+
+@pytest.mark.parametrize("fields,message", BAD_GUIDANCE, ids=[str(i) for i in range(len(BAD_GUIDANCE))])
+def test_bad_values_are_refused_with_a_reason(client, fields, message):
+    body = {"prompt": "p", "seconds": 0.25, "steps": 2, **fields}
+    for r in (client.post("/v1/videos", json=body), post_form(client, body)):
+        if message is None:
+            assert r.status_code == 200 and r.json()["generated_size"] == "80x48" and r.json()["size"] == "72x40"
+            continue
+        assert r.status_code == 422, (r.status_code, r.text)
+        assert message in r.json()["detail"], r.json()
+    if "guidance_scale" in fields and fields["guidance_scale"] != "high":
+        param = "negative_prompt" if "negative_prompt" in fields else "guidance_scale"
+        assert r.json()["error"]["param"] == param
+
+
+def test_the_openai_sdk_creates_polls_and_downloads(a14b, tmp_path):
+    openai = pytest.importorskip("openai", reason="the openai package is in the dev extra")
+    a14b._pipe.clear()
+    app = create_video_app(a14b, output_dir=tmp_path / "out")
+    with serve_in_thread(app) as base, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the SDK marks its video methods deprecated
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        video = client.videos.create_and_poll(
+            model=A14B,
+            prompt="waves on a rocky shore",
+            size="64x32",  # type: ignore[arg-type]  (the SDK's list is Sora's; any size on the grid is made)
+            seconds="0.5",  # type: ignore[arg-type]
+            extra_body={"num_inference_steps": 2, "guidance_scale": 3.5, "negative_prompt": "static"},
+            poll_interval_ms=50,
+        )
+        assert video.status == "completed" and video.size == "64x32", video
+        job = video.model_dump()
+        assert "audio" not in job and job["guidance_scale"] == 3.5 and job["frames"] == 9
+        path = tmp_path / "sdk.mp4"
+        client.videos.download_content(video.id).write_to_file(path)
+        with pytest.raises(openai.UnprocessableEntityError, match="guidance_scale"):
+            client.videos.create(prompt="p", extra_body={"guidance_scale": -2})
+    info = probe_media(path)
+    assert (info.video_frames, info.width, info.height) == (9, 64, 32) and not info.has_audio
+    assert (a14b._pipe.calls[-1]["guidance_scale"], a14b._pipe.calls[-1]["negative_prompt"]) == (3.5, "static")
+
+
+# -- TI2V-5B, its warm-up, and the command line ---------------------------------------------------------------------
+
+
+def test_ti2v_5b_warms_up_then_serves_a_resized_clip_without_audio(tmp_path, monkeypatch):
+    """The 5B variant: 24 fps, a 32-pixel grid (64x48 is generated at 96x64, then resized), one DiT; `--warmup on`
+    runs one discarded one-step request at the default canvas first."""
+    from telefuser.pipelines.wan2_2.pipeline import Wan22Pipeline
+    from telefuser.serving.video.wan2_2 import build_wan22_runner
+
+    calls, frames = [], []
+    real_call = Wan22Pipeline.__call__
+
+    def recording_call(self, prompt, **kwargs):
+        calls.append({"prompt": prompt, **kwargs})
+        video = real_call(self, prompt, **kwargs)
+        frames.append(video.frames)
+        return video
+
+    monkeypatch.setattr(Wan22Pipeline, "__call__", recording_call)
+    runner = build_wan22_runner(wan_args(TI2V, warmup="on"))
+    try:
+        assert [(c["prompt"], c["steps"], c["width"], c["height"], c["num_frames"]) for c in calls] == [
+            ("warm-up", 1, 128, 64, 9)  # the tiny release's canvas and 9 frames (0.375 s at 24 fps)
+        ]
+        assert runner.metadata["warmup_s"] > 0 and runner.metadata["guidance_scale"]["default"] == [5.0, 5.0]
+        with TestClient(create_video_app(runner, output_dir=tmp_path)) as client:
+            r = client.post("/v1/videos", json={"prompt": "a kite", "model": "WAN2.2-TI2V-5B", "size": "64x48",
+                                                "seconds": 0.2, "steps": 2, "negative_prompt": "rain"})  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert (r.json()["generated_size"], r.json()["fps"], r.json()["frames"]) == ("96x64", 24, 5)
+            done = poll(client, r.json()["id"], timeout=60)
+            assert done["status"] == "completed" and "audio" not in done and done["size"] == "64x48", done
+            clip = tmp_path / "5b.mp4"
+            clip.write_bytes(client.get(f"/v1/videos/{done['id']}/content").content)
+    finally:
+        runner.close()
+    assert calls[-1]["guidance_scale"] is None and calls[-1]["negative_prompt"] == "rain"
+    made = frames[-1]
+    assert made.shape == (5, 64, 96, 3) and made.std() > 5
+    assert luma_error(decoded_frames(clip), fit_frames(made, 64, 48)) < LUMA_MEAN_ABS_ERROR
+
+
+def help_of(capsys, *command: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        cli.main([*command, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare words
+
+
+def test_serve_help_shows_the_wan_flags(capsys):
+    assert (
+        f"(+audio where the model makes it) over an OpenAI-style /v1/videos API (models: minimax_h3, {A14B}, {TI2V})"
+        in (help_of(capsys))
+    )
+    text = help_of(capsys, "serve", "--model", A14B)
+    group = text[text.index(f"{A14B} flags:") : text.index(f"{TI2V} flags:")]
+    assert "also these, listed above: --config, --checkpoint (here: Wan2.2-T2V-A14B root" in group
+    assert "--attn-impl (here: attention implementation, checked to be installed (default sdpa)" in group
+
+
+def test_minimax_only_options_end_the_command_with_the_reason(capsys, tmp_path):
+    base = ["serve", "--model", A14B, "--port", "0", "--artifacts", str(tmp_path), "--device", "cpu"]
+    assert cli.main([*base, "--lora-dir", str(tmp_path)]) == 2
+    assert "--lora-dir: wan2.2-t2v-a14b takes no LoRAs here (MiniMax H3 does)" in capsys.readouterr().err
+    assert cli.main([*base, "--task-partition", "Ref2VA"]) == 2
+    assert "--task-partition is MiniMax H3's" in capsys.readouterr().err
+    assert cli.main([*base, "--enable-feature-cache"]) == 2
+    assert "--enable-feature-cache is not a flag of --model wan2.2-t2v-a14b" in capsys.readouterr().err
+
+
+def test_telefuser_serve_runs_a_wan_job_and_stops_on_sigterm(tmp_path):
+    command = [sys.executable, "-m", "telefuser.cli", "serve", "--model", A14B, "--config", "tiny", "--device", "cpu",
+               "--port", "0", "--artifacts", str(tmp_path), "--steps-default", "2"]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        url = wait_for(
+            lambda: next((m.group(1) for m in map(re.compile(r"serving on (http://\S+)").search, lines) if m), None),
+            60,
+            "the server to log its URL",
+        )
+        with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
+            assert http.get("/v1/models").json()["data"][0]["id"] == A14B
+            job = http.post("/v1/videos", json={"prompt": "a kite", "model": A14B, "seconds": 0.2,
+                                                "guidance_scale": 2.5}).json()  # fmt: skip
+            assert job["status"] == "queued" and job["size"] == "64x32", job
+            done = poll(http, job["id"], timeout=60)
+            assert done["status"] == "completed" and "audio" not in done and done["dit_calls"] == 2, done
+            assert http.get(f"/v1/videos/{job['id']}/content").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any("serve exited cleanly" in line for line in lines), "".join(lines)
+    assert not probe_media(tmp_path / f"{job['id']}.mp4").has_audio
