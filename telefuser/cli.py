@@ -26,7 +26,7 @@ def host_info() -> dict:
     kernels) only where they apply: a CUDA build of torch, or a build that is installed anyway."""
     import torch
 
-    from .ops.attention import available_attention_impls
+    from .ops.attention_registry import available_names
 
     info = {
         "telefuser": __version__,
@@ -36,7 +36,7 @@ def host_info() -> dict:
         "cuda_available": torch.cuda.is_available(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "models": _models(),
-        "attention_impls": available_attention_impls(),
+        "attention_impls": available_names(),
     }
     try:
         import tf_kernel

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..ops.attention_registry import AUTO, offered_names
 from .spec import Flag
 
 SIZES = ("tiny", "official")
-# The attention implementations a model runs with (telefuser.ops.attention.ATTENTION_IMPLS, less the test-only
-# "identity"); which are installed is checked when the model is built.
-ATTENTION_IMPLS = ("sdpa", "flash_attn_4", "sage", "cudnn_fp8", "sage_sm90")
-AUTO_ATTENTION = "auto"  # telefuser.ops.attention.AUTO: resolved to a spec's `auto_attention` preference
+# The attention backends a model runs with (the registry's, less the test-only "identity"; the registry's names import
+# no torch); which are installed is checked when the model is built.
+ATTENTION_IMPLS = offered_names()
+AUTO_ATTENTION = AUTO  # resolved to a spec's `auto_attention` preference (ModelSpec.attention_impl)
 QUANTIZATIONS = ("none", "fp8")  # telefuser.ops.fp8.QUANTIZATIONS
 
 

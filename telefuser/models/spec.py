@@ -65,7 +65,7 @@ class Example:
 class ModelSpec:
     name: str  # what --model takes and the registry's key
     title: str  # for people: help text, logs
-    model_class: str  # "module:Class" of the DiT; Runtime.parallelize finds a model's spec by it
+    model_class: str  # "module:Class" of the DiT, for readers and tests (the loaders build it)
     flags: tuple[Flag, ...]
     attention_impls: tuple[str, ...]  # the implementations this model runs with: --attn-impl's choices, less "auto"
     quantizations: tuple[str, ...]  # the --quantization choices
@@ -134,18 +134,19 @@ class ModelSpec:
         return {dest: self.option(args, dest) for dest in dests}
 
     def attention_impl(self, args: argparse.Namespace, runtime=None) -> str:
-        """The attention implementation --attn-impl in `args` names, checked to be installed; "auto" resolved to the
-        first of `auto_attention` usable here (on `runtime`'s device when given, for the model's `head_dim`). With a `runtime` of several
-        ranks, agreed by all of them: every rank raises the same error when one cannot run it or they resolved
-        differently. Call it once, after the process group exists, and pass the result on."""
-        from ..ops.attention import resolve_attention_impl
+        """The attention backend --attn-impl in `args` names, checked to be installed and to take the model's
+        `head_dim` (when the flags tell it); "auto" resolved to the first of `auto_attention` usable here (on
+        `runtime`'s device when given, for the model's `head_dim`). With a `runtime` of several ranks, agreed by all
+        of them: every rank raises the same error when one cannot run it or they resolved differently. Call it once,
+        after the process group exists, and pass the result on."""
+        from ..ops.attention_registry import resolve_backend
 
         requested = self.option(args, "attn_impl")
         device = getattr(runtime, "device", None)
         head_dim = resolve(self.head_dim)(args) if self.head_dim else None
 
         def decide() -> str:
-            return resolve_attention_impl(requested, self.auto_attention, device, head_dim)
+            return resolve_backend(requested, self.auto_attention, device, head_dim)
 
         if runtime is None or runtime.world_size == 1:
             return decide()

@@ -68,6 +68,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .attention_registry import WINDOW_SAGE_SM90, attention_backend
 from .fusion import cuda_fused
 from .opaque import fresh_output
 
@@ -453,6 +454,16 @@ def _(q8, q_scale, k8, k_scale, v8, v_scale, out_dtype, granularity, causal, kv_
     return torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
 
 
+# traced: inside a block region the quantization fuses with its neighbours; a LingBot session keeps its window in the
+# kernel's layout for it
+@attention_backend(
+    "sage_sm90",
+    available=sage_sm90_available,
+    traced=True,
+    head_dims=HEAD_DIMS,
+    dtypes=("bfloat16", "float16"),
+    window_format=WINDOW_SAGE_SM90,
+)
 def sage_sm90_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, granularity: str | None = None
 ) -> torch.Tensor:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 cudnn = pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend (import name cudnn) is not installed")
 
-from telefuser.ops.attention import attention, available_attention_impls
+from telefuser.ops.attention import attention
+from telefuser.ops.attention_registry import available_names, get_backend
 from telefuser.ops.attention_fp8 import (
     FP8,
     O_HEADROOM,
@@ -61,7 +62,8 @@ def _passes(out, ref, min_cosine=MIN_COSINE, max_rel=MAX_REL_L2) -> bool:
 
 
 def test_listed_as_available():
-    assert "cudnn_fp8" in available_attention_impls()
+    assert "cudnn_fp8" in available_names()
+    assert get_backend("cudnn_fp8").available()[0] and get_backend("cudnn_fp8").takes(128, torch.device("cuda"))[0]
 
 
 def test_matches_bf16_sdpa_and_a_wrong_key_does_not():

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
 from telefuser.ops import attention_sage as sage
-from telefuser.ops.attention import attention, available_attention_impls, sdpa
+from telefuser.ops.attention import attention, sdpa
+from telefuser.ops.attention_registry import available_names, get_backend
 
 MIN_COSINE, MAX_REL_L2 = 0.998, 0.07
 B, S_Q, S_KV, H, D = 1, 520, 1500, 8, 128  # neither length a multiple of the kernel's blocks
@@ -57,7 +58,8 @@ def _metrics(out, ref):
 
 
 def test_listed_here():
-    assert "sage_sm90" in available_attention_impls()
+    assert "sage_sm90" in available_names()
+    assert get_backend("sage_sm90").takes(128, torch.device("cuda"), torch.bfloat16)[0]
     info = sage.sage_sm90_build_info()
     assert info["installed"] and info["imports"] and info["launches"] in ("per-thread", "unknown"), info
 

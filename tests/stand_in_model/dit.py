@@ -27,7 +27,8 @@ from telefuser.distributed.ulysses.sequence import gather_rows, rank_rows, take_
 from telefuser.models.checkpoint_io import RANDOM_WEIGHTS, fill_random, finish_loading
 from telefuser.models.spec import Example
 from telefuser.models.ulysses_owner import UlyssesOwner
-from telefuser.ops.attention import attention, check_attention_impl
+from telefuser.ops.attention import attention
+from telefuser.ops.attention_registry import check_backend
 from telefuser.ops.fp8 import linear_dtype, quantize_blocks
 from telefuser.ops.regions import compiled_region, region_compiles
 
@@ -84,7 +85,7 @@ class StandInDiT(UlyssesOwner, nn.Module):
         self.time = nn.Linear(config.dim, config.dim)
         self.blocks = nn.ModuleList(StandInBlock(config) for _ in range(config.num_layers))
         self.head = nn.Linear(config.dim, config.channels)
-        self.attn_impl = check_attention_impl(attn_impl)
+        self.attn_impl = check_backend(attn_impl, head_dim=config.dim // config.num_heads)
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None
         self.ulysses_group: dist.ProcessGroup | None = None

@@ -6,6 +6,7 @@ implementation `auto` chose."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,8 @@ from telefuser.models.flags import AUTO_ATTENTION, attn_impl_flag
 from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.models.spec import ModelSpec
-from telefuser.ops import attention
-from telefuser.ops.attention import AUTO, available_attention_impls, check_attention_impl, resolve_attention_impl
+from telefuser.ops import attention_registry as registry
+from telefuser.ops.attention_registry import AUTO, available_names, check_backend, get_backend, resolve_backend
 from telefuser.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,17 +33,22 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
+def _sage_sm90_usable(usable: bool) -> registry.AttentionBackend:
+    """The registered ``sage_sm90`` backend as one whose SM90 build is (or is not) usable on a Hopper GPU here."""
+    why = "built, on a Hopper GPU (faked)" if usable else "the SM90 build is missing on this rank (faked)"
+    return dataclasses.replace(get_backend("sage_sm90"), available=lambda: (usable, why))
+
+
 def _with_sage_sm90(monkeypatch):
-    """This machine as one with the SM90 build on a Hopper GPU, as far as `available_attention_impls` says."""
-    real = available_attention_impls()
-    monkeypatch.setattr(attention, "available_attention_impls", lambda: [*real, "sage_sm90"])
+    """This machine as one with the SM90 build on a Hopper GPU, as far as the registry says."""
+    monkeypatch.setitem(registry._BACKENDS, "sage_sm90", _sage_sm90_usable(True))
 
 
 # -- resolution -------------------------------------------------------------------------------------------------------
 def test_auto_picks_sdpa_without_the_sm90_build(no_gpu):
-    assert "sage_sm90" not in available_attention_impls()
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO) == "sdpa"
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO, CUDA) == "sdpa"
+    assert "sage_sm90" not in available_names()
+    assert resolve_backend(AUTO, MINIMAX_AUTO) == "sdpa"
+    assert resolve_backend(AUTO, MINIMAX_AUTO, CUDA) == "sdpa"
     assert MINIMAX_H3.attention_impl(argparse.Namespace()) == "sdpa"  # the flag's default, auto
     assert MINIMAX_H3.attention_impl(argparse.Namespace(attn_impl=None)) == "sdpa"
     assert LINGBOT_WORLD_V2.attention_impl(argparse.Namespace(attn_impl="auto")) == "sdpa"
@@ -50,11 +56,11 @@ def test_auto_picks_sdpa_without_the_sm90_build(no_gpu):
 
 def test_auto_picks_sage_sm90_where_it_is_usable(monkeypatch):
     _with_sage_sm90(monkeypatch)
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO) == "sage_sm90"
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO, CUDA) == "sage_sm90"
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO, "cuda:1") == "sage_sm90"
+    assert resolve_backend(AUTO, MINIMAX_AUTO) == "sage_sm90"
+    assert resolve_backend(AUTO, MINIMAX_AUTO, CUDA) == "sage_sm90"
+    assert resolve_backend(AUTO, MINIMAX_AUTO, "cuda:1") == "sage_sm90"
     # a CPU device runs only the host implementations, whatever the GPU could
-    assert resolve_attention_impl(AUTO, MINIMAX_AUTO, torch.device("cpu")) == "sdpa"
+    assert resolve_backend(AUTO, MINIMAX_AUTO, torch.device("cpu")) == "sdpa"
     runtime = Runtime(None, CUDA, torch.bfloat16)
     official = argparse.Namespace(attn_impl="auto", config="official")
     assert MINIMAX_H3.attention_impl(official, runtime) == "sage_sm90"
@@ -73,16 +79,20 @@ def test_auto_picks_sage_sm90_where_it_is_usable(monkeypatch):
 def test_auto_skips_the_kernel_for_head_dims_it_does_not_take(monkeypatch):
     _with_sage_sm90(monkeypatch)
     for head_dim, expected in ((64, "sage_sm90"), (128, "sage_sm90"), (16, "sdpa"), (96, "sdpa"), (256, "sdpa")):
-        assert resolve_attention_impl(AUTO, MINIMAX_AUTO, CUDA, head_dim) == expected, head_dim
-    assert attention.takes_head_dim("sdpa", 16) and not attention.takes_head_dim("sage_sm90", 16)
+        assert resolve_backend(AUTO, MINIMAX_AUTO, CUDA, head_dim) == expected, head_dim
+    assert get_backend("sdpa").takes(16)[0] and not get_backend("sage_sm90").takes(16)[0]
 
 
 def test_a_minimax_dit_refuses_sage_sm90_at_a_head_dim_the_kernel_does_not_take(monkeypatch):
     from telefuser.models.minimax_h3 import dit as dit_module
     from telefuser.models.minimax_h3.config import MiniMaxH3Config
 
-    monkeypatch.setattr(dit_module, "check_attention_impl", lambda impl: impl)  # as if the kernel were installed
-    with pytest.raises(ValueError, match="does not take this config's head dim 16"):
+    _with_sage_sm90(monkeypatch)  # as if the kernel were installed
+    with pytest.raises(
+        ValueError,
+        match=r"^attention implementation 'sage_sm90' does not take head dim 16 \(it runs head dims 64, 128\); "
+        r"implementations that take it: sdpa, flash_attn_4, sage, cudnn_fp8$",
+    ):
         dit_module.MiniMaxH3DiT(MiniMaxH3Config.tiny(), attn_impl="sage_sm90")
     assert dit_module.MiniMaxH3DiT(MiniMaxH3Config.tiny(), attn_impl="sdpa").attn_impl == "sdpa"
 
@@ -90,30 +100,30 @@ def test_a_minimax_dit_refuses_sage_sm90_at_a_head_dim_the_kernel_does_not_take(
 def test_explicit_names_are_refused_as_before_when_missing(no_gpu):
     for impl in ("sage_sm90", "cudnn_fp8"):
         with pytest.raises(RuntimeError, match=rf"implementation '{impl}' was asked for but no CUDA GPU"):
-            resolve_attention_impl(impl, MINIMAX_AUTO)
+            resolve_backend(impl, MINIMAX_AUTO)
         with pytest.raises(RuntimeError, match=rf"implementation '{impl}' was asked for but no CUDA GPU"):
             MINIMAX_H3.attention_impl(argparse.Namespace(attn_impl=impl))
-    assert resolve_attention_impl("sdpa", MINIMAX_AUTO) == "sdpa"
-    assert resolve_attention_impl("identity", MINIMAX_AUTO) == "identity"  # the ops' test-only one, as before
+    assert resolve_backend("sdpa", MINIMAX_AUTO) == "sdpa"
+    assert resolve_backend("identity", MINIMAX_AUTO) == "identity"  # the ops' test-only one, as before
 
 
 def test_unknown_names_and_bad_preferences_are_refused():
     with pytest.raises(ValueError, match=r"unknown attention implementation 'flash'; choose one of sdpa, flash_attn_4"):
-        resolve_attention_impl("flash", MINIMAX_AUTO)
+        resolve_backend("flash", MINIMAX_AUTO)
     # "auto" is no backend: a tool that takes an explicit implementation says so
     with pytest.raises(ValueError, match=r"'auto' is resolved by a model's entry point .*name one here: sdpa,"):
-        check_attention_impl(AUTO)
+        check_backend(AUTO)
     with pytest.raises(
         ValueError, match=r"'auto' needs a preference of known attention implementations, got \['x', 'sdpa'\]"
     ):
-        resolve_attention_impl(AUTO, ("x", "sdpa"))
+        resolve_backend(AUTO, ("x", "sdpa"))
     with pytest.raises(ValueError, match=r"got \[\]"):
-        resolve_attention_impl(AUTO, ())
+        resolve_backend(AUTO, ())
 
 
 def test_auto_with_nothing_usable_names_what_it_looked_for(no_gpu):
     with pytest.raises(RuntimeError, match=r"'auto' found none of sage_sm90, cudnn_fp8 usable here \(usable: sdpa"):
-        resolve_attention_impl(AUTO, ("sage_sm90", "cudnn_fp8"))
+        resolve_backend(AUTO, ("sage_sm90", "cudnn_fp8"))
 
 
 # -- the flags and specs ----------------------------------------------------------------------------------------------
@@ -199,9 +209,8 @@ def _resolve_on_ranks(ctx, requested: str, sage_on_ranks: tuple[int, ...]):
     return ("ok", impl) or ("error", type, message), after a barrier that shows no rank was left in a collective."""
     import torch.distributed as dist
 
-    real = attention.available_attention_impls
-    found = [i for i in real() if i != "sage_sm90"] + (["sage_sm90"] if ctx.rank in sage_on_ranks else [])
-    attention.available_attention_impls = lambda: found
+    real = get_backend("sage_sm90")
+    registry._BACKENDS["sage_sm90"] = _sage_sm90_usable(ctx.rank in sage_on_ranks)
     runtime = Runtime(SimpleNamespace(world_size=ctx.world_size, rank=ctx.rank), CUDA, torch.bfloat16)
     try:
         args = argparse.Namespace(attn_impl=requested, config="official")  # 128-channel heads, which the kernel takes
@@ -209,7 +218,7 @@ def _resolve_on_ranks(ctx, requested: str, sage_on_ranks: tuple[int, ...]):
     except (RuntimeError, ValueError) as exc:
         outcome = ("error", type(exc).__name__, str(exc))
     finally:
-        attention.available_attention_impls = real
+        registry._BACKENDS["sage_sm90"] = real
     dist.barrier()
     return outcome
 

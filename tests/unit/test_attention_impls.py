@@ -11,7 +11,8 @@ import types
 import pytest
 import torch
 
-from telefuser.ops.attention import ATTENTION_IMPLS, attention, available_attention_impls, check_attention_impl
+from telefuser.ops.attention import attention
+from telefuser.ops.attention_registry import available_names, backend_names, check_backend
 from telefuser.ops.attention_fp8 import FP8, fp8_attention, fp8_attention_available, quantize_fp8
 
 
@@ -31,25 +32,25 @@ def no_cudnn(monkeypatch):
 
 
 def test_cudnn_fp8_is_a_known_impl():
-    assert "cudnn_fp8" in ATTENTION_IMPLS
+    assert "cudnn_fp8" in backend_names()
 
 
 def test_not_listed_without_a_gpu(no_gpu):
-    assert "cudnn_fp8" not in available_attention_impls()
-    assert {"sdpa", "identity"} <= set(available_attention_impls())
+    assert "cudnn_fp8" not in available_names()
+    assert {"sdpa", "identity"} <= set(available_names())
     ok, why = fp8_attention_available()
     assert not ok and "no CUDA GPU" in why
 
 
-def test_check_attention_impl_refuses_it_without_a_gpu(no_gpu):
+def test_check_backend_refuses_it_without_a_gpu(no_gpu):
     with pytest.raises(RuntimeError, match="'cudnn_fp8' was asked for but no CUDA GPU"):
-        check_attention_impl("cudnn_fp8")
-    assert check_attention_impl("sdpa") == "sdpa"
+        check_backend("cudnn_fp8")
+    assert check_backend("sdpa") == "sdpa"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_not_listed_on_this_cpu_machine():
-    assert "cudnn_fp8" not in available_attention_impls()
+    assert "cudnn_fp8" not in available_names()
 
 
 def test_attention_raises_clearly_without_cudnn(no_cudnn):

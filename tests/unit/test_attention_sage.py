@@ -27,7 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telefuser.ops import attention_sage as sage
-from telefuser.ops.attention import ATTENTION_IMPLS, attention, available_attention_impls, check_attention_impl
+from telefuser.ops.attention import attention
+from telefuser.ops.attention_registry import available_names, backend_names, check_backend
 from tests.lingbot_session_script import GRID_HW, session_under_impl
 
 
@@ -78,19 +79,19 @@ def _fake_extension(monkeypatch, so_path: str):
 
 
 def test_sage_sm90_is_known_next_to_the_triton_sage():
-    assert {"sage", "sage_sm90"} <= set(ATTENTION_IMPLS)
+    assert {"sage", "sage_sm90"} <= set(backend_names())
 
 
 def test_not_listed_and_refused_without_a_gpu(no_gpu):
-    assert "sage_sm90" not in available_attention_impls()
+    assert "sage_sm90" not in available_names()
     with pytest.raises(RuntimeError, match="'sage_sm90' was asked for but no CUDA GPU"):
-        check_attention_impl("sage_sm90")
+        check_backend("sage_sm90")
 
 
 def test_refused_with_the_build_command_when_the_extension_is_missing(fake_hopper, monkeypatch):
     monkeypatch.setitem(sys.modules, "sageattention._qattn_sm90", None)  # import -> ImportError
     with pytest.raises(RuntimeError, match="sageattention._qattn_sm90.*--default-stream per-thread") as info:
-        check_attention_impl("sage_sm90")
+        check_backend("sage_sm90")
     assert "TORCH_CUDA_ARCH_LIST=9.0" in str(info.value)
     q, k, v = _qkv()
     with pytest.raises(RuntimeError, match="did not import"):
@@ -102,7 +103,7 @@ def test_refused_on_a_gpu_that_is_not_sm90(fake_hopper, monkeypatch, tmp_path):
     (tmp_path / "not-an-elf.so").write_bytes(b"nothing")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     with pytest.raises(RuntimeError, match="needs an SM90 \\(Hopper\\) GPU; fake H200 is SM100"):
-        check_attention_impl("sage_sm90")
+        check_backend("sage_sm90")
 
 
 def test_cpu_tensors_are_refused_with_the_extension_importable(fake_hopper, monkeypatch, tmp_path):
@@ -157,10 +158,10 @@ def test_the_launch_stream_of_a_build_is_read_from_its_symbols(nvcc_builds, tmp_
 def test_a_legacy_stream_build_is_refused_with_the_rebuild_command(nvcc_builds, fake_hopper, monkeypatch):
     _fake_extension(monkeypatch, nvcc_builds["legacy"])
     with pytest.raises(RuntimeError, match="legacy default stream.*NVCC_APPEND_FLAGS='--default-stream per-thread'"):
-        check_attention_impl("sage_sm90")
+        check_backend("sage_sm90")
     _fake_extension(monkeypatch, nvcc_builds["per-thread"])
-    assert check_attention_impl("sage_sm90") == "sage_sm90"
-    assert "sage_sm90" in available_attention_impls()
+    assert check_backend("sage_sm90") == "sage_sm90"
+    assert "sage_sm90" in available_names()
 
 
 def test_build_info_without_the_extension(monkeypatch):
@@ -480,7 +481,11 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     # the session serves only the implementation it was made for
     model.attn_impl = "sdpa"
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)
-    with pytest.raises(SessionError, match="window is quantized for attention 'sage_sm90'"):
+    with pytest.raises(
+        SessionError,
+        match=r"^the session keeps its window in the 'sage_sm90' format, which attention sage_sm90 reads; the model "
+        r"now runs 'sdpa': make a new session$",
+    ):
         model.forward_chunk(session, latents, torch.tensor([500.0]), None, update_cache=False)
 
 

@@ -97,3 +97,17 @@ def test_a_missing_optional_package(tmp_path, args, missing, expected):
 def test_flags_that_do_not_go_together(tmp_path, args, expected):
     lines = serve(tmp_path, *args)
     assert len(lines) == 1 and expected in lines[0], lines  # no usage block either
+
+
+def test_parallel_degrees_that_do_not_match_the_launched_ranks_are_a_mistake_not_a_fault():
+    """Every rank builds from the same flags, so each one ends with the same line (torchrun then reports the exit)."""
+    from telefuser.distributed.mesh import ParallelConfigError
+    from telefuser.serving.common.startup import StartupError, explain_build_error
+
+    mistake = explain_build_error(ParallelConfigError("world size 2 does not match ulysses_degree x tp_degree = 1"))
+    assert isinstance(mistake, StartupError)
+    assert mistake.code == (
+        "world size 2 does not match ulysses_degree x tp_degree = 1; --ulysses-degree x --tp-degree must equal the "
+        "ranks torchrun starts (--nproc-per-node)"
+    )
+    assert explain_build_error(RuntimeError("a fault")) is None  # the control: a fault keeps its traceback

@@ -190,5 +190,9 @@ def test_a_session_with_fp8_keys_refuses_another_attention():
     model.attn_impl = "sdpa"
     assert session.fp8_keys
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)
-    with pytest.raises(SessionError, match="keeps its keys in FP8"):
+    with pytest.raises(
+        SessionError,
+        match=r"^the session keeps its window in the 'fp8_keys' format, which attention cudnn_fp8 reads; the model now "
+        r"runs 'sdpa': make a new session$",
+    ):
         model.forward_chunk(session, latents, torch.tensor([500.0]), None, update_cache=False)

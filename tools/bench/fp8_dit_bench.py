@@ -140,10 +140,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from telefuser.ops.attention import check_attention_impl
+    from telefuser.ops.attention_registry import check_backend
 
     for impl in {attention_of(v) for v in args.variants}:
-        check_attention_impl(impl)  # a clear error before any model time is spent
+        check_backend(impl)  # a clear error before any model time is spent
     runtime = Runtime.launch(device=args.device)
     device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
     build = minimax_call if args.model == "minimax" else lingbot_call

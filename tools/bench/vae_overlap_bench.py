@@ -192,9 +192,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from telefuser.ops.attention import check_attention_impl
+    from telefuser.ops.attention_registry import check_backend
 
-    check_attention_impl(args.attn_impl)
+    check_backend(args.attn_impl)
     runtime = Runtime.launch(device=args.device)
     device, dtype = runtime.device, runtime.dtype
     with torch.inference_mode():

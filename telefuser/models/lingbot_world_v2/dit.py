@@ -26,7 +26,14 @@ from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...memory.host import layer_tensors
 from ...memory.host import to_host as host_copy
 from ...memory.streaming import StreamedLayers
-from ...ops.attention import check_attention_impl
+from ...ops.attention_registry import (
+    WINDOW_FP8_KEYS,
+    WINDOW_PLAIN,
+    WINDOW_SAGE_SM90,
+    backend_names,
+    check_backend,
+    get_backend,
+)
 from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
 from ...ops.fusion import fusion_enabled
 from ...ops.regions import region_compiles
@@ -84,7 +91,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         self.blocks = nn.ModuleList(LingBotBlock(config) for _ in range(config.num_layers))
         self.head = WanHead(config)
 
-        self.attn_impl = check_attention_impl(attn_impl)
+        self.attn_impl = check_backend(attn_impl, head_dim=config.head_dim)
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
@@ -172,8 +179,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         dtype: torch.dtype | None = None,
     ) -> KVWindow:
         """Allocate a session: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
-        and the prompt's cross-attention K/V (computed here, once). A model whose `attn_impl` is ``cudnn_fp8`` gets a
-        session that keeps its keys in FP8 (kv_cache.py); it then serves only that implementation.
+        and the prompt's cross-attention K/V (computed here, once). The window takes the format the model's attention
+        backend asks for (its `window_format`: FP8 keys for ``cudnn_fp8``, the SM90 kernel's layout for ``sage_sm90``,
+        kv_cache.py); a quantized window then serves only that backend.
 
         text_states ``[B, L, text_dim]`` with L <= text_len: encoder states, padding rows zero. They are zero-padded
         to text_len (512) and all text_len rows are attended, as in the release."""
@@ -187,13 +195,14 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         _, world = self._ulysses_coordinates()
         text = F.pad(text_states.to(device), (0, 0, 0, cfg.text_len - text_states.shape[1]))
         context = embed_text(self.text_embedding, text)
-        cross_kv, key_scales = [], [] if self.attn_impl == "cudnn_fp8" else None
+        window = get_backend(self.attn_impl).window_format
+        cross_kv, key_scales = [], [] if window == WINDOW_FP8_KEYS else None
         for _, block in self._each_block():
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
             if key_scales is not None:
                 key_scales.append(key_scale(block.self_attn.norm_k, cfg.dim))
-        sage_window = self.attn_impl == "sage_sm90" and sage_window_wanted()
+        sage_window = window == WINDOW_SAGE_SM90 and sage_window_wanted()
         local_heads = cfg.num_heads // world
         entry = None
         if self.graphs is not None and self.graphs.takes(device):
@@ -223,6 +232,17 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             pool_entry=entry,
             on_close=None if entry is None else functools.partial(self.graphs.release, entry),
         )
+
+    def _check_window(self, session: KVWindow) -> None:
+        """A plain window serves every backend; a quantized one only the backend whose format it is."""
+        kept = WINDOW_FP8_KEYS if session.fp8_keys else WINDOW_SAGE_SM90 if session.sage_window else WINDOW_PLAIN
+        wanted = get_backend(self.attn_impl).window_format
+        if kept not in (WINDOW_PLAIN, wanted):
+            readers = [name for name in backend_names() if get_backend(name).window_format == kept]
+            raise SessionError(
+                f"the session keeps its window in the {kept!r} format, which attention {', '.join(readers)} reads; "
+                f"the model now runs {self.attn_impl!r}: make a new session"
+            )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -283,16 +303,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
                 f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
                 "make a new session after parallelizing the model"
             )
-        if session.fp8_keys and self.attn_impl != "cudnn_fp8":
-            raise SessionError(
-                f"the session keeps its keys in FP8 for attention 'cudnn_fp8'; the model now runs {self.attn_impl!r}: "
-                "make a new session"
-            )
-        if session.sage_window and self.attn_impl != "sage_sm90":
-            raise SessionError(
-                f"the session's window is quantized for attention 'sage_sm90'; the model now runs {self.attn_impl!r}: "
-                "make a new session"
-            )
+        self._check_window(session)
         plan = session.plan(frames)
         if camera is not None and not isinstance(camera, CameraModulation):
             camera = self.camera_modulation(camera)

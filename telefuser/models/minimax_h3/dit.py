@@ -23,7 +23,7 @@ from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
 from ...memory.host import layer_tensors, to_host
 from ...memory.streaming import StreamedLayers
-from ...ops.attention import check_attention_impl, takes_head_dim
+from ...ops.attention_registry import check_backend
 from ...ops.fp8 import quantize_blocks, quantize_linears
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
@@ -86,12 +86,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.blocks = nn.ModuleList(MiniMaxH3Block(config) for _ in range(config.num_layers))
         self.final_layer = FinalLayer(config)
 
-        self.attn_impl = check_attention_impl(attn_impl)
-        if not takes_head_dim(self.attn_impl, config.attention_head_dim):
-            raise ValueError(
-                f"attention implementation {attn_impl!r} does not take this config's head dim "
-                f"{config.attention_head_dim} (SageAttention2's SM90 kernel runs 64 or 128); choose another"
-            )
+        self.attn_impl = check_backend(attn_impl, head_dim=config.attention_head_dim)
         if self.attn_impl == "cudnn_fp8":
             logger.warning(
                 "MiniMax H3 with FP8 attention (cudnn_fp8) failed the quality gate against bf16 attention "

@@ -18,7 +18,7 @@ from torch import nn
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
-from ...ops.attention import check_attention_impl
+from ...ops.attention_registry import check_backend
 from ...ops.fp8 import linear_dtype, quantize_blocks
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
@@ -59,7 +59,7 @@ class Wan22DiT(UlyssesOwner, nn.Module):
         self.blocks = nn.ModuleList(WanBlock(config) for _ in range(config.num_layers))
         self.head = WanHead(config)
 
-        self.attn_impl = check_attention_impl(attn_impl)
+        self.attn_impl = check_backend(attn_impl, head_dim=config.head_dim)
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None

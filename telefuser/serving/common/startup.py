@@ -32,6 +32,7 @@ _BUILD_MISTAKES = {
     "LingBotConfigError": "check --config, --checkpoint and --ulysses-degree",
     "WanConfigError": "check --config, --checkpoint and --ulysses-degree",
     "MemoryPlanError": "see `telefuser plan --help` for what fits",
+    "ParallelConfigError": "--ulysses-degree x --tp-degree must equal the ranks torchrun starts (--nproc-per-node)",
     "DiffusersVersionError": "install the diffusers version pyproject.toml names (pip install -e .)",
 }
 
@@ -121,10 +122,10 @@ def check_attention(impl: str | None) -> None:
     """An explicit --attn-impl whose package is not installed here (`auto` picks among those that are)."""
     if impl in (None, "auto"):
         return
-    from telefuser.ops.attention import check_attention_impl
+    from telefuser.ops.attention_registry import check_backend
 
     try:
-        check_attention_impl(impl)
+        check_backend(impl)
     except (ValueError, RuntimeError) as exc:
         raise StartupError(f"--attn-impl {impl}: {exc}; install it (README: 'On GPUs') or pass --attn-impl auto")
 
