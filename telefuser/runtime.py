@@ -2,7 +2,7 @@
 
     add_runtime_args(parser)                  # --ulysses-degree [--tp-degree] --device --dtype
     runtime = Runtime.from_args(args)         # torchrun's world -> mesh (or none on one rank), device, dtype
-    model = runtime.parallelize(model)        # once: the model spec's plan, TP then Ulysses
+    model = runtime.parallelize(model, spec)  # once: the model spec's plan, TP then Ulysses
     ...
     runtime.close()                           # ends the process group
 
@@ -60,6 +60,12 @@ def _rank_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def _default_dtype(device: torch.device) -> torch.dtype:
+    import torch
+
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 @dataclass(frozen=True)
 class Runtime:
     mesh: ParallelMesh | None  # None: one rank, nothing split
@@ -88,8 +94,6 @@ class Runtime:
         from .memory.allocator import configure_cuda_allocator
 
         configure_cuda_allocator()  # before anything touches CUDA
-        import torch
-
         from .distributed.mesh import ParallelConfig, init_distributed
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -104,10 +108,20 @@ class Runtime:
         mesh = init_distributed(parallel) if world > 1 else None
         device = _rank_device(device)
         if dtype is None:
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            dtype = _default_dtype(device)
         elif isinstance(dtype, str):
             dtype = torch_dtype(dtype)
         return cls(mesh, device, dtype)
+
+    @classmethod
+    def one_rank(cls, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Runtime:
+        """One rank, nothing split, on `device`: what a pipeline builder runs on when no launch made a runtime
+        (tests, tools, library calls). Starts no process group and selects no CUDA device. `dtype` None: bfloat16 on
+        CUDA, float32 on the CPU, as `launch`."""
+        import torch
+
+        device = torch.device(device)
+        return cls(None, device, _default_dtype(device) if dtype is None else dtype)
 
     @property
     def rank(self) -> int:
@@ -127,18 +141,16 @@ class Runtime:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def parallelize(self, model, *, communicator_factory=None):
-        """Apply this launch's layout to `model`, once: its spec's plan (TP, then Ulysses), the spec found by the
-        model's class in the registry. Nothing on one rank. Returns the model.
+    def parallelize(self, model, spec, *, communicator_factory=None):
+        """Apply this launch's layout to `model`, once: the plan of `spec` (the model's `ModelSpec`, which the
+        caller holds: TP, then Ulysses). Nothing on one rank. Returns the model.
 
         Called on an empty (meta) model before its checkpoint is read, each TP rank then reads only its slices; on
         a dense model with weights, the plan slices them. `communicator_factory` (group -> communicator) picks the
         Ulysses transport for benches and validation; the default is the communicator's own choice."""
         if self.mesh is None or self.mesh.world_size == 1:
             return model
-        from .models.registry import spec_for_model
-
-        return spec_for_model(model).parallelize(model, self.mesh, communicator_factory=communicator_factory)
+        return spec.parallelize(model, self.mesh, communicator_factory=communicator_factory)
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -17,8 +17,8 @@ import torch
 
 from telefuser.distributed.ulysses import UlyssesCaptureError, UlyssesProtocolError
 from telefuser.distributed.ulysses.layout import copies_to_all_peers, plan_scatter
-from tests.transport_cases import inputs_for, make_comm
-from tests.ulysses_reference import expected_gather, expected_scatter
+from tools.harness.transport_cases import inputs_for, make_comm
+from tools.harness.ulysses_reference import expected_gather, expected_scatter
 
 Step = Callable[[Callable[[], None]], None]
 

@@ -1,1 +1,1 @@
-"""Process groups (mesh), cross-rank agreement and the Ulysses communicator."""
+"""Process groups (mesh), cross-rank agreement, tensor-parallel styles (tp) and the Ulysses communicator."""

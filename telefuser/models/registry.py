@@ -2,7 +2,6 @@
 
     spec = get_spec("minimax_h3")            # KeyError-like UnknownModelError naming the known ones
     names("video")                           # the models a service of that kind can serve
-    spec_for_model(dit)                      # the spec whose model class `dit` is (Runtime.parallelize uses it)
 
 `register` adds a spec at run time, for a model that lives outside the package (the tests' stand-in).
 """
@@ -20,7 +19,7 @@ MODELS: dict[str, ModelSpec] = {
 
 
 class UnknownModelError(LookupError):
-    """No registered spec by that name (or for that model class)."""
+    """No registered spec by that name."""
 
 
 def register(spec: ModelSpec) -> ModelSpec:
@@ -29,10 +28,6 @@ def register(spec: ModelSpec) -> ModelSpec:
         raise ValueError(f"a model named {spec.name!r} is already registered")
     MODELS[spec.name] = spec
     return spec
-
-
-def unregister(name: str) -> None:
-    MODELS.pop(name, None)
 
 
 def names(service: str | None = None) -> list[str]:
@@ -48,15 +43,3 @@ def get_spec(name: str, service: str | None = None) -> ModelSpec:
         what = f"a {service} service can serve" if service else "registered"
         raise UnknownModelError(f"unknown model {name!r}; models {what}: {known}")
     return spec
-
-
-def spec_for_model(model) -> ModelSpec:
-    """The spec whose `model_class` is the class of `model` (or one of its bases). Compares names, so it imports
-    nothing: a model instance means its module is loaded already."""
-    for cls in type(model).__mro__:
-        path = f"{cls.__module__}:{cls.__qualname__}"
-        for spec in MODELS.values():
-            if spec.model_class == path:
-                return spec
-    known = ", ".join(f"{spec.name} ({spec.model_class})" for spec in MODELS.values())
-    raise UnknownModelError(f"no registered model spec builds a {type(model).__name__}; known: {known}")

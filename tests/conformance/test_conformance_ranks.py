@@ -22,7 +22,7 @@ import pytest
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from tests.conformance.specs import each_model, spec_named, state_digest, tiny
 from tests.numerics import relative_error
-from tests.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import recording_communicator
 
 BOUND = 1e-5
 V_FIRST = [("scatter", "v", False), ("scatter", "q", False), ("scatter", "k", True), ("gather", None, True)]

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from examples.ulysses_attention.attention_layer import UlyssesSelfAttention
 from telefuser.ops.rotary import rope_frequencies
-from tests.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 

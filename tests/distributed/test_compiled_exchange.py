@@ -33,7 +33,7 @@ from telefuser.ops.regions import compile_regions_on
 from tests.conftest import get_pool
 from tests.lingbot_session_script import STEPS, run_session, session_config
 from tests.numerics import relative_error
-from tests.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics
 

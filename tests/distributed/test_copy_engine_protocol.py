@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import transport_cases as cases
+from tools.harness import transport_cases as cases
 
 T, DEV = "host-shm", "cpu"
 

@@ -3,7 +3,7 @@ way on every rank, within its wall-time bound. The GPU columns run with `tools/v
 
 from __future__ import annotations
 
-from tests.fault_matrix import format_table, run_matrix
+from tools.harness.fault_matrix import format_table, run_matrix
 
 TIMEOUT_S = 2.0
 BOUNDS = {"fast": 6.0, "timeout": TIMEOUT_S + 6.0}  # from the fault to the last rank's end, on a loaded 2-core host

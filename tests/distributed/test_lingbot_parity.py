@@ -20,7 +20,7 @@ import torch
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
-from tests.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 

@@ -80,9 +80,10 @@ def test_two_rank_session_matches_single_rank(ranks2):
 def _lingbot_session_frames(ctx, parallel: bool):
     from telefuser.distributed.mesh import ParallelConfig, build_mesh
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
     mesh = build_mesh(ParallelConfig(ulysses_degree=2)) if parallel else None
-    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32, mesh=mesh, seed=0)
+    pipe = build_lingbot_pipeline(config="tiny", runtime=Runtime(mesh, torch.device("cpu"), torch.float32), seed=0)
     rgb = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
     try:
         with pipe.start(rgb, "a road", seed=42, resolution=(32, 32), num_frames=29) as session:

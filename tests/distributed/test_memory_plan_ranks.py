@@ -61,7 +61,9 @@ def _lingbot_frames(ctx, streamed: bool):
     placement = None
     if streamed:
         placement = Placement("block", {"dit": 1, "text_encoder": 0}, frozenset({"dit", "text_encoder"}))
-    pipe = build_lingbot_pipeline(config="tiny", dtype=torch.float32, mesh=mesh, placement=placement)
+    pipe = build_lingbot_pipeline(
+        config="tiny", runtime=Runtime(mesh, torch.device("cpu"), torch.float32), placement=placement
+    )
     image = np.full((96, 128, 3), 90, np.uint8)
     with pipe.start(image, "a walk in the park", resolution="128x96", num_frames=29) as session:
         frames = np.concatenate([session.next_chunk(["w"]).frames for _ in range(session.total_chunks)])

@@ -33,7 +33,7 @@ from telefuser.models.minimax_h3 import (
 from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.runtime import Runtime
 from tests.minimax_h3_reference import reference_dit_from_release, release_dit_tensors, write_release_transformer
-from tests.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import recording_communicator
 
 pytestmark = pytest.mark.numerics  # float results of other computation orders (tests/numerics.py)
 
@@ -69,7 +69,7 @@ def _parity(ctx, ulysses, tp, checkpoint_dir, layout="release"):
         dist.barrier()
         dense_model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32)
         runtime = Runtime(mesh, torch.device("cpu"), torch.float32)
-        parallelize = partial(runtime.parallelize, communicator_factory=recording_communicator)
+        parallelize = partial(runtime.parallelize, spec=MINIMAX_H3, communicator_factory=recording_communicator)
         model = load_minimax_h3_dit(checkpoint_dir, device="cpu", dtype=torch.float32, parallelize=parallelize)
         # the parameters this rank keeps, plus the rope table the release ships (diffusers recomputes it)
         local_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -12,7 +12,9 @@ import torch.distributed as dist
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, LingBotWorldV2DiT
+from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from telefuser.models.minimax_h3 import MiniMaxH3Config, MiniMaxH3DiT
+from telefuser.models.minimax_h3.spec import MINIMAX_H3
 from telefuser.runtime import Runtime
 
 
@@ -32,10 +34,10 @@ def _minimax_tp2_u2(ctx, on_meta: bool):
         model = MiniMaxH3DiT(config)
     seen: list = []
     runtime = Runtime(mesh, torch.device("cpu"), torch.float32)
-    assert runtime.parallelize(model, communicator_factory=_opened_after(model, seen)) is model
+    assert runtime.parallelize(model, MINIMAX_H3, communicator_factory=_opened_after(model, seen)) is model
     qkv = model.blocks[0].attn.qkv_proj
     try:
-        runtime.parallelize(model)
+        runtime.parallelize(model, MINIMAX_H3)
         refused = None
     except ValueError as exc:
         refused = str(exc)
@@ -58,7 +60,7 @@ def _lingbot(ctx, tp: int):
     model = LingBotWorldV2DiT(LingBotWorldV2Config.tiny())
     runtime = Runtime(mesh, torch.device("cpu"), torch.float32)
     try:
-        runtime.parallelize(model)
+        runtime.parallelize(model, LINGBOT_WORLD_V2)
     except ValueError as exc:
         return str(exc)
     world = model.communicator.world_size

@@ -15,8 +15,8 @@ from telefuser.distributed.ulysses import (
     UlyssesTimeoutError,
 )
 from telefuser.distributed.ulysses.copy_engine import CopyEngineOptions
-from tests import transport_cases as cases
-from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
+from tools.harness import transport_cases as cases
+from tools.harness.ulysses_reference import expected_gather, expected_scatter, rank_input
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DTYPE_IDS = ["fp32", "bf16", "fp16"]

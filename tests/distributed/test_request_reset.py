@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from telefuser.distributed.ulysses import UlyssesTransportError
-from tests.transport_cases import Q_TARGET_CALL, _failing_comm
+from tools.harness.transport_cases import Q_TARGET_CALL, _failing_comm
 
 
 def _two_sessions(ctx):
     from telefuser.distributed.mesh import ParallelConfig, build_mesh
     from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
     mesh = build_mesh(ParallelConfig(ulysses_degree=2))
-    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32, mesh=mesh, seed=0)
+    pipe = build_lingbot_pipeline(config="tiny", runtime=Runtime(mesh, torch.device("cpu"), torch.float32), seed=0)
     failing = lambda group: _failing_comm(ctx, "host-shm", Q_TARGET_CALL)
     LINGBOT_WORLD_V2.parallelize(pipe.dit, mesh, communicator_factory=failing)
     rgb = np.full((32, 32, 3), 100, np.uint8)

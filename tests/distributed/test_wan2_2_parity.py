@@ -28,7 +28,7 @@ def _relative(a, b):
 def _pipeline_parity(ctx, ulysses):
     from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
 
-    dense = build_wan22_pipeline(variant="t2v-a14b", config="tiny", dtype=torch.float32)
+    dense = build_wan22_pipeline(variant="t2v-a14b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
     runtime = Runtime(build_mesh(ParallelConfig(ulysses_degree=ulysses)), torch.device("cpu"), torch.float32)
     parallel = build_wan22_pipeline(variant="t2v-a14b", config="tiny", runtime=runtime)
     a, b = dense("a red fox", seed=1), parallel("a red fox", seed=1)

@@ -1,9 +1,10 @@
 """The copy-engine transport end to end on a real GPU, with 2 and 4 processes (gloo control group).
 
-The same rank functions as the CPU protocol suite (tests/transport_cases.py), here with tf-kernel's batched pitched
-copies, stream-memory handshake and the mapping of the transport under test: CUDA IPC by default (ranks share GPU 0);
-the multi-GPU runner also runs the suite with TELEFUSER_TEST_GPU_PER_RANK=1 and TELEFUSER_TEST_GPU_TRANSPORT=ce-symm
-(Symmetric Memory needs a GPU per rank). Failure injection wraps that transport's own mapping."""
+The same rank functions as the CPU protocol suite (tools/harness/transport_cases.py), here with tf-kernel's batched
+pitched copies, stream-memory handshake and the mapping of the transport under test: CUDA IPC by default (ranks share
+GPU 0); the multi-GPU runner also runs the suite with TELEFUSER_TEST_GPU_PER_RANK=1 and
+TELEFUSER_TEST_GPU_TRANSPORT=ce-symm (Symmetric Memory needs a GPU per rank). Failure injection wraps that transport's
+own mapping."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import transport_cases as cases
+from tools.harness import transport_cases as cases
 
 pytestmark = pytest.mark.tf_kernel  # the copy engine's device ops
 

@@ -86,12 +86,15 @@ def test_replayed_sessions_equal_the_eager_session_bit_for_bit(variant, monkeypa
 
 def test_warm_up_captures_what_a_session_replays_and_frames_match_eager():
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
     image = np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)
     request = dict(seed=3, resolution="128x96", num_frames=77, keep_latents=True)
     results = {}
     for graphs in (False, True):
-        pipe = build_lingbot_pipeline(config="tiny", device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
+        pipe = build_lingbot_pipeline(
+            config="tiny", runtime=Runtime.one_rank("cuda", torch.bfloat16), cuda_graphs=graphs
+        )
         pipe.warm_up(resolution="128x96")
         captured = pipe.dit.graphs.captures if graphs else None
         with pipe.start(image, "a red barn", **request) as session:

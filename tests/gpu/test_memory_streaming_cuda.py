@@ -98,6 +98,7 @@ def test_a_pass_that_raises_leaves_every_layer_on_the_host_after_reset():
 
 def test_minimax_tiny_pipeline_streamed_equals_resident_on_cuda():
     from telefuser.pipelines.minimax_h3.loading import build_minimax_h3_pipeline
+    from telefuser.runtime import Runtime
 
     results = {}
     for tier, resident in (("none", None), ("block", {"dit": 1, "adaln": 1, "text_encoder": 1, "vae": 0})):
@@ -105,7 +106,7 @@ def test_minimax_tiny_pipeline_streamed_equals_resident_on_cuda():
         if resident is not None:
             placement = Placement(tier, resident, frozenset({"dit", "adaln", "text_encoder", "vae"}))
         pipe = build_minimax_h3_pipeline(
-            config="tiny", device=CUDA, dtype=torch.bfloat16, placement=placement, show_progress=False
+            config="tiny", runtime=Runtime.one_rank(CUDA, torch.bfloat16), placement=placement, show_progress=False
         )
         result = pipe("a red fox in the snow", duration=1, resolution="32", steps=4, seed=0)
         results[tier] = (result.video_latents, result.audio_latents, result.frames)
@@ -117,12 +118,15 @@ def test_minimax_tiny_pipeline_streamed_equals_resident_on_cuda():
 
 def test_lingbot_tiny_session_streamed_equals_resident_on_cuda():
     from telefuser.pipelines.lingbot_world_v2.loading import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
     image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
     frames = {}
     for tier, resident in (("none", None), ("block", {"dit": 1, "text_encoder": 1})):
         placement = None if resident is None else Placement(tier, resident, frozenset(resident))
-        pipe = build_lingbot_pipeline(config="tiny", device=CUDA, dtype=torch.bfloat16, placement=placement)
+        pipe = build_lingbot_pipeline(
+            config="tiny", runtime=Runtime.one_rank(CUDA, torch.bfloat16), placement=placement
+        )
         with pipe.start(image, "a walk in the park", resolution="128x96", num_frames=29) as session:
             frames[tier] = np.concatenate([session.next_chunk(["w"]).frames for _ in range(session.total_chunks)])
     assert np.array_equal(frames["block"], frames["none"])

@@ -1,10 +1,10 @@
-"""Servers the replica tests share, started on first use and stopped when the session ends (service_servers.py)."""
+"""Servers the replica tests share, started on first use and stopped when the session ends (tools/harness/service_servers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.service_servers import MotoS3, PostgresServer
+from tools.harness.service_servers import MotoS3, PostgresServer
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from telefuser.serving.video import fake as fake_module
 from telefuser.serving.video.contract import RUN_STAGES
 from telefuser.serving.video.fake import FakeVideoRunner
-from tests.replica_processes import wait_for
 from tests.video_stores import STORE_KINDS, store_site
+from tools.harness.replica_processes import wait_for
 
 TINY = {"prompt": "a red fox in snow", "size": "64x32", "seconds": "0.2", "num_inference_steps": "4", "seed": "7"}
 

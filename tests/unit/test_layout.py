@@ -13,7 +13,7 @@ from telefuser.distributed.ulysses.layout import (
     plan_scatter,
     readable_layout,
 )
-from tests.ulysses_reference import expected_gather, expected_scatter, rank_input, run_pitched_copy
+from tools.harness.ulysses_reference import expected_gather, expected_scatter, rank_input, run_pitched_copy
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -21,7 +21,7 @@ from telefuser.distributed.ulysses.layout import (
     plan_scatter,
     readable_layout,
 )
-from tests.ulysses_reference import expected_gather, expected_scatter, rank_input, run_pitched_copy
+from tools.harness.ulysses_reference import expected_gather, expected_scatter, rank_input, run_pitched_copy
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -17,6 +17,7 @@ from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random
 from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline, resolve_checkpoint
 from telefuser.pipelines.wan.text_encoder import build_umt5_encoder, tiny_umt5_config
 from telefuser.pipelines.wan.vae import WanVideoVAE
+from telefuser.runtime import Runtime
 from tests.lingbot_checkpoints import diffusers_transformer_config
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "tools" / "aiperf" / "fixtures" / "tokenizer"
@@ -59,7 +60,7 @@ def test_every_part_loads_from_its_folder_and_a_session_runs(checkpoint):
         "tokenizer": "tokenizer",
         "dit": "transformer",
     }
-    pipe = build_lingbot_pipeline(checkpoint=root, device="cpu", dtype=torch.float32)
+    pipe = build_lingbot_pipeline(checkpoint=root, runtime=Runtime.one_rank("cpu", torch.float32))
     assert _equal_states(pipe.vae.model.state_dict(), states["vae"])
     assert _equal_states(pipe.prompt_encoder.encoder.state_dict(), states["text_encoder"])
     assert _equal_states(pipe.dit.state_dict(), states["dit"])
@@ -76,4 +77,4 @@ def test_a_missing_part_is_named_before_any_weight_is_read(checkpoint, tmp_path)
     partial = tmp_path / "partial"
     shutil.copytree(root, partial, ignore=shutil.ignore_patterns("text_encoder"))
     with pytest.raises(FileNotFoundError, match=r"not a LingBot-World v2 checkpoint folder; missing: .*text_encoder"):
-        build_lingbot_pipeline(checkpoint=partial, device="cpu")
+        build_lingbot_pipeline(checkpoint=partial)

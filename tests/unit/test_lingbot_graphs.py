@@ -85,8 +85,9 @@ class _ResetCommunicator:
 
 def test_warm_up_captures_every_graph_a_session_replays():
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
-    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32)
+    pipe = build_lingbot_pipeline(config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
     graphs = pipe.dit.graphs = EmulatedGraphs()
     pipe.warm_up(resolution="64x48")
     captured, replays = graphs.captures, graphs.replays

@@ -232,8 +232,9 @@ def test_session_with_the_lingbot_tiny_dit_and_camera(parts):
     """Integration with the model package (skipped where it is absent): real tiny DiT, real camera features."""
     pytest.importorskip("telefuser.models.lingbot_world_v2")
     from telefuser.pipelines.lingbot_world_v2 import build_lingbot_pipeline
+    from telefuser.runtime import Runtime
 
-    pipe = build_lingbot_pipeline(config="tiny", device="cpu", dtype=torch.float32, seed=0)
+    pipe = build_lingbot_pipeline(config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), seed=0)
     with pipe.start(image(), "a road", resolution=(32, 32), num_frames=45) as session:
         chunks = [session.next_chunk(["W"] if i else []) for i in range(session.total_chunks)]
     assert [c.frames.shape[0] for c in chunks] == [13, 16, 16]  # 12 latent frames: the 10-frame window rolls

@@ -120,12 +120,15 @@ def _minimax_args(**kw):
 def test_minimax_stacks_add_up_to_the_built_pipeline(quantization):
     from telefuser.pipelines.minimax_h3.loading import build_minimax_h3_pipeline
     from telefuser.pipelines.minimax_h3.memory import workload
+    from telefuser.runtime import Runtime
 
     if quantization == "fp8" and not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("this torch has no float8_e4m3fn")
     args = _minimax_args(quantization=quantization)
     load = workload(args, ParallelConfig(), torch.float32, {"duration": 1, "resolution": "32", "steps": 3})
-    pipe = build_minimax_h3_pipeline(config="tiny", dtype=torch.float32, quantization=quantization)
+    pipe = build_minimax_h3_pipeline(
+        config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), quantization=quantization
+    )
     dit = pipe.dit
     adaln = [t for p in dit.adaln_projections() for t in layer_tensors(p)]
     adaln_ids = {id(t) for t in adaln}
@@ -142,12 +145,13 @@ def test_minimax_stacks_add_up_to_the_built_pipeline(quantization):
 def test_lingbot_stacks_add_up_to_the_built_pipeline():
     from telefuser.pipelines.lingbot_world_v2.loading import build_lingbot_pipeline
     from telefuser.pipelines.lingbot_world_v2.memory import workload
+    from telefuser.runtime import Runtime
 
     args = argparse.Namespace(
         config="tiny", checkpoint=None, quantization="none", attn_impl="sdpa", vae_dtype="float32", cuda_graphs="auto"
     )
     load = workload(args, ParallelConfig(), torch.float32, {"resolution": "128x96"})
-    pipe = build_lingbot_pipeline(config="tiny", dtype=torch.float32)
+    pipe = build_lingbot_pipeline(config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
     assert load.stack("dit").total == _bytes(layer_tensors(pipe.dit))
     assert load.stack("dit").layer * len(pipe.dit.blocks) == _bytes(layer_tensors(pipe.dit.blocks))
     assert load.stack("text_encoder").total == _bytes(pipe.prompt_encoder.encoder.parameters())

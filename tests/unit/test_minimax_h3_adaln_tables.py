@@ -143,8 +143,11 @@ class _NoDecode(torch.nn.Module):
 
 def _pipeline(**kwargs):
     from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
+    from telefuser.runtime import Runtime
 
-    pipe = build_minimax_h3_pipeline(config="tiny", device="cpu", dtype=torch.float32, show_progress=False, **kwargs)
+    pipe = build_minimax_h3_pipeline(
+        config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), show_progress=False, **kwargs
+    )
     if kwargs.get("placement") is None:
         assert not pipe.adaln_tables  # opt-in: off by default
         pipe.adaln_tables = True

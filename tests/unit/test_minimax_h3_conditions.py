@@ -59,6 +59,7 @@ from telefuser.pipelines.minimax_h3.loading import resolve_partition
 from telefuser.pipelines.minimax_h3.pipeline import draw_noise, partition_for_task
 from telefuser.pipelines.minimax_h3.scheduler import FlowSchedule
 from telefuser.pipelines.minimax_h3.vae import AudioDecoder, VideoDecoder, split_stereo_tokens
+from telefuser.runtime import Runtime
 from tests.minimax_h3_reference import (
     PATCH,
     our_rows,
@@ -606,9 +607,11 @@ def test_media_and_partitions_are_checked(models):
 
 
 def test_ref2va_partition_is_its_own_dit(tmp_path: Path):
-    fl2va = build_minimax_h3_pipeline(config="tiny", dtype=torch.float32, seed=3, show_progress=False)
+    fl2va = build_minimax_h3_pipeline(
+        config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), seed=3, show_progress=False
+    )
     ref2va = build_minimax_h3_pipeline(
-        config="tiny", dtype=torch.float32, seed=3, show_progress=False, partition="Ref2VA"
+        config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), seed=3, show_progress=False, partition="Ref2VA"
     )
     assert (fl2va.partition, ref2va.partition) == ("FL2VA", "Ref2VA")
     a, b = fl2va.dit.state_dict(), ref2va.dit.state_dict()

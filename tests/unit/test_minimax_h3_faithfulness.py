@@ -30,6 +30,7 @@ from telefuser.models.minimax_h3 import MiniMaxH3Config, load_minimax_h3_dit
 from telefuser.pipelines.minimax_h3 import build_minimax_h3_pipeline
 from telefuser.pipelines.minimax_h3 import pipeline as pipeline_module
 from telefuser.pipelines.minimax_h3.vae import split_stereo_tokens
+from telefuser.runtime import Runtime
 from tests.minimax_h3_reference import (
     TextOnlyProcessor,
     our_rows,
@@ -175,7 +176,9 @@ def runs(release_folder):
     """(our pipeline, our result, the reference's prompt embeddings, the reference's outputs)."""
     folder, reference = release_folder
     prompt_embeds, theirs = _reference_run(reference)
-    pipe = build_minimax_h3_pipeline(checkpoint=folder, device="cpu", dtype=torch.float32, show_progress=False)
+    pipe = build_minimax_h3_pipeline(
+        checkpoint=folder, runtime=Runtime.one_rank("cpu", torch.float32), show_progress=False
+    )
     return pipe, _run(pipe), prompt_embeds, theirs
 
 

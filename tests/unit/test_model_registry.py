@@ -29,12 +29,13 @@ ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8A
 # -- the registry -----------------------------------------------------------------------------------------------------
 def test_each_service_lists_the_models_it_can_serve():
     assert registry.names() == ["minimax_h3", "lingbot_world_v2", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
-    assert registry.names("video") == ["minimax_h3"] and registry.names("stream") == ["lingbot_world_v2"]
+    video = ["minimax_h3", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
+    assert registry.names("video") == video and registry.names("stream") == ["lingbot_world_v2"]
     with pytest.raises(registry.UnknownModelError, match=r"unknown model 'wan'; models registered: minimax_h3, ling"):
         registry.get_spec("wan")
     with pytest.raises(registry.UnknownModelError, match=r"a stream service can serve: lingbot_world_v2"):
         registry.get_spec("minimax_h3", "stream")
-    assert "(models: minimax_h3)" in " ".join(build_parser().format_help().split())
+    assert "(models: minimax_h3, wan2.2-t2v-a14b, wan2.2-ti2v-5b)" in " ".join(build_parser().format_help().split())
     serve_help = " ".join(_subparser("serve").format_help().split())
     assert "--model MODEL the model to serve (default minimax_h3); minimax_h3: MiniMax H3" in serve_help
     assert "lingbot_world_v2: LingBot-World v2" in " ".join(_subparser("serve-stream").format_help().split())
@@ -96,10 +97,10 @@ def test_model_flags_are_declared_by_the_specs_only():
 
 def test_the_specs_options_are_the_ops_ones():
     from telefuser.models.minimax_h3.checkpoint_formats import QKV_LAYOUTS
-    from telefuser.ops.attention import ATTENTION_IMPLS as OPS_ATTENTION_IMPLS
+    from telefuser.ops.attention_registry import backend_names
     from telefuser.ops.fp8 import QUANTIZATIONS as OPS_QUANTIZATIONS
 
-    assert set(ATTENTION_IMPLS) == set(OPS_ATTENTION_IMPLS) - {"identity"} and QUANTIZATIONS == OPS_QUANTIZATIONS
+    assert set(ATTENTION_IMPLS) == set(backend_names()) - {"identity"} and QUANTIZATIONS == OPS_QUANTIZATIONS
     assert registry.get_spec("minimax_h3").flag("qkv_layout").options["choices"] == QKV_LAYOUTS
 
 
@@ -109,16 +110,23 @@ def test_building_the_command_line_imports_no_torch():
     assert done.stdout.strip() == "False"
 
 
-def test_runtime_parallelize_names_the_known_models_for_a_model_without_a_spec():
+def test_runtime_parallelize_applies_the_plan_of_the_spec_it_is_given():
+    from telefuser.models.spec import ModelSpec
     from telefuser.runtime import Runtime
 
-    runtime = Runtime(SimpleNamespace(world_size=2), device=None, dtype=None)
-    with pytest.raises(
-        registry.UnknownModelError, match=r"no registered model spec builds a Linear; known: minimax_h3"
-    ):
-        import torch
+    mesh = SimpleNamespace(world_size=2)
+    runtime = Runtime(mesh, device=None, dtype=None)
+    calls = []
 
-        runtime.parallelize(torch.nn.Linear(2, 2))
+    def plan(model, mesh, *, communicator_factory=None):
+        calls.append((model, mesh, communicator_factory))
+        return model
+
+    fields = {"name": "m", "title": "m", "model_class": "x:Y", "flags": (), "pipeline": "x:y"}
+    spec = ModelSpec(**fields, attention_impls=("sdpa",), quantizations=(), plan=plan)
+    model, factory = object(), object()
+    assert runtime.parallelize(model, spec, communicator_factory=factory) is model
+    assert calls == [(model, mesh, factory)]  # once, over the runtime's mesh, with the caller's transport
 
 
 # -- the stand-in, served by both command lines -------------------------------------------------------------------------
@@ -157,7 +165,8 @@ def test_the_stand_in_is_served_by_telefuser_serve(tmp_path):
     flags = ["--model", "stand_in", "--tint", "teal", "--artifacts", str(tmp_path)]
     with _Service("serve", *flags) as url, httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
         metadata = http.get("/v1/service/metadata").json()
-        assert metadata["models"] == ["minimax_h3", "stand_in"] and metadata["model"]["tint"] == "teal"
+        assert metadata["models"] == ["minimax_h3", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "stand_in"]
+        assert metadata["model"]["tint"] == "teal"
         # no --served-model-name: the model is served under its registry name, not MiniMax H3's
         assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["stand_in"]
         job = http.post("/v1/videos", json={"prompt": "a kite", "model": "stand_in", "seconds": 0.2}).json()

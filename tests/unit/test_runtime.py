@@ -24,12 +24,12 @@ def test_one_process_runs_dense_on_the_cpu_in_float32(monkeypatch):
     assert runtime.parallel.world_size == 1
     assert Runtime.from_args(_args("--device", "cpu", "--dtype", "bfloat16")).dtype == torch.bfloat16
 
-    class Dense:
-        def enable_parallel(self, mesh):
+    class Spec:
+        def parallelize(self, model, mesh, *, communicator_factory=None):
             raise AssertionError("a one-rank launch split a model")
 
-    model = Dense()
-    assert runtime.parallelize(model) is model
+    model = object()
+    assert runtime.parallelize(model, Spec()) is model
 
 
 def test_a_layout_that_needs_more_ranks_names_the_torchrun_command(monkeypatch):

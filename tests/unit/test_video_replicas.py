@@ -1,9 +1,9 @@
 """Replicas of `telefuser serve --fake` sharing one PostgreSQL job store and one artifact store (issue 26's tests 1-6,
 and the S3 store against moto's standalone server).
 
-Every server is real and started here: a private PostgreSQL cluster (tests/service_servers.py), the replicas as
-processes (tests/replica_processes.py; some in-process where a test needs no process to die), moto's S3 server. The
-fake runner's run log (--fake-run-log: a line per run start, end or cancel, with its pid and time) is how "each job
+Every server is real and started here: a private PostgreSQL cluster (tools/harness/service_servers.py), the replicas as
+processes (tools/harness/replica_processes.py; some in-process where a test needs no process to die), moto's S3 server.
+The fake runner's run log (--fake-run-log: a line per run start, end or cancel, with its pid and time) is how "each job
 ran exactly once" and "nothing ran twice at once" are checked.
 """
 
@@ -23,8 +23,8 @@ from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.store import QueuePolicy
 from telefuser.serving.video.store.directory import DirectoryArtifacts
 from telefuser.serving.video.store.postgres import PostgresJobStore
-from tests.replica_processes import REPO, read_run_log, start_replicas, stop_all, wait_for
-from tests.service_servers import HAProxy, free_port
+from tools.harness.replica_processes import REPO, read_run_log, start_replicas, stop_all, wait_for
+from tools.harness.service_servers import HAProxy, free_port
 
 FINAL = ("completed", "failed", "cancelled")
 

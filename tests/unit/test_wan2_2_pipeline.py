@@ -18,6 +18,7 @@ from telefuser.models.wan2_2.config import release
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
 from telefuser.pipelines.wan2_2.pipeline import Wan22Pipeline, flow_scheduler
+from telefuser.runtime import Runtime
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 from tests.unit.test_wan2_2_model import TEXT_LEN, diffusers_dit, write_diffusers
 
@@ -72,7 +73,7 @@ def test_the_loop_matches_diffusers_wan_pipeline_latents(tmp_path):
 
 @pytest.mark.parametrize("variant", ["t2v-a14b", "ti2v-5b"])
 def test_a_tiny_random_pipeline_makes_a_video_and_cancels_between_steps(variant):
-    pipe = build_wan22_pipeline(variant=variant, config="tiny", dtype=torch.float32)
+    pipe = build_wan22_pipeline(variant=variant, config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
     assert pipe.weights["dit"] == "random (no checkpoint)" and "random" in pipe.weights["vae"]
     progress = []
     video = pipe("a red fox in the snow", seed=5, hooks=StepHooks(progress=lambda d, t: progress.append((d, t))))

@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.models.registry import get_spec
-from telefuser.ops.attention import check_attention_impl
+from telefuser.ops.attention_registry import check_backend
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.regions import compile_regions_on
 from telefuser.runtime import Runtime
@@ -103,20 +103,20 @@ def path_of(name: str):
 
 
 # -- LingBot ----------------------------------------------------------------------------------------------------------
-def lingbot_model(args, variant: str, device, dtype, mesh):
+def lingbot_model(args, variant: str, runtime: Runtime):
+    device, dtype = runtime.device, runtime.dtype
     config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(local_attn_size=10)
     if args.layers:
         config = replace(config, num_layers=args.layers)
     quantization, attn_impl = VARIANTS[variant]
     if device.type != "cuda":
         attn_impl = "sdpa"  # a CPU smoke run: cuDNN FP8 attention needs a GPU
-    check_attention_impl(attn_impl)
-    model = (
-        get_spec("lingbot_world_v2")
-        .loader("random")(config, 0, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda")
-        .eval()
-    )
-    Runtime(mesh, device, dtype).parallelize(model)
+    check_backend(attn_impl)
+    spec = get_spec("lingbot_world_v2")
+    model = spec.loader("random")(
+        config, 0, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
+    ).eval()
+    runtime.parallelize(model, spec)
     model.quantize(quantization)
     return model
 
@@ -207,7 +207,7 @@ def lingbot_cases(args, runtime):
     """(variant, model, resolution, chunk data) for every variant and canvas asked for; one model per variant."""
     device = runtime.device
     for variant in args.variants:
-        model = lingbot_model(args, variant, device, runtime.dtype, runtime.mesh)
+        model = lingbot_model(args, variant, runtime)
         for resolution in args.resolutions:
             yield variant, model, resolution, chunk_data(model.config, *parse_resolution(resolution), device)
         model.enable_cuda_graphs(False)
@@ -314,14 +314,13 @@ def minimax_mode(args, runtime, clock) -> list[dict]:
     from telefuser.models.minimax_h3 import MiniMaxH3Config
     from telefuser.pipelines.minimax_h3.shapes import plan_shape
 
-    device, dtype, mesh = runtime.device, runtime.dtype, runtime.mesh
+    device, dtype = runtime.device, runtime.dtype
     config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
     if args.layers:
         config = replace(config, num_layers=args.layers)
-    model = get_spec("minimax_h3").loader("random")(
-        config, seed=0, device=device, dtype=dtype, init_on_device=device.type == "cuda"
-    )
-    model = runtime.parallelize(model.eval())
+    spec = get_spec("minimax_h3")
+    model = spec.loader("random")(config, seed=0, device=device, dtype=dtype, init_on_device=device.type == "cuda")
+    model = runtime.parallelize(model.eval(), spec)
     quantization = "fp8" if "fp8" in args.variants else "none"
     model.quantize(quantization)
     shape = plan_shape(duration_s=args.duration, resolution=args.minimax_resolution, aspect_ratio="16:9")
@@ -350,7 +349,7 @@ def minimax_mode(args, runtime, clock) -> list[dict]:
                 "enqueue_s": statistics.median(enqueue),
                 "seconds_per_call": statistics.median(wall),
             }
-            results.append(with_rank_maxima(row, mesh is not None, ("enqueue_s", "seconds_per_call")))
+            results.append(with_rank_maxima(row, runtime.mesh is not None, ("enqueue_s", "seconds_per_call")))
             say(runtime, f"  {json.dumps(row)}")
     return results
 

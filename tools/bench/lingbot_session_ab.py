@@ -51,6 +51,7 @@ import torch
 
 from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline, build_lingbot_pipeline, load_control_trace
 from telefuser.pipelines.wan.vae import WanVideoVAE
+from telefuser.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / "examples" / "lingbot_world_v2" / "assets" / "reference.png"
@@ -168,9 +169,9 @@ class GraphedDiT:
 
 
 def default_variants() -> list[str]:
-    from telefuser.ops.attention import available_attention_impls
+    from telefuser.ops.attention_registry import available_names
 
-    available = available_attention_impls()
+    available = available_names()
     fp8_attention, sage = "cudnn_fp8" in available, "sage_sm90" in available
     return [
         v
@@ -208,7 +209,7 @@ def parse_args(argv=None):
 def build_variants(args) -> tuple[dict[str, WorldSessionPipeline], dict[str, WanVideoVAE]]:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    base = build_lingbot_pipeline(config=args.config, device=device, dtype=dtype, seed=0)
+    base = build_lingbot_pipeline(config=args.config, runtime=Runtime.one_rank(device, dtype), seed=0)
     vae32 = base.vae
     vae16 = WanVideoVAE(copy.deepcopy(vae32.model).to(dtype=torch.bfloat16), description=vae32.description + ", bf16")
     vaes = {"fp32": vae32, "bf16": vae16}

@@ -227,7 +227,8 @@ def session_mode(args, runner) -> dict:
     ).eval()
     init_s = time.perf_counter() - t0
     transports = args.transports
-    switch = TransportSwitch(model, runner.runtime, transports)  # collective: one communicator per transport, in order
+    # collective: one communicator per transport, in order
+    switch = TransportSwitch(model, MODEL, runner.runtime, transports)
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
     rounds = args.iters if len(transports) > 1 else 1  # one transport: one timed session, as always
     sessions = {(name, variant): [] for name in transports for variant in variants}

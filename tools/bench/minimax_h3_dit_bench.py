@@ -43,7 +43,7 @@ from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
 from telefuser.models.minimax_h3.packing import pack_layout
 from telefuser.models.registry import get_spec
-from telefuser.ops.attention import AUTO
+from telefuser.ops.attention_registry import AUTO
 from telefuser.ops.fusion import set_fusion
 from telefuser.pipelines.minimax_h3.shapes import plan_shape
 from telefuser.profiling.flop_rates import (
@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     ).eval()
     build_s = time.perf_counter() - t0
     transports = args.transports
-    switch = TransportSwitch(model, runtime, transports)  # collective: TP slicing, then one communicator per transport
+    # collective: TP slicing, then one communicator per transport
+    switch = TransportSwitch(model, MODEL, runtime, transports)
     shape, batch = inputs(config, args, device, dtype)
     variants = ["fused", "eager"] if args.fusion == "both" else [args.fusion]
     samples = {(name, variant): [] for name in transports for variant in variants}

@@ -54,18 +54,19 @@ def agree_on_arguments(args: argparse.Namespace) -> None:
 class TransportSwitch:
     """One open communicator per transport on one model; `use(name)` points the model's blocks at it.
 
-    The first transport's communicator comes from `runtime.parallelize` (the model spec's plan); the others are opened
-    on the same Ulysses group, in the given order, on every rank alike. The model reads `model.communicator` at every
-    forward, so switching is a local assignment: no collective, nothing re-opened. Sessions must be made after `use` (the model
-    refuses sessions made for another parallel layout). Without a communicator (one rank) `use` does nothing."""
+    The first transport's communicator comes from `runtime.parallelize` (the plan of `spec`, the model's spec); the
+    others are opened on the same Ulysses group, in the given order, on every rank alike. The model reads
+    `model.communicator` at every forward, so switching is a local assignment: no collective, nothing re-opened.
+    Sessions must be made after `use` (the model refuses sessions made for another parallel layout). Without a
+    communicator (one rank) `use` does nothing."""
 
-    def __init__(self, model, runtime: Runtime, transports: list[str]):
+    def __init__(self, model, spec, runtime: Runtime, transports: list[str]):
         self.model, self.transports = model, transports
         self.communicators: dict[str, UlyssesCommunicator] = {}
         if runtime.mesh is None:
             return
         first = functools.partial(UlyssesCommunicator, transport=transports[0])
-        runtime.parallelize(model, communicator_factory=first)
+        runtime.parallelize(model, spec, communicator_factory=first)
         if model.communicator is None:
             return
         self.communicators[transports[0]] = model.communicator

@@ -252,7 +252,7 @@ def main() -> int:
                 rows.append(row)
                 continue
             options = CopyEngineOptions(**ABLATIONS.get(name, {}))
-            comm = UlyssesCommunicator(transport=transport, control_group=CPU_GROUP, options=options)
+            comm = UlyssesCommunicator(transport=transport, options=options)
             comm.scatter_heads(fused[:, :, 2], tag="v").wait()  # selects the transport (agreed) before any timing
             row.ran_on = comm.backend_name
             if transport != "portable" and comm.backend_name != transport:

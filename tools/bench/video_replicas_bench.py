@@ -11,7 +11,7 @@ Per replica count: a fresh database; the replicas start side by side (fake model
 count runs `--repeats` times (the median and the best are shown: other work on a shared machine only slows a run).
 `vs linear` is the median rate over N x the one-replica median rate. Then, on one idle replica, `--latency-samples` jobs one at a
 time: create-to-claim is the job's `timings.queue_s` (created_at and started_at, both on the database's clock).
-Without --database the private cluster comes from tests/service_servers.py (Debian's postgresql must be installed).
+Without --database the private cluster comes from tools/harness/service_servers.py (Debian's postgresql must be installed).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.replica_processes import start_replicas, stop_all
+from tools.harness.replica_processes import start_replicas, stop_all
 
 JOB = {"prompt": "a lighthouse", "size": "64x32", "seconds": 0.2}  # 5 frames: muxing is small beside the steps
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     server = None
     if args.database is None:
-        from tests.service_servers import PostgresServer
+        from tools.harness.service_servers import PostgresServer
 
         server = PostgresServer()
         args.database = server.url()

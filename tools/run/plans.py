@@ -706,7 +706,8 @@ WAN_STEP_PLAN = Plan(
             "wan_5b_request",
             420,
             command(
-                f"{{py}} examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --steps 4 --output {{out}}/wan_5b/t2v.mp4"
+                "{py} examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --config official --steps 4 "
+                "--output {out}/wan_5b/t2v.mp4"
             ),
             "a Wan 2.2 TI2V-5B request as the release runs it (1280x704, 121 frames, random weights) at 4 steps: "
             "load, text, denoise, decode and peak memory",

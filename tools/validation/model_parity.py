@@ -22,8 +22,8 @@ Each participating rank builds the model from the same seed (CPU generator on CP
 which draws the same numbers on identical GPUs -- checked: every rank reports an exact checksum of its weights and
 the case fails if they differ) and runs it dense. It then frees it, builds it again from the seed (same checksum
 required; one model in memory at a time, so ``--config official`` at full depth fits), applies the model spec's plan
-(``Runtime.parallelize(model, communicator_factory=partial(UlyssesCommunicator, transport=--transport))``), runs it
-on the same random, non-zero inputs and compares every output:
+over the case's replica (``Runtime.parallelize(model, spec, communicator_factory=partial(UlyssesCommunicator,
+transport=--transport))``), runs it on the same random, non-zero inputs and compares every output:
 
     MiniMax H3       one forward at batch 2 (different video/audio timesteps per sample); outputs: video and
                      audio velocities. The packed sequence is padded to the rank count (rows cross rank borders).
@@ -269,8 +269,10 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run_case(case: Case, mesh: ParallelMesh, args, device: torch.device, dtype: torch.dtype) -> dict:
+def run_case(case: Case, runtime: Runtime, args) -> dict:
+    """Dense, then parallel over `runtime`'s mesh (this rank's replica of the case)."""
     _, make_inputs, run = MODELS[case.model]
+    device, dtype = runtime.device, runtime.dtype
     result = {"rank": dist.get_rank(), "error": None}
     try:
         config = model_config(case.model, args)
@@ -288,7 +290,7 @@ def run_case(case: Case, mesh: ParallelMesh, args, device: torch.device, dtype: 
         model = build_model(case.model, config, args, device, dtype)
         result["rebuilt_weights"] = weights_checksum(model)
         transport = partial(UlyssesCommunicator, transport=args.transport)
-        Runtime(mesh, device, dtype).parallelize(model, communicator_factory=transport)
+        runtime.parallelize(model, get_spec(case.model), communicator_factory=transport)
         if args.perturb:
             with torch.no_grad():
                 for param in model.blocks[0].parameters():
@@ -516,8 +518,8 @@ def main(argv=None) -> int:
 
     summaries = []
     for case in cases:
-        mesh = case_mesh(case, device)
-        local = run_case(case, mesh, args, device, dtype) if mesh is not None else None
+        mesh = case_mesh(case, device)  # the case's replica: each case has a launch context of its own
+        local = run_case(case, Runtime(mesh, device, dtype), args) if mesh is not None else None
         free_memory(device)
         summaries.append(summarize(case, gather_from_ranks(local, None), args, bound))
         if rank == 0:

@@ -154,10 +154,11 @@ def lingbot_chunk_rows(args) -> list[dict]:
 
 def lingbot_session_row(args) -> dict:
     from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline, build_lingbot_pipeline, load_control_trace
+    from telefuser.runtime import Runtime
     from tools.bench.lingbot_session_ab import CONTROLS, IMAGE, AttentionImplDiT, fp8_gate, run_session
 
     device = torch.device("cuda")
-    base = build_lingbot_pipeline(config="official", device=device, dtype=torch.bfloat16, seed=0)
+    base = build_lingbot_pipeline(config="official", runtime=Runtime.one_rank(device, torch.bfloat16), seed=0)
     trace = load_control_trace(CONTROLS)
     session_args = argparse.Namespace(resolution=args.resolution, num_frames=args.session_frames)
     results = {}

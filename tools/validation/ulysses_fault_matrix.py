@@ -4,7 +4,7 @@
     python -m tools.validation.ulysses_fault_matrix --device cuda --output t.md   # 2 processes sharing GPU 0: portable, ce-ipc
 
 Each cell starts two fresh ranks, injects the fault on rank 1 and checks the outcome and its wall time
-(tests/fault_matrix.py has the cells and the rules). Exits 1 when any cell fails.
+(tools/harness/fault_matrix.py has the cells and the rules). Exits 1 when any cell fails.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tests.fault_matrix import ROWS, format_table, run_matrix
+from tools.harness.fault_matrix import ROWS, format_table, run_matrix
 
 
 def main() -> int:

@@ -93,7 +93,6 @@ class UlyssesCommunicator:
         self,
         group: dist.ProcessGroup | None = None,
         *,
-        control_group: dist.ProcessGroup | None = None,
         verify: str | None = None,
         transport: str | None = None,
         options: CopyEngineOptions | None = None,
@@ -101,8 +100,8 @@ class UlyssesCommunicator:
     ):
         """`transport`: "auto" (default; copy engine on eligible CUDA groups), "portable", "ce-symm", "ce-ipc", or
         "host-shm" (the copy-engine protocol over CPU shared memory). Also read from TELEFUSER_ULYSSES_TRANSPORT.
-        `control_group` is accepted for compatibility: control exchanges go through the default process group's
-        store (bounded by `options.timeout_s`), so they never need a CPU group of their own."""
+        Control exchanges go through the default process group's store (bounded by `options.timeout_s`), so they
+        never need a CPU group of their own."""
         if not dist.is_initialized():
             raise RuntimeError(
                 "UlyssesCommunicator needs torch.distributed to be initialized (see telefuser.distributed.mesh)"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from ...distributed.tp import Index
 from .config import MiniMaxH3Config
 from .spec import QKV_LAYOUTS  # declared with the --qkv-layout flag
-from .tp import Index, tensor_pieces
+from .tp import tensor_pieces
 
 QKV_METADATA_KEY = "qkv_layout"
 RELEASE_CLASS = "MiniMaxH3DiTModel"

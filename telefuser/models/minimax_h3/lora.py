@@ -45,10 +45,11 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from ...distributed.tp import Rowwise, TensorParallelState
 from ...memory.host import pinning, to_host
 from ...ops.fp8 import Float8Linear, quantize_rows
 from .checkpoint_formats import diffusers_name
-from .tp import Rowwise, TensorParallelState, style_for, tensor_pieces
+from .tp import style_for, tensor_pieces
 
 log = logging.getLogger(__name__)
 

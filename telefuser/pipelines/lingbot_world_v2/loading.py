@@ -76,8 +76,7 @@ def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) 
     options["cuda_graphs"] = not streams_blocks and cuda_graphs_wanted(
         LINGBOT_WORLD_V2.option(args, "cuda_graphs"), runtime.device, runtime.world_size
     )
-    launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
-    return build_lingbot_pipeline(**{**options, **launch, **overrides})
+    return build_lingbot_pipeline(**{**options, "runtime": runtime, **overrides})
 
 
 def request_from_args(args: argparse.Namespace) -> dict:
@@ -98,9 +97,7 @@ def build_lingbot_pipeline(
     *,
     config: str = "tiny",
     checkpoint: str | Path | None = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    mesh=None,
+    runtime: Runtime | None = None,
     seed: int = 0,
     attn_impl: str = "sdpa",
     camera_factory: CameraFactory | None = None,
@@ -113,19 +110,22 @@ def build_lingbot_pipeline(
 ) -> WorldSessionPipeline:
     """`config` ("tiny" | "official") picks random-weight sizes without `checkpoint`.
 
-    `dtype` is the DiT's and text encoder's; `vae_dtype` the VAE's, for the condition encode and the decode (float32
-    by default, as the reference runs it; bfloat16 is faster, see docs/perf). `vae_fast`
-    puts the VAE's weights in channels-last and compiles each norm + SiLU pair into one kernel (`vae_fusion`; the
-    same result up to rounding order).
+    `runtime` (None: one rank, `Runtime.one_rank("cpu", torch.bfloat16)`) gives the device, the layout the DiT is
+    parallelized over (`Runtime.parallelize` with this model's spec) and the dtype: the DiT's and text encoder's.
+    `vae_dtype` is the VAE's, for the condition encode and the decode (float32 by default, as the reference runs it;
+    bfloat16 is faster, see docs/perf). `vae_fast` puts the VAE's weights in channels-last and compiles each norm +
+    SiLU pair into one kernel (`vae_fusion`; the same result up to rounding order).
     `camera_factory` defaults to the model package's camera features.
     `quantization` "fp8" runs the DiT blocks' projection and FFN GEMMs in FP8 (`LingBotWorldV2DiT.quantize`).
     `cuda_graphs` replays every chunk's forwards as CUDA graphs on a CUDA device (`cuda_graphs_wanted` decides it from
     the command line); a warm-up session then captures them all.
-    `placement` (a `memory.plan.Placement`; None: everything on `device`) says which layers of the ``text_encoder``
+    `placement` (a `memory.plan.Placement`; None: everything on the device) says which layers of the ``text_encoder``
     and ``dit`` stacks stay on the device; the others go to pinned host memory as they load, one tensor or block
     at a time, and stream while they run (`PromptEncoder`, `LingBotWorldV2DiT.stream_blocks`; not with CUDA graphs).
     """
-    device = torch.device(device)
+    if runtime is None:
+        runtime = Runtime.one_rank("cpu", torch.bfloat16)
+    device, dtype = runtime.device, runtime.dtype
     if config not in ("tiny", "official"):
         raise ValueError(f"config must be 'tiny' or 'official', got {config!r}")
     if quantization not in QUANTIZATIONS:
@@ -150,9 +150,7 @@ def build_lingbot_pipeline(
     model, text_dim, text_len = _build_dit(
         size,
         paths,
-        device=device,
-        dtype=dtype,
-        mesh=mesh,
+        runtime,
         seed=seed,
         attn_impl=attn_impl,
         finish=_block_finisher(quantization, dit_resident),
@@ -179,6 +177,7 @@ def build_lingbot_pipeline(
         weights["vae"] = vae.description
     if camera_factory is None:
         camera_factory = lingbot_camera()
+    mesh = runtime.mesh
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return WorldSessionPipeline(
         model,
@@ -210,11 +209,13 @@ def _block_finisher(quantization: str, resident: int | None):
     return finish
 
 
-def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl, finish):
-    """(dit, text_dim, text_len) from the model package (imported here, lazily), each block finished as it loads."""
+def _build_dit(size, paths, runtime: Runtime, *, seed, attn_impl, finish):
+    """(dit, text_dim, text_len) from the model package (imported here, lazily), each block finished as it loads,
+    parallelized over `runtime`'s layout."""
     from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit, load_lingbot_dit
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
+    device, dtype = runtime.device, runtime.dtype
     if paths is not None:
         model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, attn_impl=attn_impl, after_block=finish)
     else:
@@ -230,6 +231,6 @@ def _build_dit(size, paths, *, device, dtype, mesh, seed, attn_impl, finish):
             init_on_device=device.type == "cuda",
             after_block=finish,
         )
-    Runtime(mesh, device, dtype).parallelize(model)
+    runtime.parallelize(model, LINGBOT_WORLD_V2)
     config = model.config
     return model, int(config.text_dim), int(getattr(config, "text_len", TEXT_LEN))

@@ -17,6 +17,7 @@ import torch
 
 from ...memory.plan import Placement
 from ...memory.streaming import streamed_layers
+from ...models.minimax_h3.spec import MINIMAX_H3
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from .pipeline import DEFAULT_TIMESTEP_SCALE, PARTITION_TASKS, MiniMaxH3Pipeline
@@ -72,9 +73,7 @@ def build_minimax_h3_pipeline(
     *,
     config: str = "tiny",
     checkpoint: str | Path | None = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    mesh=None,
+    runtime: Runtime | None = None,
     seed: int = 0,
     attn_impl: str = "sdpa",
     timestep_scale: float = DEFAULT_TIMESTEP_SCALE,
@@ -90,7 +89,9 @@ def build_minimax_h3_pipeline(
     `partition` picks the DiT: "FL2VA" (T2VA and FL2VA requests: ``<root>/FL2VA``) or "Ref2VA" (Ref2VA requests:
     ``<root>/Ref2VA``; random weights: another seeded DiT, `REF2VA_RANDOM_SEED_OFFSET`); `pipeline.partition_for_task`
     maps a task to it.
-    `placement` (a `memory.plan.Placement`; None: everything on `device`) says which layers of the ``text_encoder``,
+    `runtime` (None: one rank, `Runtime.one_rank("cpu", torch.bfloat16)`) gives the device, the dtype and the layout
+    the DiT is parallelized over (`Runtime.parallelize` with this model's spec: TP, then Ulysses).
+    `placement` (a `memory.plan.Placement`; None: everything on the device) says which layers of the ``text_encoder``,
     ``adaln`` and ``dit`` stacks stay on the device; the others are put in pinned host memory as they load, one
     tensor or block at a time, and stream while they run (`PromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
     `MiniMaxH3DiT.stream_blocks`). `qkv_layout` is passed to the DiT loader (for re-exported single files).
@@ -104,6 +105,8 @@ def build_minimax_h3_pipeline(
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if partition not in PARTITIONS:
         raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+    if runtime is None:
+        runtime = Runtime.one_rank("cpu", torch.bfloat16)
     where = Where.of(placement)
     if lora_switching and where.dit is not None:
         raise ValueError("switching LoRAs needs the DiT's blocks resident: use --offload none or model, not block")
@@ -115,9 +118,7 @@ def build_minimax_h3_pipeline(
     pipe = _build(
         config=config,
         checkpoint=checkpoint,
-        device=device,
-        dtype=dtype,
-        mesh=mesh,
+        runtime=runtime,
         seed=seed,
         attn_impl=attn_impl,
         timestep_scale=timestep_scale,
@@ -140,7 +141,7 @@ def build_minimax_h3_pipeline(
             f"AdaLN projections {where.adaln}/{len(dit.blocks)} resident ({moved / 2**30:.2f} GiB in host memory)"
         )
     if where.dit is not None:
-        moved = dit.stream_blocks(device, resident=where.dit)
+        moved = dit.stream_blocks(runtime.device, resident=where.dit)
         notes.append(f"blocks {where.dit}/{len(dit.blocks)} resident, the rest streamed ({moved / 2**30:.2f} GiB)")
     if dit.adaln_offloaded:
         pipe.adaln_tables = True  # a DiT without its projections on the device needs them for every call
@@ -195,15 +196,12 @@ def pipeline_from_args(args: argparse.Namespace, runtime: Runtime, **overrides) 
     default), on `runtime`'s device, dtype and layout; `overrides` are `build_minimax_h3_pipeline` keywords that
     replace or add to those. --attn-impl (auto included) is resolved and agreed by all ranks
     (`MINIMAX_H3.attention_impl`) unless `overrides` names the implementation."""
-    from telefuser.models.minimax_h3.spec import MINIMAX_H3
-
     options = MINIMAX_H3.options(args, "config", "checkpoint", "quantization", "qkv_layout")
     if "attn_impl" not in overrides:
         options["attn_impl"] = MINIMAX_H3.attention_impl(args, runtime)
     if "placement" not in overrides:
         options["placement"] = MINIMAX_H3.memory_plan(args, runtime, request_from_args(args)).placement
-    launch = {"device": runtime.device, "dtype": runtime.dtype, "mesh": runtime.mesh}
-    return build_minimax_h3_pipeline(**{**options, **launch, **overrides})
+    return build_minimax_h3_pipeline(**{**options, "runtime": runtime, **overrides})
 
 
 def request_from_args(args: argparse.Namespace) -> dict:
@@ -236,9 +234,7 @@ def _build(
     *,
     config,
     checkpoint,
-    device,
-    dtype,
-    mesh,
+    runtime: Runtime,
     seed,
     attn_impl,
     timestep_scale,
@@ -248,13 +244,10 @@ def _build(
     quantization: str,
     partition: str = "FL2VA",
 ) -> MiniMaxH3Pipeline:
-    device = torch.device(device)
     if checkpoint is not None:
         return _from_checkpoint(
             Path(checkpoint),
-            device=device,
-            dtype=dtype,
-            mesh=mesh,
+            runtime=runtime,
             attn_impl=attn_impl,
             timestep_scale=timestep_scale,
             show_progress=show_progress,
@@ -268,6 +261,7 @@ def _build(
     from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
     from telefuser.models.minimax_h3.config import MiniMaxH3Config
 
+    device, dtype, mesh = runtime.device, runtime.dtype, runtime.mesh
     dit_config = MiniMaxH3Config.tiny() if config == "tiny" else MiniMaxH3Config()
     if config == "tiny":
         text_config, text_layers = tiny_text_config(hidden_size=int(dit_config.text_dim)), TINY_TEXT_LAYERS
@@ -290,7 +284,7 @@ def _build(
         init_on_device=on_device,
         after_block=finish if dense else None,
     )
-    Runtime(mesh, device, dtype).parallelize(dit)
+    runtime.parallelize(dit, MINIMAX_H3)
     if not dense:
         for index in range(len(dit.blocks)):
             finish(dit, index)
@@ -330,9 +324,7 @@ def _build(
 def _from_checkpoint(
     checkpoint: Path,
     *,
-    device,
-    dtype,
-    mesh,
+    runtime: Runtime,
     attn_impl,
     timestep_scale,
     show_progress,
@@ -341,6 +333,7 @@ def _from_checkpoint(
     quantization: str,
     partition: str = "FL2VA",
 ) -> MiniMaxH3Pipeline:
+    device, dtype = runtime.device, runtime.dtype
     part = resolve_partition(checkpoint, partition)
     video_vae = load_video_vae(_first_dir(part, "video_vae", "vae"), device=device, dtype=dtype)
     audio_vae = load_audio_vae(_first_dir(part, "audio_vae"), device=device)
@@ -357,7 +350,7 @@ def _from_checkpoint(
         dtype=dtype,
         attn_impl=attn_impl,
         qkv_layout=qkv_layout,
-        parallelize=Runtime(mesh, device, dtype).parallelize,  # before the read: a TP rank reads only its slices
+        parallelize=lambda dit: runtime.parallelize(dit, MINIMAX_H3),  # before the read: a TP rank reads its slices
         after_block=where.finish_block(quantization),
     )
     config = getattr(dit, "config", None)

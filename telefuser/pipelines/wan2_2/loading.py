@@ -1,7 +1,7 @@
 """Assemble a `Wan22Pipeline` from a release folder (original or diffusers layout) or from random weights.
 
 Every path is checked before any weight is read. The text encoder and VAE come from `pipelines.wan.components`,
-the experts from `models.wan2_2.checkpoint`; each expert is parallelized by `runtime` (its spec's plan).
+the experts from `models.wan2_2.checkpoint`; each expert is parallelized by `runtime` with its variant's spec.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ import torch
 
 from ...models.wan2_2 import checkpoint as dit_checkpoint
 from ...models.wan2_2.config import Wan22Release, release
+from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
 from ...ops.fp8 import QUANTIZATIONS
+from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
 from ..wan.text_encoder import PromptEncoder
 from .pipeline import Wan22Pipeline
 
 VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
+SPECS = {"t2v-a14b": WAN22_T2V_A14B, "ti2v-5b": WAN22_TI2V_5B}  # variant -> its ModelSpec
 
 
 def resolve_checkpoint(root: str | Path, variant: Wan22Release) -> dict:
@@ -40,22 +43,21 @@ def build_wan22_pipeline(
     variant: str = "t2v-a14b",
     config: str = "tiny",
     checkpoint: str | Path | None = None,
-    runtime=None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    runtime: Runtime | None = None,
     seed: int = 0,
     attn_impl: str = "sdpa",
     quantization: str = "none",
     vae_dtype: torch.dtype = torch.float32,
 ) -> Wan22Pipeline:
     """`variant` ("t2v-a14b" | "ti2v-5b") at `config` ("tiny" | "official") sizes without `checkpoint`. `runtime`
-    (a `telefuser.runtime.Runtime`): its device, dtype and layout replace `device` and `dtype`, and it parallelizes
-    every expert (None: one rank). `quantization` "fp8" runs the blocks' projection and FFN GEMMs in FP8."""
+    (None: one rank, `Runtime.one_rank("cpu", torch.bfloat16)`) gives the device, the dtype and the layout every
+    expert is parallelized over (`Runtime.parallelize` with the variant's spec). `quantization` "fp8" runs the
+    blocks' projection and FFN GEMMs in FP8."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    if runtime is not None:
-        device, dtype = runtime.device, runtime.dtype
-    device = torch.device(device)
+    if runtime is None:
+        runtime = Runtime.one_rank("cpu", torch.bfloat16)
+    device, dtype = runtime.device, runtime.dtype
     size = "official" if checkpoint is not None else config
     variant_info = release(variant, size)
     paths = resolve_checkpoint(checkpoint, variant_info) if checkpoint is not None else None
@@ -83,13 +85,13 @@ def build_wan22_pipeline(
             )
         if quantization != "none":
             dit.quantize(quantization)
-        experts.append(runtime.parallelize(dit) if runtime is not None else dit)
+        experts.append(runtime.parallelize(dit, SPECS[variant]))
     weights["dit"] = ", ".join(str(d) for d in paths["experts"]) if paths else weights["dit"]
     if paths is not None and paths["boundary_ratio"] is not None:
         variant_info = replace(variant_info, boundary_ratio=paths["boundary_ratio"])
     if int(encoder.config.d_model) != variant_info.dit.text_dim:
         raise ValueError(f"text encoder width {encoder.config.d_model} != DiT text_dim {variant_info.dit.text_dim}")
-    mesh = getattr(runtime, "mesh", None)
+    mesh = runtime.mesh
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return Wan22Pipeline(
         experts,
@@ -105,9 +107,7 @@ def build_wan22_pipeline(
 def pipeline_from_args(variant: str, args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
     """The pipeline the variant's flags in `args` describe, on `runtime`; --attn-impl resolved and agreed by all
     ranks unless `overrides` names it."""
-    from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
-
-    spec = {"t2v-a14b": WAN22_T2V_A14B, "ti2v-5b": WAN22_TI2V_5B}[variant]
+    spec = SPECS[variant]
     options = spec.options(args, "config", "checkpoint", "quantization")
     if "attn_impl" not in overrides:
         options["attn_impl"] = spec.attention_impl(args, runtime)

@@ -56,7 +56,7 @@ class RankCtx:
     def inputs(self, seed, shape=None):
         import torch
 
-        from tests.ulysses_reference import rank_input
+        from tools.harness.ulysses_reference import rank_input
 
         shape = shape or (1, 4, 2 * self.world, 8)
         return [rank_input(seed, p, shape, torch.float32).to(self.device) for p in range(self.world)]
@@ -76,7 +76,7 @@ class RankCtx:
 def _exact(out, xs, rank) -> bool:
     import torch
 
-    from tests.ulysses_reference import expected_scatter
+    from tools.harness.ulysses_reference import expected_scatter
 
     return bool(torch.equal(out.cpu(), expected_scatter([x.cpu().contiguous() for x in xs], rank)))
 
@@ -140,7 +140,7 @@ def cell_option_mismatch(ctx: RankCtx) -> dict:
 def cell_oom_at_target(ctx: RankCtx) -> dict:
     import torch.distributed as dist
 
-    from tests.transport_cases import _LocalOutOfMemory, real_mapping
+    from tools.harness.transport_cases import _LocalOutOfMemory, real_mapping
 
     def factory(channel, device):
         inner = real_mapping(ctx.transport, channel, dist.group.WORLD, device)
@@ -203,7 +203,7 @@ def cell_reset_after_failure(ctx: RankCtx) -> dict:
 
     import torch.distributed as dist
 
-    from tests import transport_cases as cases
+    from tools.harness import transport_cases as cases
 
     rank_ctx = types.SimpleNamespace(rank=ctx.rank, world_size=ctx.world, group=dist.group.WORLD)
     ctx.start()
@@ -316,7 +316,9 @@ class CellResult:
 
 def _context():
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.fault_matrix", "telefuser.distributed.ulysses"])
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "tools.harness.fault_matrix", "telefuser.distributed.ulysses"]
+    )
     return ctx
 
 

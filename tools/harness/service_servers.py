@@ -1,6 +1,6 @@
-"""Real servers for the replica tests, each started on loopback by the tests and stopped after them: a throwaway
-PostgreSQL cluster (Debian's `postgresql`), HAProxy (Debian's `haproxy`) and moto's standalone S3 server (no S3
-server installs from Debian or PyPI, so moto stands in as the endpoint of the boto3 code).
+"""Real servers for the replica tests (and tools/bench/video_replicas_bench.py), each started on loopback and stopped
+after them: a throwaway PostgreSQL cluster (Debian's `postgresql`), HAProxy (Debian's `haproxy`) and moto's standalone
+S3 server (no S3 server installs from Debian or PyPI, so moto stands in as the endpoint of the boto3 code).
 
 `make test` installs the two Debian packages. A server that cannot start fails the test with the reason: these are
 the tests that prove the replicas work, and a skip would prove nothing.

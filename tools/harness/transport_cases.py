@@ -18,7 +18,7 @@ from telefuser.distributed.ulysses.communicator import UlyssesTransportError
 from telefuser.distributed.ulysses.copy_engine import CopyEngineOptions
 from telefuser.distributed.ulysses.peer_mapping import agree_on_setup
 from telefuser.distributed.ulysses.primitives import UlyssesTimeoutError
-from tests.ulysses_reference import expected_gather, expected_scatter, rank_input
+from tools.harness.ulysses_reference import expected_gather, expected_scatter, rank_input
 
 PROBE_GROUPS = 1  # every copy-engine backend runs one probe group at setup
 

@@ -1,4 +1,4 @@
-"""Rank-wise constructed inputs and expected outputs for Ulysses data-movement tests.
+"""Rank-wise constructed inputs and expected outputs for Ulysses data-movement tests and the fault matrix.
 
 Every rank's input is reproducible from (seed, rank), so each rank can build the exact output it must receive from
 all of its peers' inputs without any communication, and tests compare with `torch.equal`.

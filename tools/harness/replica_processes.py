@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.service_servers import free_port
+from tools.harness.service_servers import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Replica:
