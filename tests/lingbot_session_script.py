@@ -46,7 +46,7 @@ def run_session(
     g = torch.Generator().manual_seed(seed)
     text = torch.randn(1, 5, config.text_dim, generator=g)
     tpf = tokens_per_frame(grid_hw)
-    session = model.new_session(
+    session = model.new_window(
         1, text.to(device, model.compute_dtype), tokens_per_frame=tpf, device=device, dtype=dtype
     )
     outputs, lengths, heads = [], [], []
@@ -103,7 +103,7 @@ def session_under_impl(model, impl: str):
     CPU test has no GPU to check it against) and reset to ``sdpa`` after."""
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
     model.attn_impl = impl
-    session = model.new_session(1, text, tokens_per_frame=TOKENS_PER_FRAME)
+    session = model.new_window(1, text, tokens_per_frame=TOKENS_PER_FRAME)
     outputs = []
     for index, frames in enumerate(VARIED_CHUNK_FRAMES):
         g = torch.Generator().manual_seed(100 + index)

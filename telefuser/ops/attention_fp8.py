@@ -332,7 +332,7 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
     return t.stride()[1:] == (h * d, d, 1)
 
 
-# traced: inside a block region the quantization fuses with its neighbours; a LingBot session keeps FP8 keys for it
+# traced: inside a block region the quantization fuses with its neighbours; a LingBot KV window keeps FP8 keys for it
 @attention_backend("cudnn_fp8", available=fp8_attention_available, traced=True, window_format=WINDOW_FP8_KEYS)
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
     """Softmax attention on ``[B, S, H, D]`` CUDA tensors in FP8 (e4m3) through cuDNN, per-tensor dynamic scales;

@@ -549,8 +549,8 @@ WINDOW_VALUE_HEADROOM = 16.0  # e4m3 keeps 3 mantissa bits down to 2^-6 of its r
 WINDOW_BLOCK_SLACK = 6  # touched blocks beyond new_rows / 128: each of a write's runs (at most 3) may add two
 
 
-def window_session_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """From a session's first chunk (``[B, n, H, D]``): (the keys' smoothing mean fp32 ``[B, H, D]``, the e4m3 value
+def window_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a window's first chunk (``[B, n, H, D]``): (the keys' smoothing mean fp32 ``[B, H, D]``, the e4m3 value
     scale fp32 ``[B, H, D]`` with its headroom)."""
     mean = k.float().mean(dim=1)
     v_scale = v.float().abs().amax(dim=1).clamp_min(_TINY) * (WINDOW_VALUE_HEADROOM / FP8_MAX)
@@ -587,7 +587,7 @@ def block_groups(blocks: torch.Tensor, granularity: str) -> torch.Tensor:
 
 
 def window_key_blocks(keys: torch.Tensor, mean: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole blocks of a window's bf16 keys ``[B, T * 128, H, D]`` -> (int8 keys, smoothed by the session's `mean`,
+    """Whole blocks of a window's bf16 keys ``[B, T * 128, H, D]`` -> (int8 keys, smoothed by the window's `mean`,
     same shape; their fresh scales fp32 ``[B, H, T * groups per block]``, block by block as `block_groups`)."""
     b, length, h, d = keys.shape
     x = keys.float() - mean[:, None]

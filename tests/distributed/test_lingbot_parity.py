@@ -45,7 +45,7 @@ def _steps(config):
 
 
 def _generate(model, config, text):
-    session = model.new_session(2, text, tokens_per_frame=TPF)
+    session = model.new_window(2, text, tokens_per_frame=TPF)
     outputs = [model.forward_chunk(session, x, t, cam, update_cache=commit) for x, t, cam, commit in _steps(config)]
     evicted = session.committed == session.capacity and session.frame_offset > config.local_attn_size
     local_heads = session.self_kv[0].k.shape[2]
@@ -126,7 +126,7 @@ def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
         model = LINGBOT_WORLD_V2.parallelize(
             copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator
         )
-        session = model.new_session(2, text, tokens_per_frame=TPF)
+        session = model.new_window(2, text, tokens_per_frame=TPF)
         fp8_keys = session.fp8_keys and session.self_kv[0].k.dtype == torch.float8_e4m3fn
         session.close()
         attention_module.fp8_attention_known_scales = _emulated_fp8_attention(descale_factor)

@@ -64,7 +64,7 @@ def _serve_and_follow(ctx):
 def test_follower_replays_rank0_jobs_and_cancels_at_the_same_step(ranks2):
     (calls0, steps0, _, stopped), (calls1, steps1, followed, _) = ranks2.run(_serve_and_follow)
     assert [c["prompt"] for c in calls0] == ["one", "two"]
-    assert calls0 == calls1  # identical VideoSpec arguments, same order
+    assert calls0 == calls1  # identical JobRequest arguments, same order
     assert calls0[0] == {
         "prompt": "one",
         "resolution": "64x32",

@@ -149,7 +149,7 @@ def test_captured_in_a_cuda_graph_replays_bit_identical():
 def _drifting_window(drift: float):
     """Three chunks of 700 rows (not block-aligned) written into a sage window; keys share a per-channel offset and
     chunks after the first drift from it by one of their own (RoPE moves an offset with position)."""
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowPlan, write_window
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowSlots, write_window
 
     buffers = WindowBuffers.allocate(
         1, (1, 2100, H, D), [], None, device=torch.device("cuda"), dtype=torch.bfloat16, sage_window=True
@@ -158,7 +158,7 @@ def _drifting_window(drift: float):
     shared = 4.0 * _rand(D, seed=3)
     keys, values = [], []
     for index, committed in enumerate((0, 700, 1400)):
-        plan = WindowPlan(2100, 700, committed, 700, 0)
+        plan = WindowSlots(2100, 700, committed, 700, 0)
         _, k, v = _qkv(s_q=1, s_kv=700, seed=20 + index)
         k = k + shared + (drift * _rand(D, seed=40 + index) if index else 0)
         write_window(layer, k, v, plan.slot_rows("cuda"), plan.kept == 0)

@@ -57,7 +57,7 @@ def model():
 def _session(model, *, session_impl: str, call_impl: str, value_bound_factor: float = 1.0):
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1)).cuda().bfloat16()
     model.attn_impl = session_impl
-    session = model.new_session(1, text, tokens_per_frame=TPF)
+    session = model.new_window(1, text, tokens_per_frame=TPF)
     if value_bound_factor != 1.0:
         scales = session.fp8_scales
         session.fp8_scales = lambda layer: (scales(layer)[0], scales(layer)[1] * value_bound_factor)

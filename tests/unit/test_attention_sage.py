@@ -293,11 +293,11 @@ def _sage_buffers(b=1, capacity=300, h=2, d=64, layers=2):
 
 def _session_plans(capacity: int, sink: int, frame_rows: int, chunk_frames: list[int]):
     """The plans of a session's committed chunks, as KVWindow makes them (appends, then ring slots that wrap)."""
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowPlan
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowSlots
 
     committed, ring_head = 0, 0
     for frames in chunk_frames:
-        plan = WindowPlan(capacity, sink, committed, frames * frame_rows, ring_head)
+        plan = WindowSlots(capacity, sink, committed, frames * frame_rows, ring_head)
         yield plan
         committed = plan.total
         if plan.evicted:
@@ -381,10 +381,10 @@ def test_window_keeps_its_rows_exactly_and_every_block_quantized_from_them(granu
 
 
 def test_pooled_buffers_refuse_a_session_of_another_kind():
-    from telefuser.models.lingbot_world_v2.kv_cache import SessionError
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowError
 
     buffers = _sage_buffers()
-    with pytest.raises(SessionError, match="sage_sm90 window"):
+    with pytest.raises(WindowError, match="sage_sm90 window"):
         buffers.load([], None, False)
 
 
@@ -447,7 +447,7 @@ def _emulated_window_kernel(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype,
 
 @pytest.mark.numerics
 def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
-    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, SessionError, build_random_lingbot_dit
+    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, WindowError, build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2 import attention as attention_module
     from telefuser.models.wan import attention as wan_attention_module
 
@@ -482,9 +482,9 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     model.attn_impl = "sdpa"
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)
     with pytest.raises(
-        SessionError,
-        match=r"^the session keeps its window in the 'sage_sm90' format, which attention sage_sm90 reads; the model "
-        r"now runs 'sdpa': make a new session$",
+        WindowError,
+        match=r"^the KV window is kept in the 'sage_sm90' format, which attention sage_sm90 reads; the model "
+        r"now runs 'sdpa': make a new window$",
     ):
         model.forward_chunk(session, latents, torch.tensor([500.0]), None, update_cache=False)
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from telefuser.models.lingbot_world_v2 import WindowPlan, build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2 import WindowSlots, build_random_lingbot_dit
 from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.regions import compile_regions_on
@@ -74,8 +74,8 @@ def test_lingbot_session_compiles_once_and_matches_the_reference(lingbot, monkey
     assert error <= LINGBOT_BOUND, error
     assert all(torch.equal(a, b) for a, b in zip(compiled.outputs, again.outputs))  # the same code, the same data
 
-    slot_rows = WindowPlan.slot_rows
-    monkeypatch.setattr(WindowPlan, "slot_rows", lambda plan, device: (slot_rows(plan, device) + 1) % plan.capacity)
+    slot_rows = WindowSlots.slot_rows
+    monkeypatch.setattr(WindowSlots, "slot_rows", lambda plan, device: (slot_rows(plan, device) + 1) % plan.capacity)
     with compile_regions_on("cpu"):
         wrong = run_session(lingbot)
     wrong_error = _max_error(wrong, reference)

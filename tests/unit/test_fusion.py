@@ -94,7 +94,7 @@ def test_lingbot_tiny_chunk_fused_matches_eager(fusion_on):
     outs = {}
     for fused in (False, True):
         set_fusion(fused)
-        session = model.new_session(1, text, tokens_per_frame=24)
+        session = model.new_window(1, text, tokens_per_frame=24)
         outs[fused] = [
             model.forward_chunk(session, latents, torch.full((1,), t), None, update_cache=t == 0.0)
             for t in (900.0, 0.0, 500.0)

@@ -62,7 +62,7 @@ def source():
 def _run(model):
     cfg = model.config
     g = torch.Generator().manual_seed(0)
-    session = model.new_session(1, torch.randn(1, 3, cfg.text_dim, generator=g), tokens_per_frame=6)
+    session = model.new_window(1, torch.randn(1, 3, cfg.text_dim, generator=g), tokens_per_frame=6)
     latents = torch.randn(1, cfg.in_dim, 2, 4, 6, generator=g)
     camera = torch.randn(1, 12, cfg.camera_feature_dim, generator=g)
     return model.forward_chunk(session, latents, torch.tensor([500.0]), camera, update_cache=True)

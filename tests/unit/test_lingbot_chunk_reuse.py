@@ -31,7 +31,7 @@ def _inputs(config, frames, seed):
 
 def _session(model):
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
-    return model.new_session(1, text, tokens_per_frame=TPF)
+    return model.new_window(1, text, tokens_per_frame=TPF)
 
 
 def _window(session):

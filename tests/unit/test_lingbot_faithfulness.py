@@ -169,7 +169,7 @@ def original_names(wan_state: dict, candidates) -> dict[str, str]:
 
 
 def run_ours(model, inputs, camera: bool):
-    session = model.new_session(1, inputs["text"], tokens_per_frame=TOKENS_PER_FRAME)
+    session = model.new_window(1, inputs["text"], tokens_per_frame=TOKENS_PER_FRAME)
     try:
         return model.forward_chunk(
             session, inputs["latents"], inputs["t"], inputs["camera"] if camera else None, update_cache=False

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, SessionError, build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, WindowError, build_random_lingbot_dit
 from telefuser.models.lingbot_world_v2 import attention as attention_module
 from telefuser.models.wan import attention as wan_attention_module
 from telefuser.models.lingbot_world_v2.attention import KEY_BOUND_MARGIN, key_scale
@@ -135,11 +135,11 @@ def test_keys_are_cast_once_into_their_slots_and_v_range_covers_every_row():
 
 
 def test_a_bf16_session_has_no_fp8_scales_and_a_scale_per_layer_is_required():
-    with pytest.raises(SessionError, match="2 layers"):
+    with pytest.raises(WindowError, match="2 layers"):
         _fp8_window([torch.tensor([1.0])])
     plain = _fp8_window(None)
     assert not plain.fp8_keys and plain.self_kv[0].k.dtype == torch.bfloat16
-    with pytest.raises(SessionError, match="not in FP8"):
+    with pytest.raises(WindowError, match="not in FP8"):
         plain.fp8_scales(0)
 
 
@@ -186,13 +186,13 @@ def test_a_session_with_fp8_keys_refuses_another_attention():
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0)
     text = torch.randn(1, 5, model.config.text_dim)
     model.attn_impl = "cudnn_fp8"
-    session = model.new_session(1, text, tokens_per_frame=TOKENS_PER_FRAME)
+    session = model.new_window(1, text, tokens_per_frame=TOKENS_PER_FRAME)
     model.attn_impl = "sdpa"
     assert session.fp8_keys
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)
     with pytest.raises(
-        SessionError,
-        match=r"^the session keeps its window in the 'fp8_keys' format, which attention cudnn_fp8 reads; the model now "
-        r"runs 'sdpa': make a new session$",
+        WindowError,
+        match=r"^the KV window is kept in the 'fp8_keys' format, which attention cudnn_fp8 reads; the model now "
+        r"runs 'sdpa': make a new window$",
     ):
         model.forward_chunk(session, latents, torch.tensor([500.0]), None, update_cache=False)

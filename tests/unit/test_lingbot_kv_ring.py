@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, SessionError, build_random_lingbot_dit
-from telefuser.models.lingbot_world_v2.kv_cache import LayerKV, WindowPlan
+from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, WindowError, build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2.kv_cache import LayerKV, WindowSlots
 from tests.numerics import relative_error
 
 HEADS, HEAD_DIM, BATCH, LAYERS = 2, 3, 2, 2
@@ -146,14 +146,18 @@ def test_slots_of_each_window_state():
     """(first buffer row, first chunk row, rows) for: a first chunk, a chunk that fills the window mid-way, a full
     window without and with a wrap, and sink 0."""
     # capacity 10, sink 2: ring of 8 slots at rows 2..9
-    assert WindowPlan(10, 2, 0, 4).slots == ((0, 0, 4),)  # first chunk: appended
-    assert WindowPlan(10, 2, 4, 4).slots == ((4, 0, 4),)  # still room
-    assert WindowPlan(10, 2, 8, 4).slots == ((8, 0, 2), (2, 2, 2))  # full mid-chunk: 2 appended, 2 over the oldest
-    assert WindowPlan(10, 2, 10, 4, ring_head=2).slots == ((4, 0, 4),)  # full: over the oldest 4
-    assert WindowPlan(10, 2, 10, 4, ring_head=6).slots == ((8, 0, 2), (2, 2, 2))  # full: wraps past the end
-    assert WindowPlan(10, 2, 10, 8, ring_head=3).slots == ((5, 0, 5), (2, 5, 3))  # the whole ring, wrapped
-    assert WindowPlan(6, 0, 6, 4, ring_head=4).slots == ((4, 0, 2), (0, 2, 2))  # sink 0: the ring is the buffer
-    for plan in (WindowPlan(10, 2, 8, 4), WindowPlan(10, 2, 10, 4, ring_head=6), WindowPlan(6, 0, 6, 4, ring_head=4)):
+    assert WindowSlots(10, 2, 0, 4).slots == ((0, 0, 4),)  # first chunk: appended
+    assert WindowSlots(10, 2, 4, 4).slots == ((4, 0, 4),)  # still room
+    assert WindowSlots(10, 2, 8, 4).slots == ((8, 0, 2), (2, 2, 2))  # full mid-chunk: 2 appended, 2 over the oldest
+    assert WindowSlots(10, 2, 10, 4, ring_head=2).slots == ((4, 0, 4),)  # full: over the oldest 4
+    assert WindowSlots(10, 2, 10, 4, ring_head=6).slots == ((8, 0, 2), (2, 2, 2))  # full: wraps past the end
+    assert WindowSlots(10, 2, 10, 8, ring_head=3).slots == ((5, 0, 5), (2, 5, 3))  # the whole ring, wrapped
+    assert WindowSlots(6, 0, 6, 4, ring_head=4).slots == ((4, 0, 2), (0, 2, 2))  # sink 0: the ring is the buffer
+    for plan in (
+        WindowSlots(10, 2, 8, 4),
+        WindowSlots(10, 2, 10, 4, ring_head=6),
+        WindowSlots(6, 0, 6, 4, ring_head=4),
+    ):
         assert sum(rows for _, _, rows in plan.slots) == plan.new_rows and plan.total == plan.capacity
 
 
@@ -172,7 +176,7 @@ def test_a_chunk_after_a_bigger_read_only_chunk_must_evict_what_it_overwrote():
     plan = session.plan(4)  # evicts 3 frames: 6 of the 8 ring rows
     session.window(0, *source.chunk(plan.new_rows), plan, commit=False)
     assert session.overwritten == plan.evicted == 6
-    with pytest.raises(SessionError, match="already replaced"):
+    with pytest.raises(WindowError, match="already replaced"):
         session.plan(3)  # would keep 2 of the rows the 4-frame steps replaced
     plan = session.plan(5)  # evicts more: serves, and is the reference's window
     k, v = source.chunk(plan.new_rows)
@@ -247,7 +251,7 @@ class FormerWindow(KVWindow):
 
 def _session_outputs(model, make_window, chunk_frames) -> list[torch.Tensor]:
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1))
-    session = make_window(model.new_session(1, text, tokens_per_frame=TPF))
+    session = make_window(model.new_window(1, text, tokens_per_frame=TPF))
     outputs = []
     for index, frames in enumerate(chunk_frames):
         g = torch.Generator().manual_seed(100 + index)

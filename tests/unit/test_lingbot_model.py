@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from telefuser.models.lingbot_world_v2 import (
     LingBotConfigError,
     LingBotWorldV2Config,
-    SessionError,
+    WindowError,
     build_random_lingbot_dit,
 )
 from telefuser.models.wan.checkpoint import keeps_fp32
@@ -102,7 +102,7 @@ def test_fp32_policy_names_the_released_fp32_regions(model):
 # -- shapes and inputs ----------------------------------------------------------------------------------------------
 def test_shapes_dtypes_and_camera_forms(model, config):
     batch = 2
-    session = model.new_session(batch, _text(config, batch), tokens_per_frame=TPF)
+    session = model.new_window(batch, _text(config, batch), tokens_per_frame=TPF)
     latents, camera = _chunk(config, 2, seed=3, batch=batch)
     t = torch.tensor([700.0, 20.0])
     out = model.forward_chunk(session, latents, t, camera, update_cache=False)
@@ -117,13 +117,13 @@ def test_shapes_dtypes_and_camera_forms(model, config):
     without = model.forward_chunk(session, latents, t, None, update_cache=False)
     assert not torch.allclose(without, out)
     # Batch items are independent.
-    single = model.new_session(1, _text(config, batch)[1:], tokens_per_frame=TPF)
+    single = model.new_window(1, _text(config, batch)[1:], tokens_per_frame=TPF)
     alone = model.forward_chunk(single, latents[1:], t[1:], camera[1:], update_cache=False)
     torch.testing.assert_close(alone, out[1:], rtol=0, atol=1e-5)
 
 
 def test_bad_inputs_are_refused(model, config):
-    session = model.new_session(1, _text(config), tokens_per_frame=TPF)
+    session = model.new_window(1, _text(config), tokens_per_frame=TPF)
     latents, camera = _chunk(config, 1, seed=4)
     t = torch.tensor([10.0])
     with pytest.raises(ValueError, match="tokens per frame"):
@@ -135,12 +135,12 @@ def test_bad_inputs_are_refused(model, config):
     with pytest.raises(ValueError, match=r"latents must be \[B=1, 36"):
         model.forward_chunk(session, latents[:, :16], t, camera, update_cache=False)
     too_long, _ = _chunk(config, config.local_attn_size - config.sink_size + 1, seed=5)
-    with pytest.raises(SessionError, match="does not fit the window"):
+    with pytest.raises(WindowError, match="does not fit the window"):
         model.forward_chunk(session, too_long, t, None, update_cache=False)
     with pytest.raises(ValueError, match="more than text_len"):
-        model.new_session(1, _text(config, rows=config.text_len + 1), tokens_per_frame=TPF)
+        model.new_window(1, _text(config, rows=config.text_len + 1), tokens_per_frame=TPF)
     session.close()
-    with pytest.raises(SessionError, match="closed"):
+    with pytest.raises(WindowError, match="closed"):
         model.forward_chunk(session, latents, t, camera, update_cache=False)
 
 
@@ -158,7 +158,7 @@ def _layer_buffers(session):
 
 
 def test_cache_rolls_in_place_keeps_the_sink_and_reads_leave_the_kept_rows_untouched(model, config):
-    session = model.new_session(1, _text(config), tokens_per_frame=TPF)
+    session = model.new_window(1, _text(config), tokens_per_frame=TPF)
     pointers = [t.data_ptr() for t in _layer_buffers(session)]
     assert session.capacity == config.local_attn_size * TPF and session.sink_rows == config.sink_size * TPF
     sink = None
@@ -277,7 +277,7 @@ def test_chunked_generation_equals_dense_masked_attention(model, config, chunk_f
     """Each chunk: a read-only step at another t on other latents (must not matter), then the commit at t_ref.
     The commit outputs equal one dense pass over all frames with the block-causal (sink + window) mask."""
     text, t_ref = _text(config), torch.tensor([300.0])
-    session = model.new_session(1, text, tokens_per_frame=TPF)
+    session = model.new_window(1, text, tokens_per_frame=TPF)
     chunks = [_chunk(config, f, seed=100 + i) for i, f in enumerate(chunk_frames)]
     outputs, rolled = [], False
     for i, (latents, camera) in enumerate(chunks):
@@ -322,14 +322,14 @@ def test_frame_offset_changes_the_chunk_relative_to_the_cache(model, config):
     t = torch.tensor([400.0])
 
     def second_chunk_output(offset_after_first):
-        session = model.new_session(1, text, tokens_per_frame=TPF)
+        session = model.new_window(1, text, tokens_per_frame=TPF)
         model.forward_chunk(session, *first[:1], t, first[1], update_cache=True)
         session.frame_offset = offset_after_first
         return model.forward_chunk(session, second[0], t, second[1], update_cache=False)
 
     right, collided = second_chunk_output(1), second_chunk_output(0)
     assert (right - collided).abs().max() > 1e-3
-    fresh = model.new_session(1, text, tokens_per_frame=TPF)
+    fresh = model.new_window(1, text, tokens_per_frame=TPF)
     alone = model.forward_chunk(fresh, second[0], t, second[1], update_cache=False)
     fresh.frame_offset = 9
     shifted = model.forward_chunk(fresh, second[0], t, second[1], update_cache=False)

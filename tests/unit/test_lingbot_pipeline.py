@@ -112,7 +112,7 @@ def reference_loop(dit, encoder, vae, rgb, prompt, seed, plan):
     mask[:, 0] = 1
     image_latents = vae.encode_condition(image_to_canvas(rgb, plan.width, plan.height), plan.latent_frames)[0]
     y = torch.cat([mask, image_latents])
-    session = dit.new_session(
+    session = dit.new_window(
         1, encoder(prompt, "cpu"), tokens_per_frame=plan.tokens_per_frame, device="cpu", dtype=torch.float32
     )
     outputs = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from telefuser.distributed.ulysses import compiled_ops
-from telefuser.models.lingbot_world_v2 import WindowPlan
+from telefuser.models.lingbot_world_v2 import WindowSlots
 from telefuser.ops.attention import attention
 from telefuser.ops.attention_fp8 import FP8
 
@@ -36,7 +36,7 @@ def test_opcheck_attention_and_window_write():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "e4m3"])
 def test_window_write_puts_each_row_at_its_slot(dtype):
-    plan = WindowPlan(capacity=10, sink_rows=2, committed=10, new_rows=4, ring_head=6)  # wraps: rows 8, 9, 2, 3
+    plan = WindowSlots(capacity=10, sink_rows=2, committed=10, new_rows=4, ring_head=6)  # wraps: rows 8, 9, 2, 3
     slots = plan.slot_rows("cpu")
     assert slots.tolist() == [8, 9, 2, 3]
     new_k, new_v = (_randn(2, 4, 3, 8, seed=s).to(dtype) for s in (1, 2))

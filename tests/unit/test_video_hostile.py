@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from telefuser.serving.video.app import create_video_app
-from telefuser.serving.video.contract import VideoSpec
+from telefuser.serving.video.contract import JobRequest
 from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
 from telefuser.serving.video.limits import VideoLimitFlags
@@ -85,7 +85,7 @@ def _record(prompt="p", **changes) -> dict:
         model="MiniMax-H3",
         prompt=prompt,
         request={"prompt": prompt},
-        spec=VideoSpec(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
+        spec=JobRequest(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
         plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
         status="cancelled",
         finished_at=time.time(),

@@ -26,7 +26,7 @@ from telefuser.media import probe_media
 from telefuser.pipelines.hooks import StepHooks
 from telefuser.pipelines.minimax_h3.shapes import align_frame_count
 from telefuser.serving.video.app import create_video_app
-from telefuser.serving.video.contract import JobCancelled, VideoSpec
+from telefuser.serving.video.contract import JobCancelled, JobRequest
 from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
 from tests.video_runner_args import tiny_runner_args
@@ -188,7 +188,7 @@ def test_a_size_off_the_grid_is_generated_on_it_and_resized_by_the_real_model(ti
 
 
 def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny_runner, tmp_path):
-    spec = VideoSpec("a lighthouse", "64x32", "16:9", 0.2, 5, 0)
+    spec = JobRequest("a lighthouse", "64x32", "16:9", 0.2, 5, 0)
     steps: list[tuple[int, int]] = []
     outcome = tiny_runner.run(spec, None, StepHooks(progress=lambda d, t: steps.append((d, t))))
     assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)] and outcome.dit_calls == 4
@@ -327,7 +327,7 @@ def test_jobs_interrupted_by_a_crash_are_reported_failed(tmp_path):
             model="MiniMax-H3",
             prompt=status,
             request={},
-            spec=VideoSpec("p", "64x64", "16:9", 0.2, 4, 0).as_dict(),
+            spec=JobRequest("p", "64x64", "16:9", 0.2, 4, 0).as_dict(),
             plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
             status=status,
         )

@@ -156,11 +156,11 @@ def bench_shape(name: str, shape, args, fp8: bool) -> list[dict]:
 
 def bench_window_writes(args) -> list[dict]:
     """ms per layer to write a LingBot chunk's K/V into a full window, per window kind, eager and compiled."""
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowPlan, write_window
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowSlots, write_window
 
     tokens_per_frame, frames, sink, chunk_frames, h, d = 1560, 18, 6, 4, 40, 128
     capacity = frames * tokens_per_frame
-    plan = WindowPlan(
+    plan = WindowSlots(
         capacity, sink * tokens_per_frame, capacity, chunk_frames * tokens_per_frame, 3 * tokens_per_frame
     )
     slots = plan.slot_rows("cuda")

@@ -93,7 +93,7 @@ def lingbot_call(config_name: str, layers: int | None, device, dtype):
     frames_to_fill = config.local_attn_size - frames
 
     def prepare(m):  # untimed: fill the window, so every timed call reads a full one (and leaves it unchanged)
-        session = m.new_session(1, text, tokens_per_frame=tokens_per_frame)
+        session = m.new_window(1, text, tokens_per_frame=tokens_per_frame)
         fill = torch.randn(1, config.in_dim, 1, *grid, generator=torch.Generator().manual_seed(1)).to(device)
         for _ in range(frames_to_fill):
             m.commit_chunk(session, fill, torch.zeros(1, device=device), camera[:, :tokens_per_frame])

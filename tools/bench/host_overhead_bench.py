@@ -139,7 +139,7 @@ def run_chunk(model, session, latents, modulation, device) -> None:
 
 def full_window_session(model, data, device):
     latents, camera, text, tokens_per_frame = data
-    session = model.new_session(1, text.to(model.compute_dtype), tokens_per_frame=tokens_per_frame, device=device)
+    session = model.new_window(1, text.to(model.compute_dtype), tokens_per_frame=tokens_per_frame, device=device)
     modulation = model.camera_modulation(camera)
     while session.committed < session.capacity:
         run_chunk(model, session, latents, modulation, device)
@@ -255,7 +255,7 @@ def forward_table(results: list[dict], parallel: bool) -> str:
 
 def timed_session(model, data, device, clock: Clock, chunks: int) -> list[float]:
     latents, camera, text, tokens_per_frame = data
-    session = model.new_session(1, text.to(model.compute_dtype), tokens_per_frame=tokens_per_frame, device=device)
+    session = model.new_window(1, text.to(model.compute_dtype), tokens_per_frame=tokens_per_frame, device=device)
     seconds = []
     try:
         for _ in range(chunks):

@@ -126,10 +126,10 @@ class AttentionImplDiT:
         finally:
             self.dit.attn_impl = saved
 
-    def new_session(self, *args, **kwargs):  # a cudnn_fp8 session keeps its keys in FP8
+    def new_window(self, *args, **kwargs):  # a cudnn_fp8 session keeps its keys in FP8
         if self.per_call_quantization:
-            return self.dit.new_session(*args, **kwargs)
-        return self._with_impl(self.dit.new_session, *args, **kwargs)
+            return self.dit.new_window(*args, **kwargs)
+        return self._with_impl(self.dit.new_window, *args, **kwargs)
 
     def forward_chunk(self, *args, **kwargs):
         return self._with_impl(self.dit.forward_chunk, *args, **kwargs)
@@ -158,8 +158,8 @@ class GraphedDiT:
         finally:
             model.graphs = saved
 
-    def new_session(self, *args, **kwargs):
-        return self._with_graphs(self.dit.new_session, *args, **kwargs)
+    def new_window(self, *args, **kwargs):
+        return self._with_graphs(self.dit.new_window, *args, **kwargs)
 
     def forward_chunk(self, *args, **kwargs):
         return self._with_graphs(self.dit.forward_chunk, *args, **kwargs)

@@ -170,7 +170,7 @@ def run_session(model, runner, args, width, height, *, count_flops: bool):
     """Per chunk: seconds and (if counted) FLOPs, over args.chunks chunks of one fresh session."""
     config = model.config
     latents, camera, text, tokens_per_frame = chunk_inputs(config, runner, width, height, LATENT_FRAMES_PER_CHUNK, 1)
-    session = model.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+    session = model.new_window(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
     world = session.ulysses_degree
     rows = []
     try:
@@ -459,7 +459,7 @@ def vs_diffusers_mode(args, runner) -> dict:
         config = base
         latents, _, text, tokens_per_frame = chunk_inputs(config, runner, width, height, frames, 2)
         t = torch.full((1,), 500.0)
-        session = ours.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+        session = ours.new_window(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
         cudnn_first = lambda: torch.nn.attention.sdpa_kernel(CUDA_SDPA_PRIORITY, set_priority=True)  # noqa: E731
 
         def ours_eager_chains():
@@ -536,7 +536,7 @@ def vs_diffusers_mode(args, runner) -> dict:
         if ours_fp8 is not None:  # after the bf16 session is gone: two full windows at 32,760 tokens do not fit
             if runner.on_gpu:
                 torch.cuda.empty_cache()
-            fp8_session = ours_fp8.new_session(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
+            fp8_session = ours_fp8.new_window(1, text, tokens_per_frame=tokens_per_frame, device=runner.device)
             with torch.inference_mode():
                 run_fp8 = lambda: ours_fp8.forward_chunk(fp8_session, latents, t, None, update_cache=False)  # noqa: E731
                 out = run_fp8().float().flatten()  # also the warm-up

@@ -68,7 +68,7 @@ def build(args, device, dtype):
     frames = min(4, config.local_attn_size - config.sink_size)
     chunk = torch.randn(1, config.in_dim, frames, *grid, generator=g).to(device)
     camera = torch.randn(1, frames * tokens_per_frame, config.camera_feature_dim, generator=g).to(device, dtype)
-    session = dit.new_session(1, text, tokens_per_frame=tokens_per_frame)
+    session = dit.new_window(1, text, tokens_per_frame=tokens_per_frame)
     fill = torch.randn(1, config.in_dim, 1, *grid, generator=g).to(device)
     with torch.inference_mode():
         for _ in range(config.local_attn_size - frames):  # a full window, as every steady chunk reads

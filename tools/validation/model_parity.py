@@ -198,7 +198,7 @@ def lingbot_inputs(config: LingBotWorldV2Config, args, device, dtype) -> dict:
 
 
 def run_lingbot(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], list[dict]]:
-    session = model.new_session(BATCH, inputs["text"], tokens_per_frame=inputs["tokens_per_frame"])
+    session = model.new_window(BATCH, inputs["text"], tokens_per_frame=inputs["tokens_per_frame"])
     outputs, chunks = [], []
     try:
         for index, chunk in enumerate(inputs["chunks"]):

@@ -9,7 +9,7 @@ Both presets run the model's own attention module, built per rank with that rank
   over all heads, 3-axis RoPE after the exchange) with a real `KVWindow` (the released 18-frame window, 6 sink
   frames) and `chunk_rope`: one 4-latent-frame chunk at 832x480, 1560 tokens per frame x 4 = 6240 chunk rows split
   over the W ranks (1560 per rank with W = 4; padded as the model pads when W does not divide them), dim 5120,
-  40 heads x 128. Every call reads the window of an empty session without committing, so all calls are alike.
+  40 heads x 128. Every call reads an empty KV window without committing, so all calls are alike.
 
 The *_tiny presets are CPU-sized versions of the same layers, for `--device cpu` smoke runs (gloo, the portable or
 host-shm transport; a CPU trace has no GPU activity, so the overlap figures are 0 there).
@@ -141,7 +141,7 @@ def build_layer(
     config = lingbot_config(cfg)
     grid_h, grid_w = cfg["grid"]
     module = CausalSelfAttention(config.dim, config.num_heads, config.eps).to(device, dtype)
-    session = KVWindow(  # what LingBotWorldV2DiT.new_session allocates, for one layer (no text K/V needed)
+    window = KVWindow(  # what LingBotWorldV2DiT.new_window allocates, for one layer (no text K/V needed)
         batch=1,
         num_layers=1,
         tokens_per_frame=grid_h * grid_w,
@@ -155,12 +155,12 @@ def build_layer(
         dtype=dtype,
     )
     ctx = ChunkContext(
-        session=session,
-        plan=session.plan(cfg["frames"]),
+        window=window,
+        plan=window.plan(cfg["frames"]),
         chunk_rows=shape["chunk_rows"],
         commit=False,
         rope=chunk_rope(
-            session.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim, theta=config.rope_theta, device=device
+            window.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim, theta=config.rope_theta, device=device
         ),  # all ranks' rows: RoPE runs after the scatter
         communicator=comm,
         attn_impl="identity",

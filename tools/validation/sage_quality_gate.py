@@ -128,7 +128,7 @@ def lingbot_chunk_rows(args) -> list[dict]:
             outputs = {}
             for impl in ("sdpa", "sage_sm90"):
                 model.attn_impl = impl
-                session = model.new_session(1, text, tokens_per_frame=tokens_per_frame)
+                session = model.new_window(1, text, tokens_per_frame=tokens_per_frame)
                 outs = []
                 for latents, camera in chunks:
                     t = torch.tensor([500.0])

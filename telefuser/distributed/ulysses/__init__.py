@@ -3,7 +3,7 @@
 from .communicator import UlyssesCommunicator, UlyssesConfigError, UlyssesTransportError
 from .copy_engine import UlyssesCaptureError
 from .handles import UlyssesHandle, UlyssesProtocolError
-from .layout import UlyssesInputError, UlyssesPlan, plan_gather, plan_scatter
+from .layout import UlyssesInputError, UlyssesLayout, plan_gather, plan_scatter
 from .primitives import UlyssesTimeoutError
 
 __all__ = [
@@ -12,7 +12,7 @@ __all__ = [
     "UlyssesConfigError",
     "UlyssesHandle",
     "UlyssesInputError",
-    "UlyssesPlan",
+    "UlyssesLayout",
     "UlyssesProtocolError",
     "UlyssesTimeoutError",
     "UlyssesTransportError",

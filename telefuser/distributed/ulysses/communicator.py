@@ -21,7 +21,7 @@ from .handles import TaggedGroup, UlyssesHandle, UlyssesProtocolError
 from .layout import (
     Direction,
     UlyssesInputError,
-    UlyssesPlan,
+    UlyssesLayout,
     check_all_gather,
     check_gather,
     check_scatter,
@@ -131,7 +131,7 @@ class UlyssesCommunicator:
         self._group_backend = None  # the backend the pending group runs on
         self._epoch = 0
         self._agreed: set[tuple] = set()
-        self._plans: dict[tuple, tuple[UlyssesPlan, bool]] = {}
+        self._plans: dict[tuple, tuple[UlyssesLayout, bool]] = {}
         self._closed = False
         self._generation = 0  # bumped whenever a copy-engine transport is released: graphs captured before are stale
 
@@ -276,7 +276,7 @@ class UlyssesCommunicator:
                 return f"{op}: tag {tag!r} is already pending in this group {self._pending.tags}"
         return None
 
-    def _plan_for(self, x, direction: Direction) -> tuple[torch.Tensor, UlyssesPlan]:
+    def _plan_for(self, x, direction: Direction) -> tuple[torch.Tensor, UlyssesLayout]:
         """The input as the copies will read it (packed once when its layout needs it) and its plan; raises
         UlyssesInputError for a value the exchange cannot move. Cached per (shape, strides, dtype)."""
         check, planner = _PLANNERS[direction]
@@ -295,7 +295,7 @@ class UlyssesCommunicator:
         plan, pack = cached
         return (x.contiguous() if pack else x), plan
 
-    def _validated(self, direction, x, *, tag, barrier, op) -> tuple[torch.Tensor, UlyssesPlan]:
+    def _validated(self, direction, x, *, tag, barrier, op) -> tuple[torch.Tensor, UlyssesLayout]:
         if self._closed:
             raise RuntimeError(f"{op}: this UlyssesCommunicator is closed")
         if self._failure is not None:
@@ -428,7 +428,9 @@ class UlyssesCommunicator:
             self._fail(str(exc))
             raise
 
-    def _submit(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None, barrier: bool, finish=None) -> UlyssesHandle:
+    def _submit(
+        self, x: torch.Tensor, plan: UlyssesLayout, tag: str | None, barrier: bool, finish=None
+    ) -> UlyssesHandle:
         captured = self._capturing(x)
         group = self._pending
         if group is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .layout import Direction, UlyssesPlan, copies_to_all_peers, packed_source, plan_scatter
+from .layout import Direction, UlyssesLayout, copies_to_all_peers, packed_source, plan_scatter
 from .peer_mapping import CopyEngineSetupError, PeerBuffers, PeerMapping, agreed_step, flag_dtype
 
 DEFAULT_TIMEOUT_S = 600.0  # NCCL's default; a GPU backlog or a compile on one rank must not count as a dead peer
@@ -155,7 +155,7 @@ class CopyEngineBackend:
         """Whether this call is being recorded into a graph (a CUDA graph, or a host capture in tests)."""
         return self.prims.capturing()
 
-    def check_capturable(self, plan: UlyssesPlan, tag: str | None, device) -> None:
+    def check_capturable(self, plan: UlyssesLayout, tag: str | None, device) -> None:
         """Raise UlyssesCaptureError unless a captured call of this plan can run on what exists: its target was
         allocated by an eager call (allocating and evicting are collective host steps with device synchronisation,
         impossible inside a capture)."""
@@ -169,7 +169,7 @@ class CopyEngineBackend:
                 "eagerly (a warm-up) before capturing"
             )
 
-    def start(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None) -> CopyEngineTransfer:
+    def start(self, x: torch.Tensor, plan: UlyssesLayout, tag: str | None) -> CopyEngineTransfer:
         if self._watchdog is not None and self._watchdog.error is not None:
             raise RuntimeError(f"the handshake watchdog stopped: {self._watchdog.error}")
         captured = self.prims.capturing()
@@ -229,10 +229,10 @@ class CopyEngineBackend:
 
     # -- steps -------------------------------------------------------------------------------------------------------
     @staticmethod
-    def _key(plan: UlyssesPlan, tag, device) -> tuple:
+    def _key(plan: UlyssesLayout, tag, device) -> tuple:
         return (tag, plan.direction.value, plan.out_shape, plan.dtype, str(device))
 
-    def _target_for(self, plan: UlyssesPlan, tag, device, packed: bool, captured: bool) -> tuple[PeerBuffers, list]:
+    def _target_for(self, plan: UlyssesLayout, tag, device, packed: bool, captured: bool) -> tuple[PeerBuffers, list]:
         geometries = copies_to_all_peers(plan, self.rank, packed)
         if not self.options.cache_targets:
             if self._pending is None:
@@ -259,7 +259,7 @@ class CopyEngineBackend:
             )
         return buffers, copies
 
-    def _new_target(self, key: tuple, plan: UlyssesPlan) -> _Target:
+    def _new_target(self, key: tuple, plan: UlyssesLayout) -> _Target:
         nbytes = 2 * math.prod(plan.out_shape) * plan.dtype.itemsize
         if nbytes > self.options.max_target_bytes:  # the same sizes on every rank: the same answer everywhere
             raise CopyEngineSetupError(
@@ -388,5 +388,5 @@ class CopyEngineBackend:
         return [k for k in self._targets if k in self._captured_keys]
 
     # The A/B bench times the copies and the handshake on their own.
-    def prepare(self, plan: UlyssesPlan, tag: str | None, device: torch.device) -> PeerBuffers:
+    def prepare(self, plan: UlyssesLayout, tag: str | None, device: torch.device) -> PeerBuffers:
         return self._target_for(plan, tag, device, packed=False, captured=False)[0]

@@ -27,7 +27,7 @@ class Direction(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class UlyssesPlan:
+class UlyssesLayout:
     """Everything a backend needs to move one tensor; derived from the input alone."""
 
     direction: Direction
@@ -148,24 +148,24 @@ def check_gather(y: object, world_size: int) -> torch.Tensor:
     return y
 
 
-def plan_scatter(x: torch.Tensor, world_size: int) -> UlyssesPlan:
+def plan_scatter(x: torch.Tensor, world_size: int) -> UlyssesLayout:
     """Describe the exchange of a scatter input that the pitched copy can read. Raises UlyssesInputError."""
     check_scatter(x, world_size)
     b, s, h, d = x.shape
     hl = h // world_size
     _check_readable(x, hl * d, "scatter_heads")
-    return UlyssesPlan(
+    return UlyssesLayout(
         Direction.SCATTER, world_size, b, s, hl, d, x.dtype, (b, s, h, d), (b, s * world_size, hl, d), _pitch_strides(x)
     )
 
 
-def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesPlan:
+def plan_gather(y: torch.Tensor, world_size: int) -> UlyssesLayout:
     """Describe the exchange of a gather input that the pitched copy can read. Raises UlyssesInputError."""
     check_gather(y, world_size)
     b, sg, hl, d = y.shape
     _check_readable(y, hl * d, "gather_heads")
     s = sg // world_size
-    return UlyssesPlan(
+    return UlyssesLayout(
         Direction.GATHER,
         world_size,
         b,
@@ -189,14 +189,14 @@ def check_all_gather(x: object, world_size: int) -> torch.Tensor:
     return _check_common(x, world_size, "gather_rows")
 
 
-def plan_all_gather(x: torch.Tensor, world_size: int) -> UlyssesPlan:
+def plan_all_gather(x: torch.Tensor, world_size: int) -> UlyssesLayout:
     """Describe the gather of every rank's rows ``[B, S_local, C]`` (contiguous) into ``[B, W*S_local, C]`` on every
     rank: the scatter's geometry with one whole row per peer. Raises UlyssesInputError."""
     check_all_gather(x, world_size)
     if not x.is_contiguous():
         raise UlyssesInputError(f"gather_rows: the rows must be contiguous ({describe(x)})")
     b, s, c = x.shape
-    return UlyssesPlan(
+    return UlyssesLayout(
         Direction.ALL_GATHER, world_size, b, s, 1, c, x.dtype, (b, s, 1, c), (b, s * world_size, 1, c), (s * c, c, c, 1)
     )
 
@@ -222,7 +222,7 @@ class PitchedCopy:
         return dataclasses.astuple(self)
 
 
-def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
+def pitched_copy_to_peer(plan: UlyssesLayout, rank: int, peer: int) -> PitchedCopy:
     """Geometry of rank `rank`'s copy into `peer`'s final output tensor (contiguous `plan.out_shape`).
 
     Scatter: read head slice `peer` of every local row; write it at rows `[rank*S, (rank+1)*S)` of the peer's output.
@@ -261,14 +261,14 @@ def pitched_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy
     )
 
 
-def packed_source(x, plan: UlyssesPlan):
+def packed_source(x, plan: UlyssesLayout):
     """Ablation of the pitched path: pack the input destination-major ([W, B, S, Hl, D], one copy on the caller's
     stream) so that every peer's chunk is contiguous. Only meaningful for scatter."""
     w, hl = plan.world_size, plan.heads_per_rank
     return x.unflatten(2, (w, hl)).permute(2, 0, 1, 3, 4).contiguous()
 
 
-def flat_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
+def flat_copy_to_peer(plan: UlyssesLayout, rank: int, peer: int) -> PitchedCopy:
     """Geometry of a copy from `packed_source(x)` (contiguous rows) into the peer's output: the flat-copy ablation."""
     e = plan.element_size
     width = plan.row_elems * e
@@ -287,7 +287,7 @@ def flat_copy_to_peer(plan: UlyssesPlan, rank: int, peer: int) -> PitchedCopy:
 
 
 @functools.lru_cache(maxsize=512)
-def copies_to_all_peers(plan: UlyssesPlan, rank: int, packed: bool = False) -> tuple[tuple[int, PitchedCopy], ...]:
+def copies_to_all_peers(plan: UlyssesLayout, rank: int, packed: bool = False) -> tuple[tuple[int, PitchedCopy], ...]:
     """(peer, geometry) for every peer, starting with `rank` itself so that the writes spread over peers.
 
     Cached: a model repeats the same few plans every layer and step, and the submission path is latency-critical."""

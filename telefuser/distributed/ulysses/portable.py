@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from .layout import Direction, UlyssesPlan
+from .layout import Direction, UlyssesLayout
 from .primitives import UlyssesTimeoutError
 
 
@@ -20,7 +20,7 @@ class UlyssesGroupOutOfStepError(UlyssesTimeoutError):
     """A collective of the process group was abandoned after its timeout: the group's collective order is broken."""
 
 
-def _pack(x: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
+def _pack(x: torch.Tensor, plan: UlyssesLayout) -> torch.Tensor:
     """Destination-major send buffer: chunk p is what peer p receives."""
     s, hl, w = plan.local_seq, plan.heads_per_rank, plan.world_size
     if plan.direction is Direction.ALL_GATHER:  # every peer gets every row (small: a model's output rows)
@@ -32,7 +32,7 @@ def _pack(x: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
     return x.unflatten(1, (w, s)).transpose(0, 1).contiguous()
 
 
-def _unpack(recv: torch.Tensor, plan: UlyssesPlan) -> torch.Tensor:
+def _unpack(recv: torch.Tensor, plan: UlyssesLayout) -> torch.Tensor:
     """Received buffer [W(source), B, S, Hl, D] -> the final contiguous output."""
     w, b, s, hl, d = plan.world_size, plan.batch, plan.local_seq, plan.heads_per_rank, plan.head_dim
     recv = recv.view(w, b, s, hl, d)
@@ -52,7 +52,7 @@ def _group_handles_device(group: dist.ProcessGroup, device: torch.device) -> boo
 class PortableTransfer:
     """An `all_to_all_single` in flight; `result()` waits for it and returns the final layout."""
 
-    def __init__(self, pending, plan: UlyssesPlan, device: torch.device, work=None, what: str = "", timeout_s=None):
+    def __init__(self, pending, plan: UlyssesLayout, device: torch.device, work=None, what: str = "", timeout_s=None):
         self._pending = pending
         self._work = work
         self._plan = plan
@@ -93,7 +93,7 @@ class PortableBackend:
         """Whether a CUDA graph capture can record this exchange (it needs the group's backend on the device)."""
         return _group_handles_device(self.group, device)
 
-    def start(self, x: torch.Tensor, plan: UlyssesPlan, tag: str | None = None) -> PortableTransfer:
+    def start(self, x: torch.Tensor, plan: UlyssesLayout, tag: str | None = None) -> PortableTransfer:
         send = _pack(x, plan)
         if not _group_handles_device(self.group, send.device):
             # A gloo-only group with device tensors (several processes sharing one GPU in tests): stage on the host.

@@ -1,4 +1,4 @@
-"""LingBot-World v2: the chunk-causal camera-conditioned Wan DiT, its session cache, camera maths, loader and
+"""LingBot-World v2: the chunk-causal camera-conditioned Wan DiT, its KV window, camera maths, loader and
 `ModelSpec`. The Wan parts it is built on live in `telefuser.models.wan`.
 
 The names below are imported at first use, so that ``telefuser.models.lingbot_world_v2.spec`` imports without torch.
@@ -28,7 +28,7 @@ EXPORTS = {
     ),
     "config": ("LingBotConfigError", "LingBotWorldV2Config"),
     "dit": ("CameraModulation", "LingBotWorldV2DiT"),
-    "kv_cache": ("KVWindow", "SessionError", "WindowPlan"),
+    "kv_cache": ("KVWindow", "WindowError", "WindowSlots"),
 }
 __getattr__ = lazy_exports(__name__, EXPORTS)
 __all__ = [name for names in EXPORTS.values() for name in names]

@@ -1,7 +1,7 @@
 """Causal self-attention over the rolling KV window: Wan's self-attention (`models.wan.attention`: the V-first
 exchange, Q/K norms over all heads, RoPE after the scatter) whose keys and values go through the window.
 
-Two entry points share that work: `forward(x, layer, ctx)` is the reference (the session's `window` and the
+Two entry points share that work: `forward(x, layer, ctx)` is the reference (`KVWindow.window` and the
 communicator called directly, as on the CPU), `attend(x, layer_state, chunk)` is what a compiled block region and a
 CUDA graph run: tensors and constants only, the window written to device-data slots, the exchange and the attention
 kernels as opaque custom ops.
@@ -24,15 +24,15 @@ from ...ops.attention_fp8 import FP8_MAX, fp8_attention_known_scales
 from ...ops.attention_sage import quantize_queries, sage_sm90_quantized, window_granularity
 from ..wan.attention import WanSelfAttention
 from ..wan.norms import RMSNorm
-from .kv_cache import KVWindow, LayerState, WindowPlan, write_window
+from .kv_cache import KVWindow, LayerState, WindowSlots, write_window
 
 
 @dataclass
 class ChunkContext:
     """What every block of one forward_chunk shares."""
 
-    session: KVWindow
-    plan: WindowPlan
+    window: KVWindow
+    plan: WindowSlots
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin for the chunk's rows (all ranks' rows, in order)
     chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it
     commit: bool
@@ -61,7 +61,7 @@ class ChunkInputs(NamedTuple):
 
     cos: torch.Tensor  # RoPE for the chunk's rows (all ranks' rows, in order) [n, D/2]
     sin: torch.Tensor
-    slots: torch.Tensor  # int64 [n] on the device: the buffer row of each chunk row (WindowPlan.slot_rows)
+    slots: torch.Tensor  # int64 [n] on the device: the buffer row of each chunk row (WindowSlots.slot_rows)
     kv_rows: torch.Tensor  # int64 [1] on the CPU: keys attended, buffer rows [:kv_rows]
     chunk_rows: int  # valid rows of the chunk; the rank-split sequence may be padded past it
     exchange: ExchangeKey | None  # names the communicator (distributed.ulysses.compiled_ops), None dense
@@ -69,7 +69,7 @@ class ChunkInputs(NamedTuple):
     fresh_window: bool  # the chunk rewrites every row it attends (plan.kept == 0): a sage window takes its numbers
 
 
-def window_rows(plan: WindowPlan) -> torch.Tensor:
+def window_rows(plan: WindowSlots) -> torch.Tensor:
     return torch.tensor([plan.total], dtype=torch.int64)
 
 
@@ -108,14 +108,14 @@ class CausalSelfAttention(WanSelfAttention):
         """x ``[B, S_local, dim]`` -> ``[B, S_local, dim]`` (weight dtype); with `kv_only`, None: the chunk's K/V
         reach the window and the attention, whose output nobody reads, is skipped. The reference path."""
         q, k, v, padded_rows = self.exchange_rope(x, ctx.communicator, ctx.rope, ctx.chunk_rows)
-        keys, values = ctx.session.window(layer, k, v, ctx.plan, commit=ctx.commit)
+        keys, values = ctx.window.window(layer, k, v, ctx.plan, commit=ctx.commit)
         if kv_only:
             return None
         with record_function(PHASE_ATTENTION):
-            if ctx.session.sage_window:  # INT8 keys and e4m3 values quantized when written: only Q here
-                o = sage_window_attention(q.to(v.dtype), ctx.session.layer_state(layer), window_rows(ctx.plan))
-            elif ctx.session.fp8_keys:  # e4m3 keys, V's bound known: no pass over the window to quantize it
-                descale_k, amax_v = ctx.session.fp8_scales(layer)
+            if ctx.window.sage_window:  # INT8 keys and e4m3 values quantized when written: only Q here
+                o = sage_window_attention(q.to(v.dtype), ctx.window.layer_state(layer), window_rows(ctx.plan))
+            elif ctx.window.fp8_keys:  # e4m3 keys, V's bound known: no pass over the window to quantize it
+                descale_k, amax_v = ctx.window.fp8_scales(layer)
                 o = fp8_attention_known_scales(q.to(values.dtype), keys, descale_k, values, amax_v).to(v.dtype)
             else:
                 o = attention(q.to(keys.dtype), keys, values, impl=ctx.attn_impl).to(v.dtype)

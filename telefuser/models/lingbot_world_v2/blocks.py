@@ -46,9 +46,9 @@ class LingBotBlock(WanBlock):
     ) -> torch.Tensor | None:
         """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; camera: this block's (scale, shift) or None.
         With `kv_only` the block commits its K/V and returns None: nothing after the window is needed. The reference
-        path (the session called directly)."""
+        path (the KV window called directly)."""
         attend = lambda normed: self.self_attn(normed, layer, ctx, kv_only=kv_only)
-        return self.run_layers(x, t_mod, attend, ctx.session.cross(layer), ctx.attn_impl, camera)
+        return self.run_layers(x, t_mod, attend, ctx.window.cross(layer), ctx.attn_impl, camera)
 
     def run(
         self,

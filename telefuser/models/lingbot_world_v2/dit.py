@@ -5,7 +5,7 @@ rank embeds and runs its rows and the output rows are gathered, so every rank (c
 the full prediction.
 
 On CUDA every block runs as one compiled region (`blocks.block_region`); with `enable_cuda_graphs` the forwards of
-sessions made afterwards are captured and replayed as CUDA graphs on pooled buffers (graphs.py). On the CPU, and with
+windows made afterwards are captured and replayed as CUDA graphs on pooled buffers (graphs.py). On the CPU, and with
 ``TELEFUSER_FUSION=0`` without graphs, the blocks run their reference path.
 """
 
@@ -47,7 +47,7 @@ from .attention import ChunkContext, ChunkInputs, key_scale, window_rows
 from .blocks import LingBotBlock, block_region
 from .config import LingBotWorldV2Config
 from .graphs import ChunkData, ChunkGraphs
-from .kv_cache import KVWindow, LayerState, SessionError, WindowBuffers
+from .kv_cache import KVWindow, LayerState, WindowError, WindowBuffers
 
 MAX_TIMESTEP = 1000.0
 
@@ -65,7 +65,7 @@ SAGE_WINDOW_ENV = "TELEFUSER_SAGE_WINDOW"
 
 
 def sage_window_wanted() -> bool:
-    """Whether a ``sage_sm90`` session keeps its window quantized for the kernel (kv_cache.py), the default, or a bf16
+    """Whether a ``sage_sm90`` KV window is kept quantized for the kernel (kv_cache.py), the default, or a bf16
     window that each call quantizes whole (``TELEFUSER_SAGE_WINDOW=0``: a pass over the window per call, for
     comparing the two)."""
     value = os.environ.get(SAGE_WINDOW_ENV, "1")
@@ -102,7 +102,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
 
     # -- quantization ---------------------------------------------------------------------------------------------
     # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (its text K/V are computed
-    # once per session) and the FFN. The camera, modulation, embeddings and head stay in their dtype.
+    # once per KV window) and the FFN. The camera, modulation, embeddings and head stay in their dtype.
     FP8_LINEARS = (
         "self_attn.q",
         "self_attn.k",
@@ -147,9 +147,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
 
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_cuda_graphs(self, enabled: bool = True) -> LingBotWorldV2DiT:
-        """Capture and replay the forwards of sessions made from now on, on CUDA, as CUDA graphs (graphs.py): their
+        """Capture and replay the forwards of windows made from now on, on CUDA, as CUDA graphs (graphs.py): their
         buffers come from a pool that outlives them. Call it once the model is loaded, quantized and parallelized.
-        ``enabled=False`` drops the pool (sessions still open keep their buffers)."""
+        ``enabled=False`` drops the pool (windows still open keep their buffers)."""
         if enabled and self.block_stream is not None:
             raise ValueError("streamed blocks cannot replay as CUDA graphs; turn the graphs off (--cuda-graphs off)")
         self.graphs = ChunkGraphs() if enabled else None
@@ -167,9 +167,9 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     def compute_dtype(self) -> torch.dtype:
         return linear_dtype(self.blocks[0].self_attn.q)
 
-    # -- sessions -------------------------------------------------------------------------------------------------
+    # -- KV windows -----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def new_session(
+    def new_window(
         self,
         batch: int,
         text_states: torch.Tensor,
@@ -178,7 +178,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVWindow:
-        """Allocate a session: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
+        """Allocate a KV window: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
         and the prompt's cross-attention K/V (computed here, once). The window takes the format the model's attention
         backend asks for (its `window_format`: FP8 keys for ``cudnn_fp8``, the SM90 kernel's layout for ``sage_sm90``,
         kv_cache.py); a quantized window then serves only that backend.
@@ -233,15 +233,15 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             on_close=None if entry is None else functools.partial(self.graphs.release, entry),
         )
 
-    def _check_window(self, session: KVWindow) -> None:
+    def _check_window(self, window: KVWindow) -> None:
         """A plain window serves every backend; a quantized one only the backend whose format it is."""
-        kept = WINDOW_FP8_KEYS if session.fp8_keys else WINDOW_SAGE_SM90 if session.sage_window else WINDOW_PLAIN
+        kept = WINDOW_FP8_KEYS if window.fp8_keys else WINDOW_SAGE_SM90 if window.sage_window else WINDOW_PLAIN
         wanted = get_backend(self.attn_impl).window_format
         if kept not in (WINDOW_PLAIN, wanted):
             readers = [name for name in backend_names() if get_backend(name).window_format == kept]
-            raise SessionError(
-                f"the session keeps its window in the {kept!r} format, which attention {', '.join(readers)} reads; "
-                f"the model now runs {self.attn_impl!r}: make a new session"
+            raise WindowError(
+                f"the KV window is kept in the {kept!r} format, which attention {', '.join(readers)} reads; "
+                f"the model now runs {self.attn_impl!r}: make a new window"
             )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     @torch.no_grad()
     def forward_chunk(
         self,
-        session: KVWindow,
+        window: KVWindow,
         latents: torch.Tensor,
         t: torch.Tensor,
         camera: torch.Tensor | CameraModulation | None,
@@ -279,61 +279,61 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         update_cache: False reads the window: the rows the chunk keeps and the cursor stay bit-identical, its own
         K/V go into the slots of the rows it evicts (kv_cache.py); True also commits this chunk's K/V and advances the
         frame cursor by F."""
-        return self._forward(session, latents, t, camera, update_cache=update_cache, kv_only=False)
+        return self._forward(window, latents, t, camera, update_cache=update_cache, kv_only=False)
 
     @torch.no_grad()
     def commit_chunk(
         self,
-        session: KVWindow,
+        window: KVWindow,
         latents: torch.Tensor,
         t: torch.Tensor,
         camera: torch.Tensor | CameraModulation | None,
     ) -> None:
         """The clean-KV update: `forward_chunk(..., update_cache=True)` without the work whose result it would
         discard (the last block after its K/V, and the head). The committed K/V are the same."""
-        self._forward(session, latents, t, camera, update_cache=True, kv_only=True)
+        self._forward(window, latents, t, camera, update_cache=True, kv_only=True)
 
-    def _forward(self, session, latents, t, camera, *, update_cache: bool, kv_only: bool) -> torch.Tensor | None:
-        session.check_open()
-        frames, grid_h, grid_w = self._check_chunk(session, latents, t, camera)
+    def _forward(self, window, latents, t, camera, *, update_cache: bool, kv_only: bool) -> torch.Tensor | None:
+        window.check_open()
+        frames, grid_h, grid_w = self._check_chunk(window, latents, t, camera)
         t = t.to(latents.device, non_blocking=True)  # a host tensor is checked above and welcome
         _, world = self._ulysses_coordinates()
-        if session.ulysses_degree != world:
-            raise SessionError(
-                f"the session was made for Ulysses degree {session.ulysses_degree}, the model runs {world}; "
-                "make a new session after parallelizing the model"
+        if window.ulysses_degree != world:
+            raise WindowError(
+                f"the window was made for Ulysses degree {window.ulysses_degree}, the model runs {world}; "
+                "make a new window after parallelizing the model"
             )
-        self._check_window(session)
-        plan = session.plan(frames)
+        self._check_window(window)
+        plan = window.plan(frames)
         if camera is not None and not isinstance(camera, CameraModulation):
             camera = self.camera_modulation(camera)
         grid = (frames, grid_h, grid_w)
-        cos, sin = self._chunk_rope(session.frame_offset, grid, latents.device)
-        if session.pool_entry is not None or region_compiles(latents):
+        cos, sin = self._chunk_rope(window.frame_offset, grid, latents.device)
+        if window.pool_entry is not None or region_compiles(latents):
             per_block = camera.per_block if camera is not None else None
             data = ChunkData(latents, t, cos, sin, self._slot_rows(plan, latents.device), per_block)
             program = functools.partial(
-                self._run_regions, session.layer_states(), grid, window_rows(plan), plan.kept == 0, kv_only
+                self._run_regions, window.layer_states(), grid, window_rows(plan), plan.kept == 0, kv_only
             )
-            if session.pool_entry is not None and self.graphs is not None:
+            if window.pool_entry is not None and self.graphs is not None:
                 graph_key = (kv_only, plan.total, plan.kept == 0, fusion_enabled(), self.attn_impl)
                 graph_key += (exchange_key(self.communicator),)
-                out = self.graphs.run(session.pool_entry, graph_key, data, program, camera)
+                out = self.graphs.run(window.pool_entry, graph_key, data, program, camera)
             else:
                 out = program(data)
-            session.note_written(plan, commit=update_cache)
+            window.note_written(plan, commit=update_cache)
         else:
-            out = self._run_reference(session, plan, latents, t, (cos, sin), camera, grid, update_cache, kv_only)
+            out = self._run_reference(window, plan, latents, t, (cos, sin), camera, grid, update_cache, kv_only)
         if update_cache:
-            session.advance(plan, frames)
+            window.advance(plan, frames)
         return out
 
-    def _run_reference(self, session, plan, latents, t, rope, camera, grid, commit: bool, kv_only: bool):
-        """The forward with the session and the communicator called directly (the CPU path, and fusion off)."""
+    def _run_reference(self, window, plan, latents, t, rope, camera, grid, commit: bool, kv_only: bool):
+        """The forward with the window and the communicator called directly (the CPU path, and fusion off)."""
         x, t_emb, t_mod = self._embed(latents, t, plan.new_rows)
         per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
         ctx = ChunkContext(
-            session=session,
+            window=window,
             plan=plan,
             commit=commit,
             chunk_rows=plan.new_rows,
@@ -349,7 +349,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
     def _run_regions(
         self, layers: list[LayerState], grid, kv_rows: torch.Tensor, fresh: bool, kv_only: bool, data: ChunkData
     ):
-        """The forward from `data`, the session buffers' `layers` and constants: one region per block (compiled on
+        """The forward from `data`, the window buffers' `layers` and constants: one region per block (compiled on
         CUDA), the program a CUDA graph captures (graphs.py)."""
         n = data.slots.shape[0]
         x, t_emb, t_mod = self._embed(data.latents, data.t, n)
@@ -378,7 +378,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         return unpatchify(out[:, :n], grid, self.config.patch_size).contiguous()
 
     def _slot_rows(self, plan, device) -> torch.Tensor:
-        """`WindowPlan.slot_rows`; a chunk's forwards share one plan, so they share its tensor (never written)."""
+        """`WindowSlots.slot_rows`; a chunk's forwards share one plan, so they share its tensor (never written)."""
         key = (plan, str(device))
         if self._slots_cache is None or self._slots_cache[0] != key:
             self._slots_cache = (key, plan.slot_rows(device))
@@ -402,21 +402,21 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         hidden = run_linear(self.c2ws_hidden_states_layer2, F.silu(run_linear(self.c2ws_hidden_states_layer1, emb)))
         return emb + hidden
 
-    def _check_chunk(self, session, latents, t, camera) -> tuple[int, int, int]:
+    def _check_chunk(self, window, latents, t, camera) -> tuple[int, int, int]:
         cfg = self.config
         pt, ph, pw = cfg.patch_size
         problems = []
-        if latents.dim() != 5 or latents.shape[1] != cfg.in_dim or latents.shape[0] != session.batch:
-            problems.append(f"latents must be [B={session.batch}, {cfg.in_dim}, F, h, w], got {tuple(latents.shape)}")
+        if latents.dim() != 5 or latents.shape[1] != cfg.in_dim or latents.shape[0] != window.batch:
+            problems.append(f"latents must be [B={window.batch}, {cfg.in_dim}, F, h, w], got {tuple(latents.shape)}")
             raise ValueError("LingBotWorldV2DiT.forward_chunk: " + "; ".join(problems))
         b, _, f, h, w = latents.shape
         if f % pt or h % ph or w % pw:
             problems.append(f"latent grid {(f, h, w)} does not split into {cfg.patch_size} patches")
         frames, grid_h, grid_w = f // pt, h // ph, w // pw
-        if grid_h * grid_w != session.tokens_per_frame:
+        if grid_h * grid_w != window.tokens_per_frame:
             problems.append(
-                f"{grid_h}x{grid_w} = {grid_h * grid_w} tokens per frame, the session was made for "
-                f"{session.tokens_per_frame}"
+                f"{grid_h}x{grid_w} = {grid_h * grid_w} tokens per frame, the window was made for "
+                f"{window.tokens_per_frame}"
             )
         if t.shape != (b,):
             problems.append(f"t must be [B={b}], got {tuple(t.shape)}")

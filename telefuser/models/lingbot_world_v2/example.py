@@ -1,7 +1,7 @@
 """LingBot-World v2's DiT sizes by name, one forward on example inputs and its FLOP count: what its `ModelSpec`
 points at (`config_of`, `example_forward`, `forward_flops`).
 
-The example is one denoising read of a session's first chunk: a fresh session holding the prompt's K/V, then
+The example is one denoising read of a session's first chunk: a fresh KV window holding the prompt's K/V, then
 `forward_chunk(..., update_cache=False)` with raw camera features (the chunk's camera modulation is computed in the
 forward). A first chunk attends only to its own rows. The default chunk, 2 latent frames of 3 x 3 tokens (18 rows),
 splits unevenly over 4 Ulysses ranks, so padding rows are exercised.
@@ -30,10 +30,10 @@ def example(model, *, seed: int = 0, batch: int = 1, frames: int = 2, height: in
     rows = token_rows(config, frames, height, width)
     g = torch.Generator().manual_seed(seed + 1)
     camera = torch.randn(batch, rows, config.camera_feature_dim, generator=g).to(device)
-    session = model.new_session(batch, text, tokens_per_frame=rows // frames)
+    window = model.new_window(batch, text, tokens_per_frame=rows // frames)
 
     def run():
-        return (model.forward_chunk(session, latents, t, camera, update_cache=False),)
+        return (model.forward_chunk(window, latents, t, camera, update_cache=False),)
 
     return Example(run=run, shape=shape)
 

@@ -1,19 +1,19 @@
-"""Steady LingBot chunks as CUDA graphs (`torch.cuda.CUDAGraph`), on session buffers that outlive sessions.
+"""Steady LingBot chunks as CUDA graphs (`torch.cuda.CUDAGraph`), on KV-window buffers that outlive their windows.
 
-Once a session's window length is known, every forward of a chunk (its denoising steps and its KV commit) launches
+Once a window's length is known, every forward of a chunk (its denoising steps and its KV commit) launches
 the same kernels on the same buffers; only data changes: the latents, the timestep, the RoPE angles, the camera
-modulation, the ring slots the chunk's K/V go to (device data: `WindowPlan.slot_rows`) and the running max |V| of an
-FP8 session (device state). So each forward kind (read-only or commit) and window length is captured once per buffer
+modulation, the ring slots the chunk's K/V go to (device data: `WindowSlots.slot_rows`) and the running max |V| of an
+FP8 window (device state). So each forward kind (read-only or commit) and window length is captured once per buffer
 set and then replayed: the host enqueues one graph instead of the forward's kernels and compiled-code wrappers.
 
-- **Pool.** A graph keeps the addresses it was captured with, so the session buffers it reads and writes (every
+- **Pool.** A graph keeps the addresses it was captured with, so the window buffers it reads and writes (every
   layer's window K/V, the prompt's K/V, the FP8 scales: `WindowBuffers`) come from a pool of this object's and go back
-  to it when the session closes; the next session of the same shape adopts them (`WindowBuffers.load`: its prompt
+  to it when the window closes; the next window of the same shape adopts them (`WindowBuffers.load`: its prompt
   copied in, windows zeroed) and replays the graphs already captured for them. Each entry also holds the static
   copies of the forward's inputs and the captured graphs.
 - **Capture.** The first call of a (kind, window length) on an entry runs eagerly on the entry's static inputs, and
   its result is the call's result: torch.compile's kernels, cuDNN's plans and the Ulysses communicator's eager group at these shapes exist
-  afterwards. Then the same call is captured (capture runs no kernel, so the session's state is unchanged) on the
+  afterwards. Then the same call is captured (capture runs no kernel, so the window's state is unchanged) on the
   entry's static inputs; later calls copy their inputs there and replay. A service's warm-up session therefore
   captures every graph a client will replay.
 - **Exactness.** A replay runs the kernels of the eager call on the same buffers: its outputs, and every buffer it
@@ -89,7 +89,7 @@ class _Static:
 
 @dataclass
 class PoolEntry:
-    """One set of session buffers and what was captured on it."""
+    """One set of window buffers and what was captured on it."""
 
     key: Hashable
     buffers: WindowBuffers
@@ -99,7 +99,7 @@ class PoolEntry:
 
 
 class ChunkGraphs:
-    """The pool of session buffers of one model and the graphs captured on them (see the module docstring)."""
+    """The pool of window buffers of one model and the graphs captured on them (see the module docstring)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -110,11 +110,11 @@ class ChunkGraphs:
 
     # -- the pool ----------------------------------------------------------------------------------------------------
     def takes(self, device: torch.device) -> bool:
-        """Whether sessions on `device` get pooled buffers and graphs: CUDA devices."""
+        """Whether windows on `device` get pooled buffers and graphs: CUDA devices."""
         return device.type == "cuda"
 
     def acquire(self, key: Hashable, allocate: Callable[[], WindowBuffers]) -> PoolEntry:
-        """A free entry of `key` (the session's shapes), or a new one with `allocate()`'s buffers."""
+        """A free entry of `key` (the window's shapes), or a new one with `allocate()`'s buffers."""
         with self._lock:
             for entry in self._entries:
                 if entry.key == key and not entry.in_use:

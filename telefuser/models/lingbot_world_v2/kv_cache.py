@@ -5,13 +5,13 @@ The buffers are allocated once and never move. Each holds the sink rows, then a 
 and attends to a prefix of the buffer: no scratch, no roll. The layout and the rules are in this folder's README.
 
 For a compiled block region (and a CUDA graph) the window is tensors only: `LayerState` holds a layer's buffers,
-`WindowPlan.slot_rows` gives the chunk's slots as device data, and `write_window` copies the chunk's rows there
-through the opaque custom op ``telefuser::kv_window_write``. A session may adopt `WindowBuffers` that outlive it
+`WindowSlots.slot_rows` gives the chunk's slots as device data, and `write_window` copies the chunk's rows there
+through the opaque custom op ``telefuser::kv_window_write``. A window may adopt `WindowBuffers` that outlive it
 (graphs.py pools them).
 
-A session made for ``sage_sm90`` attention (`sage_window`) keeps its window the way SageAttention2's SM90 kernel reads
+A window made for ``sage_sm90`` attention (`sage_window`) is kept the way SageAttention2's SM90 kernel reads
 it (ops/attention_sage.py): keys in INT8 ``[B, rows, H, D]`` with one scale per kernel key group, values in e4m3,
-transposed and permuted to ``[B, H, D, capacity rounded up to 128]``, plus the keys in bf16. The session takes the
+transposed and permuted to ``[B, H, D, capacity rounded up to 128]``, plus the keys in bf16. The window takes the
 keys' smoothing mean and the values' scales from its first chunk (one mean for every key keeps softmax exact: a per-chunk
 mean would shift each chunk's scores by a different ``q . mean``). Every write copies the chunk's bf16 keys in and
 requantizes, with fresh scales, each 128-key block its rows touched (ring slots do not align with blocks), so a
@@ -36,17 +36,17 @@ from ...ops.attention_sage import (
     value_columns,
     window_granularity,
     window_key_blocks,
-    window_session_stats,
+    window_stats,
     window_values,
 )
 
 
-class SessionError(RuntimeError):
-    """A session used in a way its cache cannot serve (closed, wrong shape, wrong parallel degree)."""
+class WindowError(RuntimeError):
+    """A KV window used in a way it cannot serve (closed, wrong shape, wrong parallel degree)."""
 
 
 @dataclass(frozen=True)
-class WindowPlan:
+class WindowSlots:
     """Which rows one chunk attends to and where its own rows go; the same for every layer of one forward."""
 
     capacity: int
@@ -107,7 +107,7 @@ class LayerKV:
 
 
 class LayerState(NamedTuple):
-    """One layer's session tensors, all a block region reads or writes of the session (no layer index, no plan)."""
+    """One layer's window tensors, all a block region reads or writes of the window (no layer index, no plan)."""
 
     k: torch.Tensor  # [B, capacity, H_local, D] window keys (e4m3 for FP8 keys)
     v: torch.Tensor  # [B, capacity, H_local, D] window values
@@ -117,7 +117,7 @@ class LayerState(NamedTuple):
     key_descale: torch.Tensor | None
     value_amax: torch.Tensor | None
     # A sage_sm90 window (k int8 [B, rows, H, D], rows = capacity rounded up to 128 plus one spare block; v e4m3
-    # [B, H_local, D, capacity rounded up to 128]): the session's numbers, taken from a forward that rewrites every
+    # [B, H_local, D, capacity rounded up to 128]): the window's numbers, taken from a forward that rewrites every
     # row it attends (key mean fp32 [B, H, D], e4m3 value scale fp32 [B, H, D]), the INT8 key scales fp32
     # [B, H, groups] and the keys in bf16 [B, rows, H, D], from which every write requantizes the blocks it touched
     key_mean: torch.Tensor | None = None
@@ -178,11 +178,11 @@ def _(k8, scales, k_cache, scale_cache, rows, groups):
 def _write_sage_window(
     layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor, fresh: bool
 ) -> None:
-    # The session's numbers come from a forward that rewrites every row it attends (`fresh`: the first chunk's
+    # The window's numbers come from a forward that rewrites every row it attends (`fresh`: the first chunk's
     # forwards, each rewriting the same rows; the commit's clean keys are the last word) and stay for every later
     # write: rows written once are read as they are.
     if fresh:
-        mean, v_scale = window_session_stats(k_new, v_new)
+        mean, v_scale = window_stats(k_new, v_new)
         layer.key_mean.copy_(mean)
         layer.value_scale.copy_(v_scale)
     # bf16 keys by row and e4m3 values by kernel column, then every block those rows touched requantized from the
@@ -201,9 +201,9 @@ def _write_sage_window(
 def write_window(
     layer: LayerState, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor, fresh: bool = False
 ) -> None:
-    """Copy the chunk's K/V ``[B, new_rows, H_local, D]`` into the buffer rows `slots` (`WindowPlan.slot_rows`): the
+    """Copy the chunk's K/V ``[B, new_rows, H_local, D]`` into the buffer rows `slots` (`WindowSlots.slot_rows`): the
     only copy. FP8 keys are cast once, here, and the layer's running max |V| grows with the rows it is given (no host
-    sync); a sage_sm90 window quantizes keys and values here with the session's numbers, which a `fresh` write (one
+    sync); a sage_sm90 window quantizes keys and values here with the window's numbers, which a `fresh` write (one
     that rewrites every row the chunk attends: ``plan.kept == 0``) takes from its chunk first. In a compiled region
     the casts and the reductions fuse into it; the copy is an opaque op."""
     if layer.key_mean is not None:
@@ -217,8 +217,8 @@ def write_window(
 
 @dataclass
 class WindowBuffers:
-    """A session's device memory: every layer's window K/V, the prompt's K/V per layer and, for FP8 keys, the scales
-    and running max |V|. A session allocates its own, or adopts a set that outlives it (graphs.py), whose addresses
+    """A window's device memory: every layer's window K/V, the prompt's K/V per layer and, for FP8 keys, the scales
+    and running max |V|. A window allocates its own, or adopts a set that outlives it (graphs.py), whose addresses
     a captured CUDA graph keeps."""
 
     self_kv: list[LayerKV]
@@ -248,7 +248,7 @@ class WindowBuffers:
         sage_sm90 layout (the module docstring)."""
         if sage_window:
             if key_scales is not None:
-                raise SessionError("a window is either FP8-keyed (cudnn_fp8) or quantized for sage_sm90, not both")
+                raise WindowError("a window is either FP8-keyed (cudnn_fp8) or quantized for sage_sm90, not both")
             buffers = cls._allocate_sage(num_layers, shape, cross_kv, device, dtype)
         else:
             buffers = cls._allocate_plain(num_layers, shape, cross_kv, key_scales, device, dtype)
@@ -324,15 +324,15 @@ class WindowBuffers:
         key_scales: list[torch.Tensor] | None,
         sage_window: bool = False,
     ) -> None:
-        """Start a new session in these buffers: its prompt K/V and key scales copied in place, the windows, the
+        """Start a new window in these buffers: its prompt K/V and key scales copied in place, the windows, the
         running max |V| and a sage window's numbers reset, so it begins exactly as a freshly allocated one."""
         if (
             (key_scales is None) != (self.key_scales is None)
             or sage_window != self.sage_window
             or len(cross_kv) != len(self.cross_kv)
         ):
-            raise SessionError(
-                "pooled session buffers do not fit this session (FP8 keys, sage_sm90 window or layer count differ)"
+            raise WindowError(
+                "pooled window buffers do not fit this window (FP8 keys, sage_sm90 window or layer count differ)"
             )
         for (k, v), (ck, cv) in zip(cross_kv, self.cross_kv):
             ck.copy_(k)
@@ -359,7 +359,7 @@ class KVWindow:
     frames in time order, then a ring of the newest rows whose oldest row is at ring slot `ring_head`, the same for
     every layer. Self-attention has no mask and K is stored after RoPE, so the order of the (K, V) row pairs does not
     change the result (only the summation order). The chunk's K/V are copied in, never referenced (Ulysses scatter
-    outputs are reused buffers). Create it with `LingBotWorldV2DiT.new_session`; `close()` drops every buffer.
+    outputs are reused buffers). Create it with `LingBotWorldV2DiT.new_window`; `close()` drops every buffer.
 
     With `key_scales` (one fp32 ``[1]`` per layer, for FP8 attention) the K buffers hold e4m3 ``K * scale``: each
     chunk's keys are cast once, when they are written, with a scale from a bound that no key can exceed (see
@@ -367,8 +367,8 @@ class KVWindow:
     max |V| over every row it was given (`fp8_scales`), so the attention casts V with no pass over the window to find
     its range.
 
-    With `sage_window` (a session for ``sage_sm90`` attention) the buffers are INT8 keys and transposed e4m3 values
-    quantized when written, with the session's numbers (the module docstring); a call quantizes only its queries."""
+    With `sage_window` (a window for ``sage_sm90`` attention) the buffers are INT8 keys and transposed e4m3 values
+    quantized when written, with the window's numbers (the module docstring); a call quantizes only its queries."""
 
     def __init__(
         self,
@@ -391,12 +391,12 @@ class KVWindow:
         on_close: Callable[[], None] | None = None,
     ):
         if local_attn_size < 1:
-            raise SessionError(
+            raise WindowError(
                 f"a streaming session needs a bounded window (local_attn_size >= 1), got {local_attn_size}; "
                 "the v2 pipeline uses local_attn_size=18, sink_size=6"
             )
         if tokens_per_frame < 1:
-            raise SessionError(f"tokens_per_frame must be positive, got {tokens_per_frame}")
+            raise WindowError(f"tokens_per_frame must be positive, got {tokens_per_frame}")
         self.batch = batch
         self.tokens_per_frame = tokens_per_frame
         self.local_attn_size = local_attn_size
@@ -407,7 +407,7 @@ class KVWindow:
         self.capacity = local_attn_size * tokens_per_frame
         self.sink_rows = sink_size * tokens_per_frame
         if key_scales is not None and len(key_scales) != num_layers:
-            raise SessionError(f"{len(key_scales)} key scales for {num_layers} layers")
+            raise WindowError(f"{len(key_scales)} key scales for {num_layers} layers")
         shape = (batch, self.capacity, local_heads, head_dim)
         if buffers is None:
             buffers = WindowBuffers.allocate(
@@ -415,8 +415,8 @@ class KVWindow:
             )
         else:
             if buffers.window_shape != shape or buffers.dtype != dtype:
-                raise SessionError(
-                    f"pooled session buffers hold {buffers.window_shape} {buffers.dtype}, not {shape} {dtype}"
+                raise WindowError(
+                    f"pooled window buffers hold {buffers.window_shape} {buffers.dtype}, not {shape} {dtype}"
                 )
             buffers.load(cross_kv, key_scales, sage_window)
         self.self_kv: list[LayerKV] | None = buffers.self_kv
@@ -446,13 +446,13 @@ class KVWindow:
 
     @property
     def fp8_keys(self) -> bool:
-        """K is kept in e4m3 (a session made for ``cudnn_fp8`` attention)."""
+        """K is kept in e4m3 (a window made for ``cudnn_fp8`` attention)."""
         return self.key_scales is not None
 
     def fp8_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K's descale, the running max |V|) of `layer`, fp32 ``[1]`` on the device: what FP8 attention needs."""
         if not self.fp8_keys:
-            raise SessionError("this session keeps its keys in the model's dtype, not in FP8")
+            raise WindowError("this window keeps its keys in the model's dtype, not in FP8")
         return self.key_descales[layer], self.value_amax[layer]
 
     @property
@@ -483,29 +483,31 @@ class KVWindow:
 
     def check_open(self) -> None:
         if self.closed:
-            raise SessionError("this LingBot session is closed")
+            raise WindowError("this LingBot KV window is closed")
 
     # -- the window ---------------------------------------------------------------------------------------------
-    def plan(self, frames: int) -> WindowPlan:
+    def plan(self, frames: int) -> WindowSlots:
         self.check_open()
         if not 1 <= frames <= self.max_chunk_frames:
-            raise SessionError(
+            raise WindowError(
                 f"a chunk of {frames} latent frames does not fit the window: 1..{self.max_chunk_frames} frames "
                 f"(local_attn_size {self.local_attn_size} - sink_size {self.sink_size})"
             )
-        plan = WindowPlan(self.capacity, self.sink_rows, self.committed, frames * self.tokens_per_frame, self.ring_head)
+        plan = WindowSlots(
+            self.capacity, self.sink_rows, self.committed, frames * self.tokens_per_frame, self.ring_head
+        )
         if plan.evicted < self.overwritten:
             # The rows this chunk would keep were overwritten by a bigger uncommitted chunk's read-only steps (as in
             # official inference, a step writes into the chunk's slots); only a stash of them could serve it.
-            raise SessionError(
+            raise WindowError(
                 f"a chunk of {frames} latent frames keeps window rows that an uncommitted chunk's read-only steps "
                 f"already replaced ({self.overwritten // self.tokens_per_frame} frames); commit a chunk of at least "
-                "that chunk's frames first, or start a new session"
+                "that chunk's frames first, or start a new window"
             )
         return plan
 
     def window(
-        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, plan: WindowPlan, *, commit: bool
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, plan: WindowSlots, *, commit: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, plan.total, H_local, D]`` for this chunk at `layer`: the chunk's rows are copied
         into the slots of `plan.slots`, the only copy, and the result is the buffer's prefix (views into the layer's
@@ -516,14 +518,14 @@ class KVWindow:
         self.check_open()
         cache = self.self_kv[layer]
         if k_new.shape[1] != plan.new_rows:
-            raise SessionError(
+            raise WindowError(
                 f"layer {layer}: the chunk has {k_new.shape[1]} key rows, the plan expects {plan.new_rows}"
             )
         write_window(self.layer_state(layer), k_new, v_new, self._slot_rows(plan, k_new.device), plan.kept == 0)
         self.note_written(plan, commit=commit)
         return cache.k[:, : plan.total], (cache.v if self.sage_window else cache.v[:, : plan.total])
 
-    def _slot_rows(self, plan: WindowPlan, device: torch.device) -> torch.Tensor:
+    def _slot_rows(self, plan: WindowSlots, device: torch.device) -> torch.Tensor:
         # every layer of a forward writes the same slots: made once per plan
         if self._slots is None or self._slots[0] != (plan, device):
             self._slots = ((plan, device), plan.slot_rows(device))
@@ -534,18 +536,18 @@ class KVWindow:
         return self.layer_states()[layer]
 
     def layer_states(self) -> list[LayerState]:
-        """Every layer's tensors for the block regions (the buffers', so a pooled set gives the same to every session
+        """Every layer's tensors for the block regions (the buffers', so a pooled set gives the same to every window
         that adopts it)."""
         self.check_open()
         return self._buffers.layer_states()
 
-    def note_written(self, plan: WindowPlan, *, commit: bool) -> None:
+    def note_written(self, plan: WindowSlots, *, commit: bool) -> None:
         """A read-only step wrote the chunk's rows over the rows it evicts: until the commit, only a chunk that evicts
         at least as many can be served (`plan`)."""
         if not commit:
             self.overwritten = max(self.overwritten, plan.evicted)
 
-    def advance(self, plan: WindowPlan, frames: int) -> None:
+    def advance(self, plan: WindowSlots, frames: int) -> None:
         """After a committed forward: the window holds plan.total rows, the ring's oldest row moves past the evicted
         ones, and the frame cursor moves on."""
         self.committed = plan.total
@@ -556,7 +558,7 @@ class KVWindow:
 
     def time_order(self) -> torch.Tensor:
         """Buffer rows of the committed window in time order (sink, then oldest to newest): for tests and tools
-        that want the time-ordered window, ``k[:, session.time_order()]`` (a gather copy; the forward never needs
+        that want the time-ordered window, ``k[:, window.time_order()]`` (a gather copy; the forward never needs
         it)."""
         sink = min(self.sink_rows, self.committed)
         ring = torch.arange(self.committed - sink)

@@ -25,7 +25,7 @@ EXAMPLE = "telefuser.models.lingbot_world_v2.example"
 
 
 def parallelize(model, mesh, *, communicator_factory=None):
-    """Ulysses over `mesh.ulysses_group` with one communicator for all blocks; LingBot has no TP plan. Sessions made
+    """Ulysses over `mesh.ulysses_group` with one communicator for all blocks; LingBot has no TP plan. KV windows made
     before this call hold the wrong heads and are refused; make new ones."""
     parallel = mesh.config
     if parallel.tp_degree != 1:

@@ -18,7 +18,7 @@ from .camera_control import (
 from .controls import ControlTrace, load_control_trace, parse_control_trace
 from .loading import build_lingbot_pipeline, resolve_checkpoint
 from .metrics import format_summary, seconds_summary, summarize
-from .request import FRAME_POLICIES, SessionPlan, parse_resolution, plan_session
+from .request import FRAME_POLICIES, SessionShape, parse_resolution, plan_session
 from .scheduler import DenoisingSchedule, flow_to_x0, flow_unipc_tables, renoise
 from .session import DIT_IN_DIM, Chunk, WorldSession, WorldSessionPipeline
 
@@ -34,7 +34,7 @@ __all__ = [
     "FRAME_POLICIES",
     "LingBotCameraTrack",
     "NoCamera",
-    "SessionPlan",
+    "SessionShape",
     "WorldSession",
     "WorldSessionPipeline",
     "build_lingbot_pipeline",

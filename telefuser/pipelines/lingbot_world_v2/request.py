@@ -22,7 +22,7 @@ DEFAULT_FRAME_POLICY = "truncate"
 
 
 @dataclass(frozen=True)
-class SessionPlan:
+class SessionShape:
     width: int
     height: int
     num_frames: int  # frames delivered (the effective count)
@@ -68,7 +68,7 @@ def plan_session(
     fps: float = DEFAULT_FPS,
     frame_policy: str = DEFAULT_FRAME_POLICY,
     chunk_latent_frames: int = CHUNK_LATENT_FRAMES,
-) -> SessionPlan:
+) -> SessionShape:
     width, height = parse_resolution(resolution)
     multiple = VAE_STRIDE[1] * PATCH_SIZE[1]
     if width <= 0 or height <= 0 or width % multiple or height % multiple:
@@ -104,7 +104,7 @@ def plan_session(
     per_chunk = [VAE_STRIDE[0] * chunk_latent_frames] * total_chunks
     per_chunk[0] = 1 + VAE_STRIDE[0] * (chunk_latent_frames - 1)  # the causal first latent frame is one frame
     latent_height, latent_width = height // VAE_STRIDE[1], width // VAE_STRIDE[2]
-    return SessionPlan(
+    return SessionShape(
         width=width,
         height=height,
         num_frames=sum(per_chunk),

@@ -30,7 +30,7 @@ from .request import (
     DEFAULT_RESOLUTION,
     DEFAULT_SEED,
     PATCH_SIZE,
-    SessionPlan,
+    SessionShape,
     plan_session,
 )
 from .scheduler import DenoisingSchedule, flow_to_x0, renoise
@@ -74,7 +74,7 @@ class WorldSessionPipeline:
         self.weights = dict(weights or {})
         self._sharded: dict[int, object] = {}  # latent height -> HeightShardedDecoder (built once, stateless)
 
-    def plan(self, **request) -> SessionPlan:
+    def plan(self, **request) -> SessionShape:
         return plan_session(chunk_latent_frames=self.chunk_latent_frames, **request)
 
     def start(
@@ -150,7 +150,7 @@ class WorldSession:
     def __init__(
         self,
         pipe: WorldSessionPipeline,
-        plan: SessionPlan,
+        plan: SessionShape,
         rgb: np.ndarray,
         prompt: str,
         seed: int,
@@ -206,7 +206,7 @@ class WorldSession:
         else:
             self._encoder = pipe.vae.stream_encoder(canvas)
         clock.lap("image_encode_s")
-        self._kv_window = pipe.dit.new_session(
+        self._kv_window = pipe.dit.new_window(
             1, context, tokens_per_frame=plan.tokens_per_frame, device=device, dtype=pipe.dit_dtype
         )
         self._sharding = pipe.sharded_decoder(plan.latent_height)

@@ -1,6 +1,6 @@
 """What the batch video service asks of a model: plan a request, run it with progress and cancellation hooks.
 
-A `VideoRunner` turns a validated `VideoSpec` into an MP4 (video, plus audio where the model makes it) and a
+A `VideoRunner` turns a validated `JobRequest` into an MP4 (video, plus audio where the model makes it) and a
 `RunOutcome`; how the service calls it is in PROTOCOL.md ("The model side"). Implementations: `minimax.MiniMaxRunner`
 (MiniMax H3: video + audio), `wan2_2.Wan22Runner` (Wan 2.2: video, with classifier-free guidance) and
 `fake.FakeVideoRunner` (tests, AIPerf CI).
@@ -70,7 +70,7 @@ class MediaInput:
 
 
 @dataclass(frozen=True)
-class VideoSpec:
+class JobRequest:
     """One generation request, validated; picklable, so rank 0 can broadcast it to follower ranks."""
 
     prompt: str
@@ -100,7 +100,7 @@ class VideoSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VideoSpec:
+    def from_dict(cls, data: dict[str, Any]) -> JobRequest:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["loras"] = tuple((str(name), float(scale)) for name, scale in values.get("loras", ()))
         values["media"] = tuple(MediaInput.from_summary(m) for m in values.get("media", ()))
@@ -113,7 +113,7 @@ class VideoSpec:
             raise ValueError(f"the job's media were not loaded: {', '.join(missing)}")
         return [m.data for m in self.media]
 
-    def with_media_data(self, blobs: list[bytes]) -> VideoSpec:
+    def with_media_data(self, blobs: list[bytes]) -> JobRequest:
         """This spec with its inputs' bytes, each checked against the sha256 recorded at submission."""
         if len(blobs) != len(self.media):
             raise ValueError(f"the job has {len(self.media)} input(s), {len(blobs)} were found")
@@ -134,7 +134,7 @@ class VideoSpec:
 
 
 @dataclass(frozen=True)
-class VideoPlan:
+class VideoShape:
     """What a spec will produce, known before running it."""
 
     width: int
@@ -193,7 +193,7 @@ class VideoRunner(Protocol):
     # guidance (bool; with it guidance_scale {"default", "min", "max"}), defaults {...}; shown by /v1/service/metadata
     metadata: dict[str, Any]
 
-    def plan(self, spec: VideoSpec) -> VideoPlan:
+    def plan(self, spec: JobRequest) -> VideoShape:
         """Validate and size a request; ValueError with a user-facing message when it cannot be made."""
         ...
 
@@ -202,6 +202,6 @@ class VideoRunner(Protocol):
     # canvas the model was trained at, "WxH"), "device"; what it runs: "tasks" (default ["t2va"]), "partition",
     # "presets" ({name: {"steps", ...}}), "loras_enabled" (PROTOCOL.md, "The model side").
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
+    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
 
     def close(self) -> None: ...

@@ -24,7 +24,7 @@ from telefuser.pipelines.hooks import StepHooks
 from telefuser.pipelines.minimax_h3.shapes import plan_shape  # imported now, not on the first request
 
 from .canvas import write_clip
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
+from .contract import JobCancelled, RunOutcome, VideoShape, JobRequest, report_stage
 
 FPS = 24
 SAMPLE_RATE = 32_000
@@ -77,21 +77,21 @@ class FakeVideoRunner:
         self.steps_run: list[int] = []  # denoising steps each run completed (a cancelled run stops early)
         self._lock = threading.Lock()
 
-    def plan(self, spec: VideoSpec) -> VideoPlan:
+    def plan(self, spec: JobRequest) -> VideoShape:
         shape = plan_shape(duration_s=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
         if spec.steps < 2:
             raise ValueError(f"steps must be >= 2, got {spec.steps}")
         if spec.task not in self.metadata["tasks"]:
             raise ValueError(f"this fake serves {self.metadata['partition']}, which does not run {spec.task} jobs")
-        plan = VideoPlan(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
+        plan = VideoShape(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
         return replace(plan, task=spec.task)
 
-    def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
+    def memory_estimate(self, plan: VideoShape) -> dict[str, int]:
         """The rendered clip (frames and two index grids) and its tone."""
         pixels = plan.width * plan.height
         return {"frames": plan.frames * pixels * 3 + 2 * pixels * 8, "audio": int(plan.duration_s * SAMPLE_RATE) * 8}
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
+    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         plan = self.plan(spec)
         with self._lock:
             self.calls.append(spec.as_dict())
@@ -133,7 +133,7 @@ class FakeVideoRunner:
     def close(self) -> None:
         return None
 
-    def _log_run(self, event: str, spec: VideoSpec) -> None:
+    def _log_run(self, event: str, spec: JobRequest) -> None:
         if self.run_log is None:
             return
         line = json.dumps({"event": event, "prompt": spec.prompt, "pid": os.getpid(), "t": time.time()}) + "\n"
@@ -141,7 +141,7 @@ class FakeVideoRunner:
             log.write(line)
 
 
-def render(plan: VideoPlan, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def render(plan: VideoShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """uint8 [F, H, W, 3] frames and float32 [2, S] audio, deterministic in (plan, seed)."""
     h, w, n = plan.height, plan.width, plan.frames
     base = np.random.default_rng(seed).integers(0, 256, 3)

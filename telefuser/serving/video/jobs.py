@@ -44,8 +44,8 @@ class VideoJob:
     model: str
     prompt: str
     request: dict[str, Any]  # the fields the client sent
-    spec: dict[str, Any]  # VideoSpec.as_dict(): what the runner was asked to do
-    plan: dict[str, Any]  # VideoPlan.as_dict(): size, frames, duration, dit_calls
+    spec: dict[str, Any]  # JobRequest.as_dict(): what the runner was asked to do
+    plan: dict[str, Any]  # VideoShape.as_dict(): size, frames, duration, dit_calls
     created_at: float = field(default_factory=time.time)
     status: str = "queued"
     progress: int = 0

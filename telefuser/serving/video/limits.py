@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..common.limits import CanvasLimitFlags, Limit, LimitSet, canvas_limits, pick
 from ..common.memory_budget import available_memory, gib
-from .contract import VideoPlan, VideoSpec
+from .contract import VideoShape, JobRequest
 from .lora_field import LoraPolicy
 from .media import MediaLimits
 
@@ -48,7 +48,7 @@ def derive_video_limits(
     )
     limits.append(Limit("max_seconds", float(max_seconds), "--max-seconds", "service flag"))
     task = runner.metadata.get("tasks", ["t2va"])[0]  # one this runner runs (a Ref2VA server runs no t2va)
-    longest = runner.plan(VideoSpec("limits", f"{width}x{height}", "16:9", float(max_seconds), 2, 0, task=task))
+    longest = runner.plan(JobRequest("limits", f"{width}x{height}", "16:9", float(max_seconds), 2, 0, task=task))
     limits.append(
         pick(
             "max_frames",
@@ -110,7 +110,7 @@ def _media_limits(runner, max_body_bytes: int | None, media: MediaLimits) -> lis
     ]
 
 
-def check_video_plan(limits: LimitSet, plan: VideoPlan, runner) -> None:
+def check_video_plan(limits: LimitSet, plan: VideoShape, runner) -> None:
     """Bounds of a planned job (the canvas the model makes, its frames, pixel-seconds, memory); 422 naming the limit."""
     limits.check_canvas(plan.width, plan.height, f"the generated canvas {plan.generated_size}")
     if plan.frames > limits.value("max_frames"):

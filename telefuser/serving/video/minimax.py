@@ -25,7 +25,7 @@ from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
+from .contract import JobCancelled, RunOutcome, VideoShape, JobRequest, report_stage
 from .lora_library import LoraLibrary, LoraSwitch
 from .media import MediaLimits
 from .minimax_inputs import pipeline_inputs
@@ -108,7 +108,7 @@ class MiniMaxRunner:
         """LoRA merges and unmerges so far (a job whose set is merged already makes none)."""
         return self._lora_switch.switches if self._lora_switch is not None else 0
 
-    def plan(self, spec: VideoSpec) -> VideoPlan:
+    def plan(self, spec: JobRequest) -> VideoShape:
         """ValueError (a 422 at submission) for a task this partition does not run, an unknown preset, or a LoRA
         that is not in --lora-dir or does not fit this DiT."""
         from telefuser.pipelines.minimax_h3 import FlowSchedule
@@ -127,7 +127,7 @@ class MiniMaxRunner:
         conditions = tuple(
             ("keyframe" if m.role != "reference" else m.kind, m.width, m.height) for m in spec.media
         )  # fmt: skip
-        return VideoPlan(
+        return VideoShape(
             shape.width,
             shape.height,
             shape.frame_count,
@@ -138,7 +138,7 @@ class MiniMaxRunner:
             conditions=conditions,
         )
 
-    def memory_estimate(self, plan: VideoPlan) -> dict[str, int]:
+    def memory_estimate(self, plan: VideoShape) -> dict[str, int]:
         """Bytes one job needs on this rank beyond what stays resident: what it holds throughout and its largest
         stage, from the model's memory workload under the service's placement (serving/README.md)."""
         from telefuser.memory.plan import MemoryPlan
@@ -154,7 +154,7 @@ class MiniMaxRunner:
         stage = job.peak_stage
         return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
+    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
         inputs = pipeline_inputs(spec, plan.duration_s, self.media_limits)
         shifts = {}
@@ -212,7 +212,7 @@ class MiniMaxRunner:
     def close(self) -> None:
         self._pipe.close()
 
-    def _switch_loras(self, spec: VideoSpec) -> bool:
+    def _switch_loras(self, spec: JobRequest) -> bool:
         """The job's LoRA set merged (none: unmerged); True when the weights changed for this job. A server without
         --lora-dir has none to switch (`plan` refused any)."""
         return self._lora_switch.ensure(spec.loras) if self._lora_switch is not None else False

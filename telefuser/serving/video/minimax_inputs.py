@@ -16,11 +16,11 @@ from telefuser.pipelines.minimax_h3.conditions import AudioReference, ImageRefer
 from telefuser.pipelines.minimax_h3.shapes import AUDIO_SAMPLE_RATE
 
 from ..common.http_errors import RequestError
-from .contract import VideoSpec
+from .contract import JobRequest
 from .media import MediaLimits, decode_audio, decode_video, open_image
 
 
-def pipeline_inputs(spec: VideoSpec, seconds: float, limits: MediaLimits) -> dict[str, Any]:
+def pipeline_inputs(spec: JobRequest, seconds: float, limits: MediaLimits) -> dict[str, Any]:
     """`first_frame`, `last_frame` and `references` keywords for `MiniMaxH3Pipeline.__call__`."""
     out: dict[str, Any] = {"references": []}
     for index, media in enumerate(spec.media):

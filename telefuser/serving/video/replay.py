@@ -16,7 +16,7 @@ from pathlib import Path
 from telefuser.pipelines.hooks import StepHooks
 
 from ..common.replay import Follower, Leader
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoRunner, VideoSpec
+from .contract import JobCancelled, RunOutcome, VideoShape, VideoRunner, JobRequest
 
 log = logging.getLogger("telefuser.serving")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("telefuser.serving")
 class _Job:
     """One generation on one rank."""
 
-    def __init__(self, runner: VideoRunner, spec: VideoSpec, output: Path | None, hooks: StepHooks):
+    def __init__(self, runner: VideoRunner, spec: JobRequest, output: Path | None, hooks: StepHooks):
         self._runner, self._spec, self._output, self._hooks = runner, spec, output, hooks
 
     def run(self) -> RunOutcome | None:
@@ -58,10 +58,10 @@ class FollowingRunner:
     def pings(self) -> int:
         return self._leader.pings
 
-    def plan(self, spec: VideoSpec) -> VideoPlan:
+    def plan(self, spec: JobRequest) -> VideoShape:
         return self._runner.plan(spec)
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
+    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         self._runner.plan(spec)  # raises here, before any follower hears of the job
         # the caller's hooks (its progress and stage reports) with the cancel answer shared by every rank
         shared = dataclasses.replace(hooks, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
@@ -85,7 +85,7 @@ def follow_runner(runner: VideoRunner, group) -> int:
     follower = Follower(group)
 
     def job(spec: dict, media: list[bytes]) -> _FollowerJob:
-        received = VideoSpec.from_dict(spec).with_media_data(media)
+        received = JobRequest.from_dict(spec).with_media_data(media)
         return _FollowerJob(runner, received, None, StepHooks(cancelled=lambda: bool(follower.receive())))
 
     return follower.follow({"job": job})

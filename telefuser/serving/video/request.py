@@ -1,5 +1,5 @@
 """Parsing `POST /v1/videos`: JSON, multipart/form-data (AIPerf's and the OpenAI SDK's) or urlencoded -> a
-`VideoSpec`.
+`JobRequest`.
 
 Form text and JSON values are coerced the same way (form.py reads the body); every failure is a `RequestError` whose
 message names the field and what is allowed. The cheap fields are checked first, the media last (inputs.py, media.py);
@@ -22,7 +22,7 @@ from ..common.http_errors import RequestError
 from ..common.limits import amount
 from ..common.request_body import MAX_PROMPT_CHARS, check_prompt, short_repr
 from .canvas import generation_canvas
-from .contract import VideoSpec
+from .contract import JobRequest
 from .form import Upload, read_fields
 from .inputs import MEDIA_FIELDS, check_task, read_inputs, requested_task
 from .lora_field import LoraPolicy, parse_loras
@@ -107,7 +107,7 @@ def _guidance_range(meta: dict[str, Any]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class VideoRequest:
-    spec: VideoSpec
+    spec: JobRequest
     model: str
     fields: dict[str, Any]  # what the client sent, for the job record
     num_frames: int | None  # when given, the plan must produce exactly this many frames
@@ -177,7 +177,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     anchor = next(((m.width, m.height) for m in inputs.media if m.role != "reference"), None)
     resolution, aspect_ratio, output_size = _canvas(given, policy, anchor)
 
-    spec = VideoSpec(
+    spec = JobRequest(
         prompt=prompt,
         resolution=resolution,
         aspect_ratio=aspect_ratio,

@@ -19,7 +19,7 @@ from starlette.requests import HTTPConnection
 from ..common.auth import ApiKeys
 from ..common.http_errors import RequestError
 from ..common.limits import LimitSet
-from .contract import VideoPlan, VideoRunner
+from .contract import VideoShape, VideoRunner
 from .jobs import VideoJob
 from .limits import check_video_plan
 from .metrics import VideoMetrics
@@ -43,7 +43,7 @@ class VideoService:
     models: Sequence[str] = ()  # the models this service's CLI can serve (/v1/service/metadata)
     started: float = field(default_factory=time.time)
 
-    def validate(self, content_type: str, body: bytes) -> tuple[VideoRequest, VideoPlan]:
+    def validate(self, content_type: str, body: bytes) -> tuple[VideoRequest, VideoShape]:
         """Parse and plan a POST /v1/videos body; RequestError (4xx) when it cannot run here."""
         parsed = parse_video_request(content_type, body, self.policy)
         output = parsed.spec.output_dims

@@ -25,7 +25,7 @@ from telefuser.pipelines.minimax_h3.shapes import ASPECT_RATIOS  # the service's
 from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
-from .contract import JobCancelled, RunOutcome, VideoPlan, VideoSpec, report_stage
+from .contract import JobCancelled, RunOutcome, VideoShape, JobRequest, report_stage
 
 log = logging.getLogger(__name__)
 FRAME_STEP = 4  # the VAEs' temporal stride: clips are 4n+1 frames (the first frame, then 4 per latent frame)
@@ -92,7 +92,7 @@ class Wan22Runner:
             "loras_enabled": False,
         }
 
-    def plan(self, spec: VideoSpec) -> VideoPlan:
+    def plan(self, spec: JobRequest) -> VideoShape:
         """ValueError (a 422 at submission) for a canvas off the variant's grid, or what only MiniMax H3 takes."""
         if spec.task != "t2va" or spec.media:
             raise ValueError("Wan 2.2 takes text only: no keyframes or references")
@@ -104,9 +104,9 @@ class Wan22Runner:
         fps = self._pipe.release.fps
         frames = frame_count(spec.seconds, fps)
         self._pipe.latent_shape(width, height, frames)  # the pipeline's own size rules
-        return VideoPlan(width, height, frames, fps, frames / fps, spec.steps)
+        return VideoShape(width, height, frames, fps, frames / fps, spec.steps)
 
-    def run(self, spec: VideoSpec, output: Path | None, hooks: StepHooks) -> RunOutcome:
+    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         from telefuser.profiling.timing import peak_memory, reset_peak_memory
 
         plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
@@ -158,7 +158,7 @@ class Wan22Runner:
             if callable(close):
                 close()  # the Ulysses communicator, where one was opened
 
-    def _metrics(self, spec: VideoSpec, dit_calls: int) -> dict[str, Any]:
+    def _metrics(self, spec: JobRequest, dit_calls: int) -> dict[str, Any]:
         release = self._pipe.release
         scale = spec.guidance_scale
         guidance = [scale, scale] if scale is not None else list(release.guidance)

@@ -33,7 +33,7 @@ from ..common.out_of_memory import (
     what_ran_out,
 )
 from ..common.request_body import encodable_text
-from .contract import JobCancelled, JobHooks, RunOutcome, VideoRunner, VideoSpec
+from .contract import JobCancelled, JobHooks, RunOutcome, VideoRunner, JobRequest
 from .job_log import StageClock, ended_line, started_line
 from .metrics import VideoMetrics
 from .store.base import ArtifactStore, Claim, Ending, JobStore, MissingArtifact, StoreUnavailable
@@ -178,9 +178,9 @@ class VideoWorker:
         elif status == "failed":
             self.metrics.inc("jobs_failed_total")
 
-    def _spec(self, job) -> VideoSpec:
+    def _spec(self, job) -> JobRequest:
         """The job's spec with its media's bytes, read back from the artifact store."""
-        spec = VideoSpec.from_dict(job.spec)
+        spec = JobRequest.from_dict(job.spec)
         if not spec.media:
             return spec
         try:

@@ -17,7 +17,7 @@ from tools.aiperf.telefuser_aiperf.artifacts import check_stream_service, stream
 from tools.aiperf.telefuser_aiperf.runner import REPO_ROOT, split_passthrough, write_json
 from tools.bench import stream_drive
 from tools.bench.stream_drive import service
-from tools.bench.stream_drive.plan import Plan, RunError, load_plan
+from tools.bench.stream_drive.plan import DrivePlan, RunError, load_plan
 from tools.bench.stream_drive.progress import log
 from tools.bench.stream_drive.report import add_sessions
 from tools.bench.stream_drive.table import print_table
@@ -151,7 +151,7 @@ class Run:
         log(f"service healthy at {base} after {ready:.1f} s")
         return base
 
-    def _plan_for(self, plan: Plan, model: dict[str, Any]) -> Plan:
+    def _plan_for(self, plan: DrivePlan, model: dict[str, Any]) -> DrivePlan:
         """--chunks becomes a frame count from the model's chunk sizes in the metadata."""
         if self.args.chunks is None:
             return plan
@@ -160,7 +160,7 @@ class Run:
             raise RunError(f"--chunks needs the model's chunk_frames in the metadata (got {cf!r}); give --num-frames")
         return load_plan(self.args, (cf["first"], cf["later"]))
 
-    def _plan_summary(self, plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
+    def _plan_summary(self, plan: DrivePlan, meta: dict[str, Any]) -> dict[str, Any]:
         options = plan.options
         return {
             **plan.source,
@@ -174,7 +174,7 @@ class Run:
             "concurrency": self.args.concurrency,
         }
 
-    async def _sessions(self, plan: Plan, base: str) -> None:
+    async def _sessions(self, plan: DrivePlan, base: str) -> None:
         args = self.args
         async with httpx.AsyncClient(trust_env=False, headers=self.headers, timeout=30) as http:
             ctx = Context(args, base, http, plan, self.decoder, self.headers)

@@ -23,7 +23,7 @@ from tools.aiperf.telefuser_aiperf.session import StreamSession
 from tools.aiperf.telefuser_aiperf.sse import SSEEvent
 from tools.bench.stream_drive.envelopes import EnvelopePairing
 from tools.bench.stream_drive.frames import FrameChecks
-from tools.bench.stream_drive.plan import Plan
+from tools.bench.stream_drive.plan import DrivePlan
 from tools.bench.stream_drive.progress import Progress, log
 
 now_ns = time.perf_counter_ns
@@ -37,7 +37,7 @@ class Context:
     args: argparse.Namespace
     base: str
     http: httpx.AsyncClient
-    plan: Plan
+    plan: DrivePlan
     decoder: concurrent.futures.Executor
     ws_headers: dict[str, str] = field(default_factory=dict)
 

@@ -1,5 +1,5 @@
-"""The session plan: the AIPerf bench config's session options, prompts and start frames, with the command line's
-overrides, so that this benchmark and the AIPerf one drive the same session."""
+"""The drive plan (`DrivePlan`): the AIPerf bench config's session options, prompts and start frames, with the
+command line's overrides, so that this benchmark and the AIPerf one drive the same session."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Prompt:
 
 
 @dataclass
-class Plan:
+class DrivePlan:
     options: SessionOptions
     prompts: list[Prompt]
     source: dict[str, Any]
@@ -41,7 +41,7 @@ def resolve(path: str | Path) -> Path:
     return path if path.is_absolute() or path.exists() else REPO_ROOT / path
 
 
-def load_plan(args: argparse.Namespace, chunk_frames: tuple[int, int] | None = None) -> Plan:
+def load_plan(args: argparse.Namespace, chunk_frames: tuple[int, int] | None = None) -> DrivePlan:
     """The bench config's session options with the command line's overrides; RunError names what is wrong.
     `chunk_frames` (first, later) turns --chunks into a frame count once the service's metadata is known."""
     try:
@@ -57,7 +57,7 @@ def load_plan(args: argparse.Namespace, chunk_frames: tuple[int, int] | None = N
         raise RunError("the plan must fix num_frames (a lossless check needs the frame count); use --num-frames")
     prompts = [_prompt(args, row) for row in _dataset_rows(args, config)]
     source = {"bench_config": str(args.bench_config), "overrides": overrides, "controls_steps": len(options.controls)}
-    return Plan(options=options, prompts=prompts, source=source)
+    return DrivePlan(options=options, prompts=prompts, source=source)
 
 
 def _overrides(args: argparse.Namespace, chunk_frames: tuple[int, int] | None) -> dict[str, Any]:
