@@ -58,6 +58,22 @@ def test_the_page_times_each_control_to_its_first_frame_on_screen():
         assert 0 < record["ms"] < 1000 * (CHUNK + result["buffer_frames"]) / FPS + 1500, record
     assert result["held_max_frames"] <= result["buffer_frames"] == 2 * CHUNK
     assert result["chunk_interval_mean_ms"] > 0 and result["displayed_fps"] > 0
+    # the transport overhead (server's computed_at -> first frame decoded and drawable) of every chunk the page decoded
+    overhead = [r["ms"] for r in result["overhead_records"]]
+    assert result["overhead_chunks"] == len(overhead) >= result["chunks"] - 1 >= 4, result["overhead_records"]
+    assert_overhead_on_loopback(result, chunk_interval_ms=1000 * CHUNK / FPS)
+    assert result["pacing_wait_p95_ms"] == 0  # no pacing on the WebSocket: the page's playout is not counted
+
+
+def assert_overhead_on_loopback(result: dict, chunk_interval_ms: float) -> None:
+    """Every chunk's transport overhead is positive (the server stamps before encoding, the page after decoding, on
+    one host's clock) and below one chunk interval: playout buffering (realtime mode holds about 0.3 s of frames when
+    a chunk lands, more on a slow machine) or WebRTC pacing leaking in would show as up to a chunk interval or more,
+    while encode + send + decode of one chunk at 320x192 on loopback takes tens of ms."""
+    assert abs(result["clock_offset_ms"]) < 50, result["clock_offset_ms"]  # the page's clock is the wall clock
+    overhead = [r["ms"] for r in result["overhead_records"]]
+    assert overhead and all(ms > 0 for ms in overhead), result["overhead_records"]
+    assert 0 < result["overhead_p50_ms"] <= result["overhead_p95_ms"] < chunk_interval_ms, result["overhead_records"]
 
 
 def _report(result: dict, name: str = "stream_latency_browser") -> None:
@@ -65,7 +81,9 @@ def _report(result: dict, name: str = "stream_latency_browser") -> None:
         f"\ncontrol-to-display over the WebSocket, {result.get('model', 'fake')} model, realtime: "
         f"p50 {result['latency_p50_ms']:.0f} ms, p95 {result['latency_p95_ms']:.0f} ms over {result['controls']} "
         f"controls; chunk interval {result['chunk_interval_mean_ms']:.0f} ms; displayed {result['displayed_fps']:.1f} "
-        f"FPS; held at most {result['held_max_frames']} of {result['buffer_frames']} frames"
+        f"FPS; held at most {result['held_max_frames']} of {result['buffer_frames']} frames; transport overhead "
+        f"p50 {result['overhead_p50_ms']:.0f} ms, p95 {result['overhead_p95_ms']:.0f} ms over "
+        f"{result['overhead_chunks']} chunks"
     )
     artifacts = os.environ.get("TELEFUSER_ARTIFACTS")
     if artifacts:

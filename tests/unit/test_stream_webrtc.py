@@ -104,6 +104,10 @@ def test_a_python_peer_gets_the_frames_the_events_and_an_answer_to_its_ack():
     starts = [e for e in viewer.events if e["stage"] == "chunk_playout"]
     assert [(s["chunk"], s["first_frame"], s["frames"]) for s in starts] == [(0, 0, 13), (1, 13, 16), (2, 29, 16)]
     assert starts[0]["rtp_offset"] == 0 and starts[1]["rtp_offset"] >= 13 * 90_000 / 32 - 1  # paced at the fps
+    # the transport overhead's ends on the server: when each chunk was computed, how long the track paced its first frame
+    sent = [e for e in viewer.events if e["stage"] == "chunk_sent"]
+    assert all(s["computed_at"] == c["computed_at"] > 1e12 and s["paced_ms"] >= 0 for s, c in zip(starts, sent))
+    assert starts[0]["paced_ms"] == 0  # the first frame goes at once
     ack = next(e for e in viewer.events if e["stage"] == "delivery_ack")
     assert status["frames_played"] == FRAMES  # the track sent every frame (the browser test acks them all decoded)
     assert viewer.frames == FRAMES - 1 and ack == {

@@ -20,6 +20,7 @@ import pytest
 from telefuser.serving.common.local_server import serve_in_thread
 from telefuser.serving.stream.app import create_stream_app
 from telefuser.serving.stream.fake import ALLOWED_KEYS, FakeSessionFactory
+from tests.unit.test_stream_latency_browser import assert_overhead_on_loopback
 from tools.bench.stream_latency import browser
 
 pytest.importorskip("aiortc", reason="aiortc is not installed (the --webrtc dependency)")
@@ -101,6 +102,12 @@ def test_a_webrtc_session_streams_steers_refuses_a_second_browser_and_frees_on_c
     assert history[press["chunk"]]["keys"] == ["W"] and history[press["chunk"] - 1]["keys"] == []
     assert history[release["chunk"]]["keys"] == [] and history[release["chunk"] - 1]["keys"] == ["W"]
     assert result["bytes"] > 0 and result["displayed_fps"] > 0 and result["transport"] == "webrtc"
+    # transport overhead: the chunks whose first frame the page presented, the track's pacing wait taken out
+    print(f"\nWebRTC transport overhead: {result['overhead_records']}")
+    assert result["overhead_chunks"] >= 3, result["overhead_records"]
+    assert_overhead_on_loopback(result, chunk_interval_ms=1000 * 16 / 16)
+    # negative control: the track held the first frames for their due time, and that wait is not in the overhead
+    assert result["pacing_wait_p50_ms"] > result["overhead_p50_ms"], result["overhead_records"]
     assert refusal.startswith("429: all 1 session slot(s) are in use"), refusal
     assert in_use == 0 and status["close_reason"] == "disconnect" and fake.open_sessions == 0
     _keep(shot)

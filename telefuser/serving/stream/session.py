@@ -79,6 +79,7 @@ class ChunkItem:
     encode_seconds: float
     control: dict[str, Any] | None = None  # {"generation", "seq"} of the held keys the chunk was computed under
     pixels: np.ndarray | None = None  # uint8 [F, H, W, 3], for a consumer that encodes video itself (WebRTC)
+    computed_at: float | None = None  # wall clock (epoch ms) when the model's chunk was ready, before encoding
 
     def envelope(self, fps: float) -> bytes:
         header = {
@@ -91,12 +92,17 @@ class ChunkItem:
             "codec": self.codec,
             "crc32": self.frame_crc32,
             **self.control_fields(),
+            **self.computed_fields(),
         }
         return pack(header, self.images or [])
 
     def control_fields(self) -> dict[str, Any]:
         control = self.control or {}
         return {"control_generation": control.get("generation", 0), "control_seq": control.get("seq")}
+
+    def computed_fields(self) -> dict[str, Any]:
+        """`computed_at` (PROTOCOL.md, "Measuring the transport overhead"); absent when not stamped."""
+        return {} if self.computed_at is None else {"computed_at": round(self.computed_at, 3)}
 
 
 @dataclass
@@ -112,6 +118,13 @@ class Notice:
 
 
 KEEPALIVE = object()
+
+
+def next_chunk_stamped(model: StreamSession, keys: list[str]) -> tuple[Any, float]:
+    """The model's next chunk and the wall clock (epoch ms) when it was ready, taken in the worker thread that computed
+    it: the start of the transport overhead a client measures (PROTOCOL.md, "Measuring the transport overhead")."""
+    chunk = model.next_chunk(keys)
+    return chunk, time.time() * 1000
 
 
 def prepare_chunk(
@@ -299,6 +312,7 @@ class SessionRuntime:
             "encode_seconds": round(item.encode_seconds, 6),
             "measurement": item.measurement,
             **item.control_fields(),
+            **item.computed_fields(),
         }
 
     def done_payload(self, item: DoneItem) -> dict[str, Any]:
@@ -424,7 +438,7 @@ class SessionRuntime:
                 # the latest input: the keys held now, read after the wait
                 keys, control, self.next_index = list(self.keys), dict(self.control), index + 1
                 t0 = time.perf_counter()
-                chunk = await self._blocking(self.model.next_chunk, keys)
+                chunk, computed_at = await self._blocking(next_chunk_stamped, self.model, keys)
                 item = await self._blocking(
                     prepare_chunk,
                     chunk,
@@ -436,7 +450,7 @@ class SessionRuntime:
                     pixels,
                 )
                 del chunk
-                item.control = control
+                item.control, item.computed_at = control, computed_at
                 self.playout.on_generated(item.frames, time.perf_counter() - t0)
                 index, first_frame = index + 1, first_frame + item.frames
                 self.chunks_generated, self.frames_generated = index, first_frame

@@ -8,8 +8,10 @@
 Per transport: open the page, start a session (--num-frames), let it play `--warmup-s`, then press and release W
 `--presses` times (each control waits until the page has shown the one before, after a random pause of up to one
 chunk interval), then end the session. The page's own measurements (static/measure.js) make the row: control-to-
-display p50/p95 (send of the control -> the first frame computed under it drawn), chunk interval, displayed FPS,
-the model's generation FPS, the most frames the page held against the announced buffer, media bytes per second.
+display p50/p95 (send of the control -> the first frame computed under it drawn), the transport overhead p50/p95
+(per chunk: the server's `computed_at` -> its first frame drawable, less the WebRTC track's pacing; PROTOCOL.md,
+"Measuring the transport overhead"), chunk interval, displayed FPS, the model's generation FPS, the most frames
+the page held against the announced buffer, media bytes per second.
 Exit status 0 when every run completed and no page held more than its announced buffer, else 1.
 """
 
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = [
         "key->screen: the page sends a control -> it draws the first frame computed under it (performance.now())",
         "generation FPS: the model's frames per compute second; displayed FPS: frames drawn per second of playback",
+        "transport: per chunk, the model's output ready (server, before encoding) -> its first frame drawable (decoded;"
+        " the next animation frame), less the WebRTC track's pacing wait; the page's playout buffer is not in it",
     ]
     print_table("control-to-display in headless Chromium", summaries, notes)
     if args.output:

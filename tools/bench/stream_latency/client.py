@@ -11,7 +11,9 @@ machine.
 One session over the WebSocket: create it (the page's bundled image, --num-frames frames), report
 playout as the page does, let it play --warmup-s, press and release W --presses times (each after a random pause of
 up to one chunk interval, each waiting until the one before showed), stop, acknowledge delivery. A frame counts as
-displayed when the simulated page draws it (a 60 Hz display clock at the session's FPS, after decoding its JPEG).
+displayed when the simulated page draws it (a 60 Hz display clock at the session's FPS, after decoding its JPEG);
+a chunk's transport overhead ends at the first tick after its first frame is decoded (PROTOCOL.md, "Measuring the
+transport overhead").
 Prints the same row as the browser bench; exit status 1 when a control never showed or the client held more than
 the announced buffer.
 """
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = asyncio.run(_main(args))
     print_table("control-to-display from the Python client", [summary], [
         "key->screen: the client sends a control -> its simulated page draws the first frame computed under it",
+        "transport: per chunk, the server's computed_at -> its first JPEG decoded and queued, at the next 60 Hz tick",
     ])  # fmt: skip
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")

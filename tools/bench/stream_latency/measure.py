@@ -8,6 +8,13 @@ from typing import Any
 from tools.bench.stream_latency.table import percentile
 
 
+def overhead_ms(computed_at_ms: float, displayable_at_ms: float, paced_ms: float = 0.0) -> float:
+    """Transport overhead of one chunk (PROTOCOL.md, "Measuring the transport overhead"): from the server's
+    `computed_at` to when the client could first draw the chunk's first frame (both wall clock, epoch ms), less the
+    time the server's WebRTC track held that frame for its due time (`paced_ms`; 0 on the WebSocket)."""
+    return displayable_at_ms - computed_at_ms - paced_ms
+
+
 class Measure:
     def __init__(self):
         self.pending: dict[int, tuple[float, list[str]]] = {}  # seq -> (sent at, keys)
@@ -22,6 +29,17 @@ class Measure:
         self.stalls = 0
         self.stalled_s = 0.0
         self._stalled_at: float | None = None
+        self.overheads: list[dict[str, Any]] = []  # {chunk, ms, paced_ms}
+        self._overhead_chunks: set[int] = set()
+
+    def transported(self, chunk: int, computed_at_ms: float | None, displayable_at_ms: float, paced_ms=0.0) -> None:
+        """The first frame of `chunk` could be drawn at `displayable_at_ms` (epoch ms); once per chunk, and only when
+        the server stamped it."""
+        if computed_at_ms is None or chunk in self._overhead_chunks:
+            return
+        self._overhead_chunks.add(chunk)
+        ms = overhead_ms(computed_at_ms, displayable_at_ms, paced_ms)
+        self.overheads.append({"chunk": chunk, "ms": round(ms, 3), "paced_ms": paced_ms})
 
     def pressed(self, seq: int, keys: list[str], t: float) -> None:
         self.pending[seq] = (t, keys)
@@ -83,4 +101,11 @@ class Measure:
             "bytes": self.bytes,
             "bytes_per_s": self.bytes / byte_s if byte_s > 0 else None,
             "generation_fps": percentile(steady, 0.5),
+            "overhead_chunks": len(self.overheads),
+            "overhead_p50_ms": percentile([o["ms"] for o in self.overheads], 0.5),
+            "overhead_p95_ms": percentile([o["ms"] for o in self.overheads], 0.95),
+            "overhead_records": list(self.overheads),
+            "pacing_wait_p50_ms": percentile([o["paced_ms"] for o in self.overheads], 0.5),
+            "pacing_wait_p95_ms": percentile([o["paced_ms"] for o in self.overheads], 0.95),
+            "clock_offset_ms": 0.0,  # one clock (time.time) on both ends of the overhead
         }

@@ -1,6 +1,8 @@
 """The page's WebSocket playout (telefuser/serving/stream/static/ws_player.js) in Python: chunk envelopes decoded in
 order into a frame queue, frames drawn at the session's FPS on a 60 Hz display clock, playback starting as the page's
-does (realtime: the first decoded frame; lossless: two chunks or the buffer), and the page's playout reports."""
+does (realtime: the first decoded frame; lossless: two chunks or the buffer), and the page's playout reports. A chunk
+whose first frame is decoded and queued could be drawn at the next display tick: the end of its transport overhead
+(measure.py), whatever the playout then makes it wait."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class PagePlayout:
         self.playing = self.done = False
         self.last_report = 0.0
         self._decoding: asyncio.Queue = asyncio.Queue()
+        self.ready_chunks: list[tuple[int, float | None]] = []  # (chunk, computed_at) decoded since the last tick
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -72,11 +75,20 @@ class PagePlayout:
             await self.send({"type": "playout", "frames_played": self.drawn, "frames_buffered": self.held})
 
     async def _decoder(self) -> None:
+        """Frames join the queue in order as each decodes, as on the page: a chunk's first frame is drawable before
+        its last one is decoded."""
         while True:
             header, images = await self._decoding.get()
-            if self.decode and header.get("codec") in ("jpeg", "png"):
-                await asyncio.to_thread(decode_jpeg_or_png, images)
-            self.queue.extend([(header.get("control_seq"), header["chunk"])] * header["frames"])
+            decode = self.decode and header.get("codec") in ("jpeg", "png")
+            frame = (header.get("control_seq"), header["chunk"])
+            for index in range(header["frames"]):
+                if decode and index < len(images):
+                    await asyncio.to_thread(decode_jpeg_or_png, images[index : index + 1])
+                self.queue.append(frame)
+                if index == 0:
+                    self.ready_chunks.append((header["chunk"], header.get("computed_at")))
+            if not header["frames"]:
+                self.ready_chunks.append((header["chunk"], header.get("computed_at")))
             self.decoded_chunks += 1
 
     def _ready(self) -> bool:
@@ -87,7 +99,10 @@ class PagePlayout:
     async def _display(self) -> None:
         clock = since = 0
         while True:
-            now = time.perf_counter()
+            now, wall_ms = time.perf_counter(), time.time() * 1000
+            for chunk, computed_at in self.ready_chunks:  # drawable from this tick
+                self.measure.transported(chunk, computed_at, wall_ms)
+            self.ready_chunks = []
             if not self.playing and self._ready():
                 self.playing, clock, since = True, now, 0
                 self.measure.stalled(False, now)

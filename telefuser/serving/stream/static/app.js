@@ -294,6 +294,7 @@
     const s = m.summary();
     $("stat-latency").textContent = s.controls ? `${fmt(s.latency_p50_ms)} / ${fmt(s.latency_p95_ms)} ms (${s.controls})` : "–";
     $("stat-interval").textContent = fmt(s.chunk_interval_mean_ms, 0, " ms");
+    $("stat-overhead").textContent = s.overhead_chunks ? `${fmt(s.overhead_p50_ms)} / ${fmt(s.overhead_p95_ms)} ms (${s.overhead_chunks})` : "–";
     $("stat-rate").textContent = s.bytes_per_s === null ? "–" : `${((s.bytes_per_s * 8) / 1e6).toFixed(2)} Mbit/s`;
     const slow = generation !== null && m.computeFps.length >= 2 && generation < st.fps * 0.97 && !st.done;
     $("slow-warning").hidden = !slow;

@@ -5,6 +5,11 @@
 //   chunk interval      gaps between chunk arrivals;   displayed FPS  frames drawn / time from the first to the last
 //   held frames         frames received and not yet drawn (the page's buffer), its maximum against the announced one
 //   bytes               media bytes received (WebSocket: chunk envelopes; WebRTC: the inbound RTP stream's bytes)
+//   transport overhead  per chunk (PROTOCOL.md, "Measuring the transport overhead"): from the server's `computed_at`
+//                       (wall clock, epoch ms, the model's chunk ready, before encoding) to the animation frame at
+//                       which the page could first draw the chunk's first frame (epoch ms: performance.timeOrigin +
+//                       performance.now()), minus the WebRTC track's pacing wait (`paced_ms`); the wait in the page's
+//                       own playout buffer is not in it (WebSocket: the frame is ready once decoded and queued)
 "use strict";
 window.TF = window.TF || {};
 TF.percentile = (values, q) => {
@@ -12,6 +17,9 @@ TF.percentile = (values, q) => {
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
 };
+
+// transport overhead of one chunk: displayable (epoch ms) - computed (epoch ms) - the pacing wait (ms)
+TF.overheadMs = (computedAt, displayableAt, pacedMs = 0) => displayableAt - computedAt - pacedMs;
 
 TF.Measure = class {
   constructor() {
@@ -30,6 +38,18 @@ TF.Measure = class {
     this.stalls = 0; // times playback ran out of frames before the stream ended
     this.stalledMs = 0;
     this.stalledAt = null;
+    this.overheads = []; // {chunk, ms, paced_ms}: transport overhead per chunk
+    this.overheadChunks = new Set();
+    this.clockOffsetMs = Date.now() - (performance.timeOrigin + performance.now()); // wall clock vs. the page's
+  }
+
+  // The first frame of `chunk`, which the server computed at `computedAt` (epoch ms), could be drawn at `t`
+  // (performance.now()); `pacedMs`: how long the server's track held it for its due time (WebRTC; 0 on the WebSocket).
+  transported(chunk, computedAt, t, pacedMs = 0) {
+    if (typeof computedAt !== "number" || this.overheadChunks.has(chunk)) return;
+    this.overheadChunks.add(chunk);
+    const paced = typeof pacedMs === "number" ? pacedMs : 0;
+    this.overheads.push({ chunk, ms: TF.overheadMs(computedAt, performance.timeOrigin + t, paced), paced_ms: paced });
   }
 
   // playback ran dry (true) or resumed (false)
@@ -88,6 +108,8 @@ TF.Measure = class {
     const playSeconds = this.draws > 1 ? (this.lastDraw - this.firstDraw) / 1000 : null;
     const byteSeconds = this.lastByteAt !== null ? (this.lastByteAt - this.firstByteAt) / 1000 : 0;
     const steady = this.computeFps.slice(1);
+    const overhead = this.overheads.map((o) => o.ms);
+    const paced = this.overheads.map((o) => o.paced_ms);
     return {
       controls: this.latencies.length,
       pending_controls: this.pending.size,
@@ -105,6 +127,13 @@ TF.Measure = class {
       bytes: this.bytes,
       bytes_per_s: byteSeconds > 0 ? this.bytes / byteSeconds : null,
       generation_fps: steady.length ? TF.percentile(steady, 0.5) : TF.percentile(this.computeFps, 0.5),
+      overhead_chunks: overhead.length,
+      overhead_p50_ms: TF.percentile(overhead, 0.5),
+      overhead_p95_ms: TF.percentile(overhead, 0.95),
+      overhead_records: this.overheads.map((o) => ({ ...o, ms: Math.round(o.ms * 10) / 10 })),
+      pacing_wait_p50_ms: TF.percentile(paced, 0.5),
+      pacing_wait_p95_ms: TF.percentile(paced, 0.95),
+      clock_offset_ms: Math.round(this.clockOffsetMs * 10) / 10,
     };
   }
 };

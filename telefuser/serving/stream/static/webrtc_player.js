@@ -7,6 +7,8 @@
 // starting at 0, and announces each chunk's first frame (`chunk_playout`, with its `rtp_offset` and `control_seq`).
 // requestVideoFrameCallback gives each presented frame's RTP timestamp; minus the first frame's, that is its offset.
 // (The first frame is the stream's first keyframe; if it were lost, offsets would be off by what came before it.)
+// The callback that presents a chunk's first frame (offset = its rtp_offset) ends that chunk's transport overhead:
+// from its `computed_at`, less the `paced_ms` the server's track held it for its due time (measure.js).
 "use strict";
 window.TF = window.TF || {};
 
@@ -117,6 +119,7 @@ TF.RtcPlayer = class {
       while (this.unplaced.length > 256) this.unplaced.shift();
       return;
     }
+    if (Math.abs(offset - chunk.rtp_offset) <= ticks / 2) this.measure.transported(chunk.chunk, chunk.computed_at, t, chunk.paced_ms);
     this.measure.drawn(chunk.control_seq, chunk.chunk, t);
   }
 

@@ -4,7 +4,9 @@
 //
 // Binary messages are chunk envelopes (telefuser/serving/stream/envelope.py):
 //   "TFCH" | uint32 BE header length | JSON header {chunk, first_frame, frames, width, height, fps, codec, sizes, crc32,
-//   control_generation, control_seq} | frame 0 bytes | frame 1 bytes | ...      (jpeg/png: image files; raw: RGB24)
+//   control_generation, control_seq, computed_at} | frame 0 bytes | frame 1 bytes | ...  (jpeg/png: image files;
+//   raw: RGB24). Frames join the play queue in order as they are decoded; the next tick (animation frame) after a
+//   chunk's first frame is queued is when the page could first draw it: the end of its transport overhead (measure.js).
 "use strict";
 window.TF = window.TF || {};
 
@@ -14,6 +16,7 @@ TF.WsPlayer = class {
     Object.assign(this, { canvas, ctx: canvas.getContext("2d"), measure, hooks });
     this.kind = "websocket";
     this.queue = []; // {bitmap, seq, chunk}
+    this.readyChunks = []; // {chunk, computedAt}: first frame decoded and queued since the last tick
     this.decodeChain = Promise.resolve();
     this.received = 0; // frames whose envelope arrived
     this.drawn = 0;
@@ -79,16 +82,20 @@ TF.WsPlayer = class {
     this.measure.chunkArrived(now, buf.byteLength);
     this.measure.held(this.held);
     const mime = header.codec === "png" ? "image/png" : "image/jpeg";
-    // Frames decode in parallel; the chain keeps chunks in order in the play queue.
-    const decoded = Promise.all(parts.map((p) =>
-      header.codec === "raw" ? rawToBitmap(p, header.width, header.height) : createImageBitmap(new Blob([p], { type: mime }))));
-    this.decodeChain = this.decodeChain
-      .then(() => decoded)
-      .then((bitmaps) => {
-        for (const bitmap of bitmaps) this.queue.push({ bitmap, seq: header.control_seq, chunk: header.chunk });
-        this.decodedChunks += 1;
-      })
-      .catch((err) => this.hooks.log(`chunk ${header.chunk}: decode failed: ${err}`, "error"));
+    // Frames decode in parallel; the chain queues each one, in order, as soon as it and those before it are decoded,
+    // so a chunk's first frame can be drawn before its last one is decoded.
+    const decodes = parts.map((p) =>
+      header.codec === "raw" ? rawToBitmap(p, header.width, header.height) : createImageBitmap(new Blob([p], { type: mime })));
+    const ready = { chunk: header.chunk, computedAt: header.computed_at };
+    if (!decodes.length) { this.decodedChunks += 1; this.readyChunks.push(ready); return; }
+    decodes.forEach((decoding, i) => {
+      this.decodeChain = this.decodeChain.then(() => decoding).then((bitmap) => {
+        this.queue.push({ bitmap, seq: header.control_seq, chunk: header.chunk });
+        if (i === 0) this.readyChunks.push(ready); // its first frame is drawable from the next tick
+        if (i === decodes.length - 1) this.decodedChunks += 1;
+      });
+    });
+    this.decodeChain = this.decodeChain.catch((err) => this.hooks.log(`chunk ${header.chunk}: decode failed: ${err}`, "error"));
   }
 
   ready() {
@@ -108,6 +115,8 @@ TF.WsPlayer = class {
   tick() {
     if (!this.running) return;
     const now = performance.now();
+    for (const r of this.readyChunks) this.measure.transported(r.chunk, r.computedAt, now, 0); // drawable from now
+    this.readyChunks = [];
     if (!this.playing && this.ready()) {
       this.playing = true;
       this.measure.stalled(false, now);

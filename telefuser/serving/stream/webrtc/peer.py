@@ -138,6 +138,7 @@ class PeerSession:
         """Encode the chunk frame by frame in the session's thread; each frame joins the track as it is encoded."""
         loop = asyncio.get_running_loop()
         info = {"chunk": item.index, "first_frame": item.first_frame, "frames": item.frames, **item.control_fields()}
+        info.update(item.computed_fields())
         self.track.waiting = item.frames
         try:
             nbytes, first_s, seconds = await loop.run_in_executor(self.encoding, self._encode, item, info, loop)
