@@ -5,8 +5,10 @@
     torchrun --standalone --nproc-per-node=4 examples/wan2_2/run_t2v.py --checkpoint /models/Wan2.2-T2V-A14B \
         --size 1280x720 --output out/wan22.mp4
 
-Writes the MP4 (H.264, the release's frame rate, no audio) and ``<output>.json`` with timings, DiT calls and where
-the weights came from. Without --checkpoint every weight is random (the log says so): the clip shows noise, which is
+Writes the MP4 (H.264, the release's frame rate, no audio) and ``<output>.json`` with timings, DiT calls, the memory
+plan and where the weights came from. The plan comes first (`--offload auto` takes the cheapest tier that fits
+`--gpu-memory-gb` or the device; `model` keeps one T2V-A14B expert on the GPU at a time); a request that cannot fit
+is refused before anything loads. Without --checkpoint every weight is random (the log says so): the clip shows noise, which is
 what a plumbing or timing run needs and nothing more. Steps, guidance, size and frames default to the release's
 (T2V-A14B: 40 steps, guidance 4.0 then 3.0, 1280x720, 81 frames at 16 fps; TI2V-5B: 50 steps, 5.0, 1280x704,
 121 frames at 24 fps; tiny: 4 steps, 9 frames).
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 from telefuser.media import write_mp4
+from telefuser.memory.plan import plan_or_exit
 from telefuser.models.registry import get_spec
 from telefuser.models.wan2_2.config import release
 from telefuser.profiling.timing import device_peaks
@@ -56,8 +59,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spec = get_spec(args.model)
     runtime = Runtime.from_args(args)
+    # before any weight loads: the cheapest --offload tier that fits, or a refusal naming what would (exit status 2)
+    plan = plan_or_exit(spec, args, runtime, spec.request_from_args(args))
     start = time.perf_counter()
-    pipe = spec.build_pipeline(args, runtime)
+    pipe = spec.build_pipeline(args, runtime, placement=plan.placement)
     load_s = time.perf_counter() - start
     width, height = (int(v) for v in args.size.lower().split("x")) if args.size else (None, None)
     video = pipe(
@@ -84,6 +89,7 @@ def main(argv=None) -> int:
             "load_s": load_s,
             "timings": video.timings,
             "peaks": device_peaks(runtime.device),
+            "memory_plan": plan.as_dict(),
             "weights": pipe.weights,
         }
         args.output.with_suffix(".json").write_text(json.dumps(summary, indent=2, default=str))

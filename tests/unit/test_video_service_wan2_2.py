@@ -149,7 +149,9 @@ def test_metadata_says_the_model_makes_no_audio_and_takes_guidance(client):
     assert model["guidance"] is True and model["guidance_scale"]["default"] == [4.0, 3.0]
     assert (model["fps"], model["size_multiple"], model["native_size"], model["experts"]) == (16, 16, "1280x720", 2)
     assert "random" in model["weights"] and model["defaults"]["size"] == "64x32" and model["defaults"]["steps"] == 4
-    assert meta["limits"]["fps"] == 16 and meta["limits"]["max_job_memory_bytes"] is None  # no estimate yet
+    # the runner estimates each job's memory (pipelines/wan2_2/memory.py): the limit is the device's budget
+    assert meta["limits"]["fps"] == 16 and meta["limits"]["max_job_memory_bytes"] > 0
+    assert model["offload"] == "none" and model["memory_plan"].startswith("--offload none: peak")
 
 
 def test_guidance_scale_and_negative_prompt_reach_the_pipeline(client, a14b):
@@ -344,3 +346,13 @@ def test_telefuser_serve_runs_a_wan_job_and_stops_on_sigterm(tmp_path):
             proc.kill()
     assert any("serve exited cleanly" in line for line in lines), "".join(lines)
     assert not probe_media(tmp_path / f"{job['id']}.mp4").has_audio
+
+
+def test_a_jobs_memory_estimate_is_the_workload_beyond_the_resident_weights(a14b):
+    from telefuser.serving.video.contract import VideoShape
+
+    small = a14b.memory_estimate(VideoShape(64, 32, 9, 16, 9 / 16, 4))
+    large = a14b.memory_estimate(VideoShape(128, 64, 17, 16, 17 / 16, 4))
+    # latents: 16 x 3 x 4 x 8 and 16 x 5 x 8 x 16 fp32 values, six copies; and the largest stage (the decode)
+    assert small["latents"] == 6 * 4 * 16 * 3 * 4 * 8 and large["latents"] * 3 == small["latents"] * 20
+    assert set(small) == {"latents", "stage decode"} and large["stage decode"] > small["stage decode"] > 0

@@ -14,6 +14,8 @@ from ..flags import (
     attn_impl_flag,
     checkpoint_flag,
     config_flag,
+    gpu_memory_flag,
+    offload_flag,
     quantization_flag,
 )
 from ..spec import ModelSpec
@@ -39,6 +41,7 @@ def parallelize(model, mesh, *, communicator_factory=None):
 
 def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
     example = "telefuser.models.wan2_2.example"
+    memory = f"telefuser.pipelines.wan2_2.memory:{variant.replace('-', '_')}"
     return ModelSpec(
         name=f"wan2.2-{variant}",
         title=title,
@@ -48,6 +51,8 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
             checkpoint_flag(checkpoint_help),
             attn_impl_flag(),
             quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
+            offload_flag(),  # model: T2V-A14B keeps only the running expert on the GPU; block is refused
+            gpu_memory_flag(),
         ),
         attention_impls=ATTENTION_IMPLS,
         quantizations=QUANTIZATIONS,
@@ -64,6 +69,9 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
         example=f"{example}:example",
         flops=f"{example}:flops",
         checkpoint_writer="telefuser.models.wan2_2.checkpoint:write_wan22_expert",
+        memory=f"{memory}_workload",
+        memory_request=f"{memory}_request",
+        memory_alternatives=f"{memory}_alternatives",
     )
 
 

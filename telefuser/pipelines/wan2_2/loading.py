@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ...memory.host import HostResident
+from ...memory.plan import Placement
 from ...models.wan2_2 import checkpoint as dit_checkpoint
 from ...models.wan2_2.config import Wan22Release, release
 from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
@@ -19,10 +21,12 @@ from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
 from ..wan.text_encoder import PromptEncoder
+from .memory import BLOCK_REFUSAL
 from .pipeline import Wan22Pipeline
 
 VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
 SPECS = {"t2v-a14b": WAN22_T2V_A14B, "ti2v-5b": WAN22_TI2V_5B}  # variant -> its ModelSpec
+EXPERT_STACKS = {2: ("high_noise", "low_noise"), 1: ("dit",)}  # the memory workload's stack of each expert
 
 
 def resolve_checkpoint(root: str | Path, variant: Wan22Release) -> dict:
@@ -48,11 +52,14 @@ def build_wan22_pipeline(
     attn_impl: str = "sdpa",
     quantization: str = "none",
     vae_dtype: torch.dtype = torch.float32,
+    placement: Placement | None = None,
 ) -> Wan22Pipeline:
     """`variant` ("t2v-a14b" | "ti2v-5b") at `config` ("tiny" | "official") sizes without `checkpoint`. `runtime`
     (None: one rank, `Runtime.one_rank("cpu", torch.bfloat16)`) gives the device, the dtype and the layout every
     expert is parallelized over (`Runtime.parallelize` with the variant's spec). `quantization` "fp8" runs the
-    blocks' projection and FFN GEMMs in FP8."""
+    blocks' projection and FFN GEMMs in FP8. `placement` (a `memory.plan.Placement`; None: everything on the device):
+    an offloaded expert (T2V-A14B's model tier) goes to pinned host memory once loaded and is lent to the device
+    while its steps run (`HostResident`); an offloaded umT5 streams its blocks while it encodes (`PromptEncoder`)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if runtime is None:
@@ -61,6 +68,10 @@ def build_wan22_pipeline(
     size = "official" if checkpoint is not None else config
     variant_info = release(variant, size)
     paths = resolve_checkpoint(checkpoint, variant_info) if checkpoint is not None else None
+    stacks = EXPERT_STACKS[variant_info.experts]
+    if placement is not None and placement.tier == "block":
+        raise ValueError(f"--offload {placement.tier}: {BLOCK_REFUSAL}")
+    text_from = placement.resident_layers("text_encoder") if placement is not None else None
     vae, tokenizer, encoder, weights = text_and_vae(
         size,
         checkpoint,
@@ -69,11 +80,11 @@ def build_wan22_pipeline(
         dtype=dtype,
         vae_dtype=vae_dtype,
         seed=seed,
-        text_from=None,
+        text_from=text_from,
         tiny_text_dim=variant_info.dit.text_dim,
         vae_kind=variant_info.vae,
     )
-    experts = []
+    experts, homes = [], []
     for index in range(variant_info.experts):
         if paths is None:  # the experts differ: one seed each
             dit = dit_checkpoint.build_random_wan22_dit(
@@ -86,7 +97,14 @@ def build_wan22_pipeline(
         if quantization != "none":
             dit.quantize(quantization)
         experts.append(runtime.parallelize(dit, SPECS[variant]))
+        # to host memory before the next expert loads: the device never holds both
+        lent = placement is not None and placement.streams(stacks[index])
+        homes.append(HostResident(dit) if lent else None)
     weights["dit"] = ", ".join(str(d) for d in paths["experts"]) if paths else weights["dit"]
+    if any(homes):
+        weights["dit"] += "; experts in pinned host memory, each lent to the device while its steps run"
+    if placement is not None:
+        weights["placement"] = f"--offload {placement.tier}"
     if paths is not None and paths["boundary_ratio"] is not None:
         variant_info = replace(variant_info, boundary_ratio=paths["boundary_ratio"])
     if int(encoder.config.d_model) != variant_info.dit.text_dim:
@@ -95,22 +113,26 @@ def build_wan22_pipeline(
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return Wan22Pipeline(
         experts,
-        PromptEncoder(tokenizer, encoder, text_len=variant_info.dit.text_len),
+        PromptEncoder(tokenizer, encoder, text_len=variant_info.dit.text_len, streamed_from=text_from, device=device),
         vae,
         variant_info,
         device=device,
         vae_group=vae_group,
         weights=weights,
+        homes=homes,
     )
 
 
 def pipeline_from_args(variant: str, args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
     """The pipeline the variant's flags in `args` describe, on `runtime`; --attn-impl resolved and agreed by all
-    ranks unless `overrides` names it."""
+    ranks, and the memory plan made (`ModelSpec.memory_plan`: it refuses before anything loads), unless `overrides`
+    names them (`attn_impl`, `placement`)."""
     spec = SPECS[variant]
     options = spec.options(args, "config", "checkpoint", "quantization")
     if "attn_impl" not in overrides:
         options["attn_impl"] = spec.attention_impl(args, runtime)
+    if "placement" not in overrides:
+        options["placement"] = spec.memory_plan(args, runtime, spec.request_from_args(args)).placement
     return build_wan22_pipeline(variant=variant, runtime=runtime, **{**options, **overrides})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,12 +57,19 @@ class Wan22Pipeline:
         device: torch.device | str = "cpu",
         vae_group=None,
         weights: dict[str, str] | None = None,
+        homes: Sequence | None = None,
     ):
         """`experts`: the DiTs, high-noise first (two for T2V-A14B, one for TI2V-5B). `vae_group`: a process group
-        whose ranks each decode a band of rows (`HeightShardedDecoder`, Wan 2.1's VAE), None to decode whole."""
+        whose ranks each decode a band of rows (`HeightShardedDecoder`, Wan 2.1's VAE), None to decode whole.
+        `homes`: per expert, its `memory.host.HostResident` (its weights in host memory, lent to the device while its
+        steps run: the model tier) or None (resident); None: every expert resident."""
         if len(experts) != release.experts:
             raise ValueError(f"Wan 2.2 {release.name} runs {release.experts} expert(s), got {len(experts)}")
+        homes = list(homes) if homes is not None else [None] * len(experts)
+        if len(homes) != len(experts) or any(h is not None and h.module is not e for h, e in zip(homes, experts)):
+            raise ValueError("homes must hold, per expert, None or that expert's HostResident")
         self.experts = list(experts)
+        self.homes = homes
         self.prompt_encoder = prompt_encoder
         self.vae = vae
         self.release = release
@@ -163,19 +171,29 @@ class Wan22Pipeline:
         scheduler = flow_scheduler(release.flow_shift)
         scheduler.set_timesteps(steps, device=latents.device)
         scheduler.set_begin_index(0)
-        text_kv: dict[int, tuple] = {}  # per expert, computed at its first step
-        for i, t in enumerate(scheduler.timesteps):
-            if hooks.cancelled():
-                raise GenerationCancelled(i)
-            expert = 0 if boundary_t is None or t >= boundary_t else 1
-            dit = self.experts[expert]
-            if expert not in text_kv:
-                text_kv[expert] = dit.text_kv(states.to(dit.compute_dtype))
-            x = torch.cat([latents, latents]) if cfg else latents
-            flow = dit(x.to(dit.compute_dtype), t.expand(x.shape[0]).to(latents.device), text_kv[expert]).float()
-            if cfg:
-                cond, uncond = flow.chunk(2)
-                flow = uncond + guidance[expert] * (cond - uncond)
-            latents = scheduler.step(flow, t, latents, return_dict=False)[0]
-            hooks.progress(i + 1, steps)
+        current, dit, text_kv = None, None, None  # the running expert, its module, its prompt K/V
+        with ExitStack() as lent:  # the running expert's device copy, where it lives in host memory
+            for i, t in enumerate(scheduler.timesteps):
+                if hooks.cancelled():
+                    raise GenerationCancelled(i)
+                expert = 0 if boundary_t is None or t >= boundary_t else 1
+                if expert != current:  # the switch: the idle expert's device copy and K/V go before the next comes
+                    dit = text_kv = None
+                    lent.close()
+                    dit = lent.enter_context(self.expert_on_device(expert))
+                    text_kv = dit.text_kv(states.to(dit.compute_dtype))
+                    current = expert
+                x = torch.cat([latents, latents]) if cfg else latents
+                flow = dit(x.to(dit.compute_dtype), t.expand(x.shape[0]).to(latents.device), text_kv).float()
+                if cfg:
+                    cond, uncond = flow.chunk(2)
+                    flow = uncond + guidance[expert] * (cond - uncond)
+                latents = scheduler.step(flow, t, latents, return_dict=False)[0]
+                hooks.progress(i + 1, steps)
         return latents, steps
+
+    def expert_on_device(self, index: int):
+        """A context holding expert `index` on the device: lent from host memory for the block (its device copy
+        freed after, also after an error), or as it is when resident."""
+        home = self.homes[index]
+        return home.on(self.device) if home is not None else nullcontext(self.experts[index])

@@ -4,8 +4,9 @@ One runner serves either released variant (`telefuser serve --model wan2.2-t2v-a
 `Wan22Pipeline`. A request's canvas is on the variant's grid (multiples of 16 for T2V-A14B's Wan 2.1 VAE, 32 for
 TI2V-5B's Wan 2.2 VAE), its seconds snap up to 4n+1 frames at the release's frame rate, and one step is one DiT call
 (the guided pair batched). `guidance_scale` applies to both experts, as diffusers' `guidance_scale_2` defaults to it;
-left out, each expert keeps the release's. Text only: no keyframes, references, presets or LoRAs. No memory estimate
-yet (no calibrated workload for Wan 2.2: a job too large for the device fails as out_of_memory). Under torchrun every
+left out, each expert keeps the release's. Text only: no keyframes, references, presets or LoRAs. The memory plan is
+made at start-up for the default job (`--offload`, `--gpu-memory-gb`: pipelines/wan2_2/memory.py); each job's
+`memory_estimate` comes from the same workload under the service's placement. Under torchrun every
 rank builds the same runner on its share of the Ulysses mesh and rank 0 replays each job on the others (replay.py),
 as for MiniMax H3.
 """
@@ -54,12 +55,23 @@ def canvas(resolution: int | str, aspect_ratio: str, multiple: int) -> tuple[int
 
 
 class Wan22Runner:
-    def __init__(self, pipeline, *, model: str, defaults: dict[str, Any], info: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        pipeline,
+        *,
+        model: str,
+        defaults: dict[str, Any],
+        info: dict[str, Any] | None = None,
+        memory_plan=None,
+        memory=None,
+    ):
         """`pipeline`: a `Wan22Pipeline` (its `release` says the variant and how it samples); `defaults`: size,
-        seconds, steps, seed for a request that leaves them out."""
+        seconds, steps, seed for a request that leaves them out. `memory_plan`: the service's `memory.plan.MemoryPlan`
+        (its placement); `memory(request)`: the model's workload of one request, for each job's estimate."""
         from telefuser.models.wan2_2.config import release as official
 
         self._pipe = pipeline
+        self._memory_plan, self._memory = memory_plan, memory
         self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
         self.model = model
         self.defaults = dict(defaults)
@@ -105,6 +117,18 @@ class Wan22Runner:
         frames = frame_count(spec.seconds, fps)
         self._pipe.latent_shape(width, height, frames)  # the pipeline's own size rules
         return VideoShape(width, height, frames, fps, frames / fps, spec.steps)
+
+    def memory_estimate(self, plan: VideoShape) -> dict[str, int]:
+        """Bytes one job needs on this rank beyond what stays resident: what it holds throughout and its largest
+        stage (a lent expert included), from the model's workload under the service's placement."""
+        from telefuser.memory.plan import MemoryPlan
+
+        if self._memory is None or self._memory_plan is None:
+            return {}
+        request = {"size": f"{plan.width}x{plan.height}", "num_frames": plan.frames}
+        job = MemoryPlan(self._memory(request), self._memory_plan.placement, None, "")
+        stage = job.peak_stage
+        return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
     def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         from telefuser.profiling.timing import peak_memory, reset_peak_memory
@@ -174,15 +198,25 @@ class Wan22Runner:
 def build_wan22_runner(args: argparse.Namespace) -> Wan22Runner:
     """`telefuser serve --model wan2.2-t2v-a14b | wan2.2-ti2v-5b`: the pipeline on this rank (Ulysses over the
     torchrun world)."""
+    import functools
+
+    from telefuser.memory.plan import plan_or_exit
     from telefuser.models.registry import get_spec
+    from telefuser.models.wan2_2.config import release
     from telefuser.runtime import Runtime
 
     spec = get_spec(args.model)
     _refuse_minimax_options(args, spec.name)
     runtime = Runtime.from_args(args)
     attn_impl = spec.attention_impl(args, runtime)  # auto resolved on this rank's device, agreed by all ranks
+    # the plan is made for the default job, before any weight loads; every job is checked against the memory left
+    planned = release(spec.name.removeprefix("wan2.2-"), "official" if args.checkpoint else args.config)
+    size = args.size_default or f"{planned.size[0]}x{planned.size[1]}"
+    seconds = args.seconds_default or planned.frames / planned.fps
+    request = {"size": size, "num_frames": frame_count(seconds, planned.fps)}
+    memory_plan = plan_or_exit(spec, args, runtime, request)
     try:
-        pipe = spec.build_pipeline(args, runtime, attn_impl=attn_impl)
+        pipe = spec.build_pipeline(args, runtime, attn_impl=attn_impl, placement=memory_plan.placement)
     except ValueError as exc:  # heads that --ulysses-degree does not divide, a config the variant cannot take
         raise StartupError(f"{spec.name}: {exc}") from None
     variant = pipe.release
@@ -203,10 +237,19 @@ def build_wan22_runner(args: argparse.Namespace) -> Wan22Runner:
         "world_size": runtime.world_size,
         "ulysses_degree": runtime.parallel.ulysses_degree,
         "tp_degree": runtime.parallel.tp_degree,
+        "offload": memory_plan.placement.tier,
+        "memory_plan": memory_plan.summary(),
     }
     if warmup_wanted(args, runtime.device):  # every rank: the DiT is collective
         info["warmup_s"] = round(_warm_up(pipe, defaults), 3)
-    return Wan22Runner(pipe, model=args.served_model_name, defaults=defaults, info=info)
+    return Wan22Runner(
+        pipe,
+        model=args.served_model_name,
+        defaults=defaults,
+        info=info,
+        memory_plan=memory_plan,
+        memory=functools.partial(spec.memory_workload, args, runtime.parallel, runtime.dtype),
+    )
 
 
 def _refuse_minimax_options(args: argparse.Namespace, name: str) -> None:

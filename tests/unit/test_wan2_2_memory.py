@@ -1,0 +1,135 @@
+"""Wan 2.2's memory plan: its weight terms against the built modules (exact), the tier choice on scaled budgets, and
+the model tier (T2V-A14B's idle expert in host memory, umT5 streamed) against everything resident (exact: the same
+kernels on the same values)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from telefuser.distributed.mesh import ParallelConfig
+from telefuser.memory.host import HostResident, layer_tensors
+from telefuser.memory.plan import GIB, MemoryPlan, MemoryPlanError, choose, placement_for
+from telefuser.pipelines.wan2_2 import memory
+from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
+from telefuser.runtime import Runtime
+
+TINY_REQUEST = {"size": "64x32", "num_frames": 9}  # the tiny T2V-A14B release's canvas
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"config": "tiny", "checkpoint": None, "quantization": "none", **kw})
+
+
+def _tiny(variant: str, **kw):
+    return memory.workload(variant, _args(**kw), ParallelConfig(), torch.float32, TINY_REQUEST)
+
+
+@pytest.fixture(scope="module")
+def a14b():
+    return build_wan22_pipeline(variant="t2v-a14b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_stacks_add_up_to_the_built_pipeline(quantization, a14b):
+    if quantization == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    load = _tiny("t2v-a14b", quantization=quantization)
+    pipe = a14b
+    if quantization == "fp8":
+        pipe = build_wan22_pipeline(
+            variant="t2v-a14b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), quantization="fp8"
+        )
+    assert load.stack("high_noise").total == _bytes(layer_tensors(pipe.experts[0])) > 0
+    assert load.stack("low_noise").total == _bytes(layer_tensors(pipe.experts[1]))
+    assert load.stack("text_encoder").total == _bytes(pipe.prompt_encoder.encoder.parameters())
+    assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model))
+
+
+def test_ti2v_5b_stacks_add_up_to_the_built_pipeline():
+    pipe = build_wan22_pipeline(variant="ti2v-5b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
+    load = memory.workload("ti2v-5b", _args(), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9})
+    assert [s.name for s in load.stacks] == ["dit", "text_encoder", "vae"]
+    assert load.stack("dit").total == _bytes(layer_tensors(pipe.experts[0])) > 0
+    assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model))
+
+
+def test_the_plan_keeps_one_expert_on_the_device_when_both_do_not_fit():
+    load = _tiny("t2v-a14b")
+    none = MemoryPlan(load, placement_for(load, "none"), None, "").peak_bytes
+    model = MemoryPlan(load, placement_for(load, "model"), None, "")
+    expert = load.stack("high_noise").total
+    # the model tier lends one expert at a time: the peak holds one expert, not two
+    assert model.resident_bytes()["high_noise"] == model.resident_bytes()["low_noise"] == 0
+    assert model.stage_bytes()["denoise high noise"] - expert == sum(load.stages[1].transient.values())
+    assert choose(load, none, budget_source="x").placement.tier == "none"
+    chosen = choose(load, none - expert // 2, budget_source="x")
+    assert chosen.placement.tier == "model" and chosen.placement.offloaded >= {"high_noise", "low_noise"}
+    with pytest.raises(MemoryPlanError, match="--offload block cannot run"):
+        choose(load, none, tier="block")
+    with pytest.raises(MemoryPlanError) as refused:
+        choose(load, model.peak_bytes - 1, budget_source="a card too small", alternatives=memory.t2v_a14b_alternatives(
+            _args(), ParallelConfig(), torch.float32, TINY_REQUEST))  # fmt: skip
+    message = str(refused.value)  # tiny: activations and the decode outweigh the experts, so fewer frames fit
+    assert "--offload model needs" in message and "--num-frames 5 --offload model" in message
+
+
+def test_official_a14b_needs_the_model_tier_on_an_80_gb_card():
+    """One expert is 27.0 GiB in bf16 (measured); both and umT5 resident do not fit 72 GiB at 720p."""
+    load = memory.workload(
+        "t2v-a14b", _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}
+    )
+    assert 26.9 < load.stack("high_noise").total / GIB < 27.1
+    tiers = {card: choose(load, int(0.9 * card * GIB)).placement.tier for card in (141, 80, 48)}
+    assert tiers == {141: "none", 80: "model", 48: "model"}
+    with pytest.raises(MemoryPlanError, match="what would fit: --quantization fp8"):
+        choose(load, int(0.9 * 40 * GIB), alternatives=memory.t2v_a14b_alternatives(
+            _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}))  # fmt: skip
+
+
+def test_model_tier_equals_everything_resident_exactly(a14b, monkeypatch):
+    load = _tiny("t2v-a14b")
+    placement = placement_for(load, "model")
+    lent = []
+    on = HostResident.on
+
+    def spy(self, device):
+        lent.append(next(i for i, e in enumerate(offloaded.experts) if e is self.module))
+        return on(self, device)
+
+    offloaded = build_wan22_pipeline(
+        variant="t2v-a14b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32), placement=placement
+    )
+    assert offloaded.prompt_encoder.stream is not None and all(h is not None for h in offloaded.homes)
+    monkeypatch.setattr(HostResident, "on", spy)
+    want = a14b("a red fox", negative_prompt="blur", seed=3)
+    got = offloaded("a red fox", negative_prompt="blur", seed=3)
+    assert lent == [0, 1]  # each expert lent once, high noise first, switched at the boundary
+    assert want.latents.abs().max() > 0 and want.frames.std() > 0
+    assert torch.equal(got.latents, want.latents) and (got.frames == want.frames).all()
+
+
+def test_block_tier_is_refused_before_loading():
+    load = _tiny("t2v-a14b")
+    with pytest.raises(ValueError, match="does not stream its blocks"):
+        build_wan22_pipeline(variant="ti2v-5b", config="tiny", placement=placement_for(_tiny("ti2v-5b"), "block"))
+    assert "block" in load.refused_tiers
+
+
+@pytest.mark.parametrize(
+    ("gb", "size", "tier"), [(80, "832x480", "model"), (80, "1280x720", "model"), (48, "1280x720", "model")]
+)
+def test_plan_command_for_the_official_sizes(gb, size, tier, capsys):
+    from telefuser.cli import main
+
+    argv = ["plan", "--model", "wan2.2-t2v-a14b", "--config", "official", "--gpu-memory-gb", str(gb)]
+    assert main([*argv, "--resolution", size]) == 0
+    out = capsys.readouterr().out
+    assert f"Wan 2.2 T2V-A14B {size} 81 frames" in out and "--offload block: refused" in out
+    assert f"chosen: --offload {tier}:" in out and f"of {0.9 * gb:.1f} GiB" in out
