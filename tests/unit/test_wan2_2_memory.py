@@ -133,3 +133,5 @@ def test_plan_command_for_the_official_sizes(gb, size, tier, capsys):
     out = capsys.readouterr().out
     assert f"Wan 2.2 T2V-A14B {size} 81 frames" in out and "--offload block: refused" in out
     assert f"chosen: --offload {tier}:" in out and f"of {0.9 * gb:.1f} GiB" in out
+    assert main([*argv, "--size", size]) == 0  # the spelling run_t2v.py and the plan's alternatives use
+    assert capsys.readouterr().out == out
