@@ -83,10 +83,14 @@ def test_serve_fake_names_itself_a_fake_in_its_start_line(tmp_path):
         deadline = time.monotonic() + 60
         while not any("serving on" in line for line in lines):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.05)
+            time.sleep(0.002)
     finally:
+        # within milliseconds of the line, before uvicorn's own handlers: the server must still stop gracefully
         proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        returncode = proc.wait(30)
+    time.sleep(0.2)  # the reader thread's last lines
+    assert returncode == 0 and "Traceback" not in "".join(lines), "".join(lines)
+    assert any("serve exited cleanly" in line for line in lines), "".join(lines)
     start = next(line for line in lines if "serving on" in line)
     assert re.search(
         r"serving on http://127\.0\.0\.1:\d+ \(model: fake-MiniMax-H3 \(a fake model: test pattern and tone, no "

@@ -106,10 +106,6 @@ def run_command(add_parser: Callable[[Any], Any], prog: str, argv: list[str] | N
     return run_cli(args.func, args, args.command)
 
 
-def _raise_system_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def serve_until_stopped(app, args: argparse.Namespace, *, describe: str, command: str) -> int:
     """Serve `app` on --host:--port until Ctrl-C or SIGTERM, then shut down gracefully; `describe` ends the log line
     that names the URL, `command` the one that says it exited."""
@@ -155,12 +151,14 @@ def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -
         sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
         shown = f"[{host}]" if ":" in host else host
         log.info("serving on http://%s:%d (%s)", shown, sock.getsockname()[1], describe)
-        # uvicorn re-raises the captured signal after its graceful shutdown; make SIGTERM an exception, as SIGINT
-        # is, so that the caller still runs its cleanup (the followers' stop).
-        signal.signal(signal.SIGTERM, _raise_system_exit)
+        # SIGTERM asks the server to stop: before uvicorn installs its own handlers (a signal right after the line
+        # above) it finds should_exit set and shuts down gracefully once started; after its graceful shutdown uvicorn
+        # re-raises the signal it captured, which must not kill the process, so the caller still runs its cleanup
+        # (the followers' stop). Raising from the handler instead could interrupt asyncio.run half-way.
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
         try:
             server.run(sockets=[sock])
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             pass
         finally:
             sock.close()
