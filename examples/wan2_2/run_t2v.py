@@ -52,7 +52,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=Path("outputs/wan2_2/t2v.mp4"))
     add_runtime_args(p, ulysses_default=None)
     get_spec(model).add_flags(p.add_argument_group(f"{model} flags"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_shape(p, args)
+    return args
+
+
+def check_shape(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--size and --num-frames against the release's rules, before anything is planned or loaded (one error line)."""
+    variant = release(args.model.removeprefix("wan2.2-"), "official" if args.checkpoint else args.config)
+    multiple = variant.vae_scale * 2  # the VAE's stride times the DiT's 2x2 patch, as the pipeline checks
+    if args.size is not None:
+        try:
+            width, height = (int(v) for v in args.size.lower().split("x"))
+        except ValueError:
+            p.error(f"--size must be WIDTHxHEIGHT such as 1280x720, got {args.size!r}")
+        if width % multiple or height % multiple or width < multiple or height < multiple:
+            p.error(
+                f"--size {args.size}: {args.model} needs width and height that are positive multiples of {multiple}"
+            )
+    if args.num_frames is not None and (args.num_frames < 1 or (args.num_frames - 1) % 4):
+        p.error(f"--num-frames must be 4n + 1 (1, 5, 9, ..., 81), got {args.num_frames}")
 
 
 def main(argv=None) -> int:

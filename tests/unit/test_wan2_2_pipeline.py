@@ -9,6 +9,8 @@ experts in the wrong order (the negative control) must land 100x above it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from diffusers import WanPipeline
@@ -88,3 +90,24 @@ def test_a_tiny_random_pipeline_makes_a_video_and_cancels_between_steps(variant)
     assert stopped.value.steps_done == 2
     with pytest.raises(ValueError, match="num_frames must be 4n \\+ 1"):
         pipe("a red fox", num_frames=8)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--size", "7x7"], "--size 7x7: wan2.2-t2v-a14b needs width and height that are positive multiples of 16"),
+        (["--size", "abc"], "--size must be WIDTHxHEIGHT such as 1280x720, got 'abc'"),
+        (["--num-frames", "10"], "--num-frames must be 4n + 1 (1, 5, 9, ..., 81), got 10"),
+    ],
+)
+def test_the_example_refuses_a_bad_shape_in_one_line_before_loading(flags, message, capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "wan2_2" / "run_t2v.py"
+    module_spec = importlib.util.spec_from_file_location("run_t2v", path)
+    example = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(example)
+    with pytest.raises(SystemExit) as exited:
+        example.parse_args(["--config", "tiny", *flags])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+    assert example.parse_args(["--config", "tiny", "--size", "64x32", "--num-frames", "9"]).size == "64x32"
