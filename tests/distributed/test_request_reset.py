@@ -1,6 +1,7 @@
 """A request after one that failed on the copy engine runs on the copy engine again: the pipelines reset the DiT's
-Ulysses transport at every request boundary, on every rank (2 gloo ranks, the tiny LingBot DiT under Ulysses2 over
-the host-shared-memory copy engine, one agreed setup failure injected into session 1 after its first group began)."""
+Ulysses transport at every request boundary, on every rank (2 gloo ranks under Ulysses2 over the host-shared-memory
+copy engine, one agreed setup failure injected into request 1 after its first group began): the tiny LingBot DiT,
+and Wan 2.2 T2V-A14B, whose two experts share one communicator."""
 
 from __future__ import annotations
 
@@ -47,3 +48,40 @@ def test_session_two_runs_on_the_copy_engine_after_session_one_failed_there(rank
         assert second_on == "host-shm"  # not the portable fallback: reset() reopened the copy engine
         assert frames.shape == (13, 32, 32, 3)
     assert np.array_equal(results[0][4], results[1][4])  # every rank holds the same frames
+
+
+def _two_wan_requests(ctx):
+    from telefuser.distributed.mesh import ParallelConfig, build_mesh
+    from telefuser.models.wan2_2.spec import WAN22_T2V_A14B
+    from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
+    from telefuser.runtime import Runtime
+
+    mesh = build_mesh(ParallelConfig(ulysses_degree=2))
+    pipe = build_wan22_pipeline(
+        variant="t2v-a14b", config="tiny", runtime=Runtime(mesh, torch.device("cpu"), torch.float32)
+    )
+    failing = _failing_comm(ctx, "host-shm", Q_TARGET_CALL)
+    for expert in pipe.experts:  # both experts share one communicator, as the loader gives them
+        WAN22_T2V_A14B.parallelize(expert, mesh, communicator_factory=lambda group: failing)
+    try:
+        try:
+            pipe("a red fox", seed=1, steps=2)
+            failed = None
+        except UlyssesTransportError as exc:
+            failed = str(exc)
+        refused_on = failing.backend_name
+        video = pipe("a red fox", seed=1, steps=2)
+        return failed, refused_on, failing.backend_name, video.frames
+    finally:
+        failing.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_wan_request_runs_on_the_copy_engine_after_the_one_before_failed_there(ranks2):
+    results = ranks2.run(_two_wan_requests)
+    for failed, refused_on, second_on, frames in results:
+        assert failed is not None and "injected failure" in failed  # the same agreed error on every rank
+        assert refused_on == "host-shm"
+        assert second_on == "host-shm"  # reset() at the request boundary reopened the copy engine for both experts
+        assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.std() > 0
+    assert np.array_equal(results[0][3], results[1][3])

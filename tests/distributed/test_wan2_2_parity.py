@@ -33,12 +33,15 @@ def _pipeline_parity(ctx, ulysses):
     parallel = build_wan22_pipeline(variant="t2v-a14b", config="tiny", runtime=runtime)
     a, b = dense("a red fox", seed=1), parallel("a red fox", seed=1)
     frames = (a.frames.astype(int) - b.frames.astype(int)).__abs__().max()
+    high, low = parallel.experts
+    shared = high.communicator is not None and low.communicator is high.communicator
     for expert in parallel.experts:
         expert.close()
-    return _relative(b.latents, a.latents), int(frames), parallel.vae_group is not None
+    return _relative(b.latents, a.latents), int(frames), parallel.vae_group is not None, shared
 
 
 def test_the_text_to_video_call_under_ulysses_matches_dense(ranks2):
-    for latents_error, frames_error, sharded in ranks2.run(_pipeline_parity, 2):
+    for latents_error, frames_error, sharded, shared in ranks2.run(_pipeline_parity, 2):
         assert latents_error <= MAX_RELATIVE_ERROR, latents_error
         assert sharded and frames_error <= 1  # uint8 frames: one rounding step from a decode of another band order
+        assert shared  # both experts exchange through one communicator (one set of copy-engine peer buffers)

@@ -29,8 +29,8 @@ def head_dim(args) -> int:
 
 
 def parallelize(model, mesh, *, communicator_factory=None):
-    """Ulysses over `mesh.ulysses_group` with one communicator for all of an expert's blocks; no TP plan. Each expert
-    is parallelized on its own (two communicators for T2V-A14B)."""
+    """Ulysses over `mesh.ulysses_group` with one communicator for all of an expert's blocks; no TP plan. The loader
+    hands T2V-A14B's second expert the first one's communicator (`communicator_factory`)."""
     parallel = mesh.config
     if parallel.tp_degree != 1:
         raise ValueError(f"Wan 2.2 supports Ulysses only; tp_degree {parallel.tp_degree} was asked for")

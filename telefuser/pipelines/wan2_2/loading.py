@@ -96,7 +96,9 @@ def build_wan22_pipeline(
             )
         if quantization != "none":
             dit.quantize(quantization)
-        experts.append(runtime.parallelize(dit, SPECS[variant]))
+        # one Ulysses communicator for both experts: they run one after the other, so one set of peer buffers serves
+        shared = (lambda group: experts[0].communicator) if experts else None
+        experts.append(runtime.parallelize(dit, SPECS[variant], communicator_factory=shared))
         # to host memory before the next expert loads: the device never holds both
         lent = placement is not None and placement.streams(stacks[index])
         homes.append(HostResident(dit) if lent else None)

@@ -20,6 +20,7 @@ import torch
 
 from ...models.wan2_2.config import Wan22Release
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
+from ..request_boundary import reset_parallel
 from ..wan.vae import to_uint8_frames
 
 NUM_TRAIN_TIMESTEPS = 1000
@@ -122,6 +123,7 @@ class Wan22Pipeline:
         release = self.release
         width, height = width or release.size[0], height or release.size[1]
         shape = self.latent_shape(width, height, num_frames or release.frames)
+        reset_parallel(self.experts[0])  # a request boundary; the experts share one communicator (loading.py)
         timings = {}
         start = time.perf_counter()
         text = self.prompt_encoder(prompt, self.device)
