@@ -4,16 +4,12 @@ then press Ctrl-C the way a terminal does (SIGINT to the whole process group). S
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tools.harness.server_process import ServerProcess
+
 ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
@@ -24,38 +20,10 @@ def stream_one_session_then_ctrl_c(
     import httpx
 
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.Popen(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "telefuser.cli",
-            "serve-stream",
-            "--port",
-            "0",
-            "--num-frames",
-            str(frames),
-            *args,
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    serving = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while not serving.search("".join(output)):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(output)
-            time.sleep(0.05)
-        base = serving.search("".join(output)).group(1)
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.cli", "serve-stream", "--port",
+               "0", "--num-frames", str(frames), *args]  # fmt: skip
+    with ServerProcess(command) as server:
+        base = server.wait_url(start_timeout_s)
         with httpx.Client(base_url=base, trust_env=False, timeout=stream_timeout_s) as http:
             metadata = http.get("/v1/service/metadata").json()
             s = http.post("/v1/stream/sessions", json={"prompt": "p", "image": ONE_PIXEL_PNG}).json()
@@ -65,11 +33,5 @@ def stream_one_session_then_ctrl_c(
             assert events[-1]["type"] == "done" and events[-1]["published_frames"] == frames, events[-1]
             ack = http.post(s["sse_path"].replace("/events", "/ack"), json={"published_frames": frames}).json()
             assert ack["match"], ack
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(timeout=5)
-    return "".join(output), metadata
+        server.stop(signal.SIGINT, 60)
+    return server.log, metadata

@@ -9,6 +9,7 @@ keyframe and a LoRA from --lora-dir, merged on both ranks.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import torch.distributed as dist
@@ -124,51 +125,26 @@ def test_a_jobs_keyframes_reach_the_follower_byte_for_byte(ranks2):
 
 
 def _launch_tiny(out, *extra: str):
-    """`torchrun --nproc-per-node 2 ... serve --config tiny --ulysses-degree 2` with `extra` flags: (process, its
-    output lines as they come, the URL it serves on)."""
-    import os
-    import re
-    import subprocess
+    """`torchrun --nproc-per-node 2 ... serve --config tiny --ulysses-degree 2` with `extra` flags, started: (the
+    server process, the URL it serves on). Stop it with SIGINT, what a terminal's Ctrl-C sends to the group (torchrun's
+    own exit status is 1 then)."""
     import sys
-    import threading
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    from tools.harness.server_process import ServerProcess
+
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "telefuser.serving.video.cli", "serve",
                "--port", "0", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2", "--output-dir", str(out),
                *extra]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    pattern = re.compile(r"serving on (http://\S+)")
-    _wait(lambda: any(pattern.search(line) for line in lines) or proc.poll() is not None, 90)
-    if proc.poll() is not None:
-        raise AssertionError("".join(lines))
-    url = next(pattern.search(line).group(1) for line in lines if pattern.search(line))
-    _wait(lambda: any("startup complete" in line for line in lines), 30)
-    return proc, lines, url
-
-
-def _stop(proc) -> None:
-    import os
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal Ctrl-C does
-        try:
-            proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    server = ServerProcess(command)
+    try:
+        url = server.wait_url(90)
+        server.wait_for_line("startup complete", 30)
+    except BaseException:
+        server.kill()
+        raise
+    return server, url
 
 
 def test_a_keyframe_and_a_lora_under_torchrun_on_two_ranks(tmp_path):
@@ -184,8 +160,8 @@ def test_a_keyframe_and_a_lora_under_torchrun_on_two_ranks(tmp_path):
     loras.mkdir()
     write_tiny_lora(loras / "style.safetensors", seed=1)
     out = tmp_path / "out"
-    proc, lines, url = _launch_tiny(out, "--lora-dir", str(loras))
-    try:
+    server, url = _launch_tiny(out, "--lora-dir", str(loras))
+    with server:
         with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
             fields = {
                 "prompt": "waves",
@@ -199,9 +175,8 @@ def test_a_keyframe_and_a_lora_under_torchrun_on_two_ranks(tmp_path):
             _wait(lambda: http.get(f"/v1/videos/{job['id']}").json()["status"] in ("completed", "failed"), 90)
             done = http.get(f"/v1/videos/{job['id']}").json()
             assert done["status"] == "completed", done["error"]
-    finally:
-        _stop(proc)
-    text = "".join(lines)
+        server.stop(signal.SIGINT, 60)
+    text = server.log
     assert text.count("LoRA set switched to: style x 0.5") == 2, text  # rank 0 and the follower
     assert "rank 1: follower stopped after 3 model calls" in text, text
     record = json.loads((out / f"{job['id']}.json").read_text())
@@ -214,57 +189,16 @@ def test_serve_under_torchrun_with_the_tiny_model():
     """`torchrun --nproc-per-node 2 ... serve --config tiny --ulysses-degree 2`: a job completes with audio, then a
     terminal Ctrl-C (SIGINT to the process group) stops rank 0 and, through it, the follower."""
     import json
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
     import tempfile
-    import threading
     from pathlib import Path
 
     import httpx
 
     from telefuser.media import probe_media
 
-    repo = Path(__file__).resolve().parents[2]
     out = Path(tempfile.mkdtemp(prefix="tf-video-"))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.Popen(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "telefuser.serving.video.cli",
-            "serve",
-            "--port",
-            "0",
-            "--config",
-            "tiny",
-            "--device",
-            "cpu",
-            "--ulysses-degree",
-            "2",
-            "--output-dir",
-            str(out),
-        ],
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        pattern = re.compile(r"serving on (http://\S+)")
-        _wait(lambda: any(pattern.search(line) for line in lines) or proc.poll() is not None, 90)
-        assert proc.poll() is None, "".join(lines)
-        url = next(pattern.search(line).group(1) for line in lines if pattern.search(line))
-        _wait(lambda: any("startup complete" in line for line in lines), 30)
+    server, url = _launch_tiny(out)
+    with server:
         with httpx.Client(base_url=url, trust_env=False, timeout=30) as http:
             job = http.post(
                 "/v1/videos", data={"prompt": "waves", "size": "64x32", "seconds": "0.2", "num_inference_steps": "3"}
@@ -274,12 +208,8 @@ def test_serve_under_torchrun_with_the_tiny_model():
             assert done["status"] == "completed", done["error"]
             meta = http.get("/v1/service/metadata").json()["model"]
             assert meta["world_size"] == 2 and meta["ulysses_degree"] == 2
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal Ctrl-C does (torchrun's own exit status is 1 then)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = "".join(lines)
+        server.stop(signal.SIGINT, 60)
+    text = server.log
     assert "serve exited cleanly" in text, text
     assert "rank 1: follower stopped after 3 model calls" in text, text  # create, next_chunk, close
     info = probe_media(out / f"{job['id']}.mp4")

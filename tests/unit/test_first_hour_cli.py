@@ -4,19 +4,15 @@ GPU builds that apply to this host, and `telefuser serve --fake` calls itself a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from telefuser import __version__, cli
+from tools.harness.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,28 +65,15 @@ def test_info_lists_the_models_and_only_the_builds_that_apply(capsys):
 
 
 def test_serve_fake_names_itself_a_fake_in_its_start_line(tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "telefuser.cli", "serve", "--fake", "--port", "0", "--artifacts", str(tmp_path)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 60
-        while not any("serving on" in line for line in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.002)
-    finally:
-        # within milliseconds of the line, before uvicorn's own handlers: the server must still stop gracefully
-        proc.send_signal(signal.SIGTERM)
-        returncode = proc.wait(30)
-    time.sleep(0.2)  # the reader thread's last lines
-    assert returncode == 0 and "Traceback" not in "".join(lines), "".join(lines)
-    assert any("serve exited cleanly" in line for line in lines), "".join(lines)
+    with ServerProcess(["telefuser", "serve", "--fake", "--port", "0", "--artifacts", str(tmp_path)]) as server:
+        try:
+            server.wait_for_line("serving on", 60, poll_s=0.002)
+        finally:
+            # within milliseconds of the line, before uvicorn's own handlers: the server must still stop gracefully
+            returncode = server.stop(signal.SIGTERM, 30)
+    lines = server.lines
+    assert returncode == 0 and "Traceback" not in server.log, server.log
+    assert any("serve exited cleanly" in line for line in lines), server.log
     start = next(line for line in lines if "serving on" in line)
     assert re.search(
         r"serving on http://127\.0\.0\.1:\d+ \(model: fake-MiniMax-H3 \(a fake model: test pattern and tone, no "

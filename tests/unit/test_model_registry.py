@@ -4,12 +4,10 @@ services' command lines with nothing changed outside its own folder (tests/stand
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +19,7 @@ from telefuser.cli import build_parser
 from telefuser.models import registry
 from telefuser.models.flags import ATTENTION_IMPLS, QUANTIZATIONS
 from telefuser.serving.common.model_args import chosen_spec
+from tools.harness.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
@@ -130,35 +129,20 @@ def test_runtime_parallelize_applies_the_plan_of_the_spec_it_is_given():
 
 
 # -- the stand-in, served by both command lines -------------------------------------------------------------------------
-class _Service:
-    """`python -m tests.stand_in_model.serve ARGS` on a free port, until SIGTERM."""
+class _Service(ServerProcess):
+    """`python -m tests.stand_in_model.serve ARGS` on a free port; SIGTERM at the end must stop it cleanly."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.stand_in_model.serve", *args, "--port", "0"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        )
-        self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+        super().__init__([sys.executable, "-m", "tests.stand_in_model.serve", *args, "--port", "0"])
 
     def __enter__(self) -> str:
-        deadline = time.monotonic() + 60
-        while not (found := re.search(r"serving on (http://\S+)", "".join(self.lines))):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "".join(self.lines)
-            time.sleep(0.05)
-        return found.group(1)
+        return self.wait_url(60)
 
     def __exit__(self, *exc) -> None:
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            assert self.proc.wait(30) == 0, "".join(self.lines)
+            assert self.stop(signal.SIGTERM, 30) == 0, self.log
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.kill()
 
 
 def test_the_stand_in_is_served_by_telefuser_serve(tmp_path):

@@ -17,7 +17,8 @@ from telefuser.serving.common.auth import ApiKeys
 from telefuser.serving.stream.app import create_stream_app
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.replica import ReplicaIdentity
-from tools.harness.replica_processes import REPO, start_replicas, stop_all, wait_for
+from tools.harness.replica_processes import start_replicas, stop_all, wait_for
+from tools.harness.server_process import REPO
 from tools.harness.service_servers import HAProxy, free_port
 
 ONE_PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"

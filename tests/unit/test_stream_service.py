@@ -10,10 +10,8 @@ import asyncio
 import base64
 import io
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +31,7 @@ from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
 from telefuser.serving.stream.session import DoneItem, SessionRuntime, StreamSettings
 from tests import hostile_values as hv
+from tools.harness.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"resolution": "64x48", "num_frames": 45}  # 3 chunks: 13 + 16 + 16 frames
@@ -643,36 +642,10 @@ def test_create_delete_200_sessions_does_not_leak(record_property):
 def test_serve_stream_ctrl_c_shuts_down_cleanly():
     from websockets.sync.client import connect
 
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "telefuser.serving.stream.cli",
-            "serve-stream",
-            "--fake",
-            "--port",
-            "0",
-            "--resolution",
-            "64x48",
-            "--fake-delay",
-            "0.05",
-            "--max-sessions",
-            "2",
-            "--log-level",
-            "info",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        wait_for(lambda: any("serving on http://" in line for line in output), timeout=30, what="server start")
-        base = re.search(r"serving on (http://127\.0\.0\.1:\d+)", "".join(output)).group(1)
+    command = [sys.executable, "-m", "telefuser.serving.stream.cli", "serve-stream", "--fake", "--port", "0",
+               "--resolution", "64x48", "--fake-delay", "0.05", "--max-sessions", "2", "--log-level", "info"]  # fmt: skip
+    with ServerProcess(command) as server:
+        base = server.wait_url(30)
         with httpx.Client(base_url=base, trust_env=False) as http:
             ws_session = http.post("/v1/stream/sessions", json=body(config={"num_frames": None})).json()
             sse_session = http.post("/v1/stream/sessions", json=body(config={"num_frames": None})).json()
@@ -701,16 +674,11 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
             ws_reader.start()
             wait_for(lambda: any(isinstance(m, bytes) for m in ws_messages), what="ws chunk")
             wait_for(lambda: any(line.startswith("event: chunk") for line in sse_lines), what="sse chunk")
-            proc.send_signal(signal.SIGINT)
+            server.send(signal.SIGINT)
             ws_reader.join(timeout=15)
-        assert proc.wait(timeout=15) == 0
+        assert server.wait(15) == 0, server.log
         sse.join(timeout=5)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=5)
-    log = "".join(output)
+    log = server.log
     assert "stream service stopped: closed 2 session(s)" in log, log
     assert "serve-stream exited cleanly" in log and "Traceback" not in log, log
     events = [json.loads(m) for m in ws_messages if isinstance(m, str)]

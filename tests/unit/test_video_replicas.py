@@ -23,7 +23,8 @@ from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.store import QueuePolicy
 from telefuser.serving.video.store.directory import DirectoryArtifacts
 from telefuser.serving.video.store.postgres import PostgresJobStore
-from tools.harness.replica_processes import REPO, read_run_log, start_replicas, stop_all, wait_for
+from tools.harness.replica_processes import read_run_log, start_replicas, stop_all, wait_for
+from tools.harness.server_process import REPO
 from tools.harness.service_servers import HAProxy, free_port
 
 FINAL = ("completed", "failed", "cancelled")

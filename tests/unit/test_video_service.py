@@ -8,12 +8,9 @@ without the model's start-up cost; the real tiny model covers the MP4 with audio
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +26,7 @@ from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.contract import JobCancelled, JobRequest
 from telefuser.serving.video.fake import FakeVideoRunner
 from telefuser.serving.video.jobs import RecordFiles, VideoJob, new_job_id
+from tools.harness.server_process import ServerProcess
 from tests.video_runner_args import tiny_runner_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -475,47 +473,17 @@ def test_metadata_lists_the_models_the_cli_can_serve(tmp_path):
 
 
 def test_serve_fake_on_port_0_and_sigterm(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "telefuser.serving.video.cli",
-            "serve",
-            "--fake",
-            "--port",
-            "0",
-            "--output-dir",
-            str(tmp_path),
-            "--fake-step-delay",
-            "0.2",
-            "--steps-default",
-            "50",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        url = wait_for(
-            lambda: next((m.group(1) for m in map(re.compile(r"serving on (http://\S+)").search, lines) if m), None),
-            30,
-            "the server to log its URL",
-        )
-        wait_for(lambda: any("startup complete" in line for line in lines), 10, "startup")
+    command = [sys.executable, "-m", "telefuser.serving.video.cli", "serve", "--fake", "--port", "0", "--output-dir",
+               str(tmp_path), "--fake-step-delay", "0.2", "--steps-default", "50"]  # fmt: skip
+    with ServerProcess(command) as server:
+        url = server.wait_url(30)
+        server.wait_for_line("startup complete", 10)
         body, headers = aiohttp_form({"prompt": "a kite", "model": "MiniMax-H3", "size": "64x64", "seconds": 0.2})
         with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
             job = http.post("/v1/videos", content=body, headers=headers).json()
             wait_for(lambda: http.get(f"/v1/videos/{job['id']}").json()["progress"] > 0, 10, "progress")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0, "".join(lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert any("serve exited cleanly" in line for line in lines), "".join(lines)
+        assert server.stop(signal.SIGTERM, 20) == 0, server.log
+    assert "serve exited cleanly" in server.log, server.log
     record = json.loads((tmp_path / f"{job['id']}.json").read_text())
     assert record["status"] == "cancelled" and record["cancel_reason"] == "shutdown"
 

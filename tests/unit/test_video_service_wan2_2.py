@@ -9,12 +9,7 @@ values are 422s with a reason, and the OpenAI SDK's `create_and_poll` works agai
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import warnings
 
 import av
@@ -28,7 +23,8 @@ from telefuser.media import probe_media
 from telefuser.serving.common.local_server import serve_in_thread
 from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.canvas import fit_frames
-from tests.unit.test_video_service import REPO, poll, post_form, wait_for
+from tools.harness.server_process import ServerProcess
+from tests.unit.test_video_service import poll, post_form
 from tests.video_runner_args import tiny_runner_args
 
 A14B, TI2V = "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"
@@ -313,24 +309,10 @@ def test_minimax_only_options_end_the_command_with_the_reason(capsys, tmp_path):
 
 
 def test_telefuser_serve_runs_a_wan_job_and_stops_on_sigterm(tmp_path):
-    command = [sys.executable, "-m", "telefuser.cli", "serve", "--model", A14B, "--config", "tiny", "--device", "cpu",
-               "--port", "0", "--artifacts", str(tmp_path), "--steps-default", "2"]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    try:
-        url = wait_for(
-            lambda: next((m.group(1) for m in map(re.compile(r"serving on (http://\S+)").search, lines) if m), None),
-            60,
-            "the server to log its URL",
-        )
+    command = ["telefuser", "serve", "--model", A14B, "--config", "tiny", "--device", "cpu", "--port", "0",
+               "--artifacts", str(tmp_path), "--steps-default", "2"]  # fmt: skip
+    with ServerProcess(command) as server:
+        url = server.wait_url(60)
         with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
             assert http.get("/v1/models").json()["data"][0]["id"] == A14B
             job = http.post("/v1/videos", json={"prompt": "a kite", "model": A14B, "seconds": 0.2,
@@ -339,12 +321,8 @@ def test_telefuser_serve_runs_a_wan_job_and_stops_on_sigterm(tmp_path):
             done = poll(http, job["id"], timeout=60)
             assert done["status"] == "completed" and "audio" not in done and done["dit_calls"] == 2, done
             assert http.get(f"/v1/videos/{job['id']}/content").status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, "".join(lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert any("serve exited cleanly" in line for line in lines), "".join(lines)
+        assert server.stop(signal.SIGTERM, 30) == 0, server.log
+    assert "serve exited cleanly" in server.log, server.log
     assert not probe_media(tmp_path / f"{job['id']}.mp4").has_audio
 
 

@@ -4,42 +4,22 @@ a test can SIGKILL one the way a lost host ends it), started side by side and st
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from tools.harness.server_process import ServerProcess
 from tools.harness.service_servers import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-class Replica:
+class Replica(ServerProcess):
     def __init__(self, command: str, args: list[str], *, name: str, env: dict[str, str] | None = None):
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "telefuser.cli", command, "--port", str(self.port), "--log-level", "warning", *args],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})},
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
-        self._reader.start()
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
+        super().__init__(["telefuser", command, "--port", str(self.port), "--log-level", "warning", *args], env=env)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -53,19 +33,12 @@ class Replica:
                 raise AssertionError(f"replica {self.name} did not start:\n{self.log}")
             time.sleep(0.1)
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no shutdown path runs, as when a host is lost."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                super().stop(signal.SIGTERM, timeout_s=20)
+            except AssertionError:
+                pass  # killed after 20 s: stopping is best effort here, the tests read what the replicas did
 
 
 def start_replicas(command: str, common: list[str], names: list[str], **kw) -> list[Replica]:
