@@ -421,11 +421,21 @@ H200_SAGE = Plan(
         Step(
             "sage_gate",
             590,
-            module("tools.validation.sage_quality_gate --output {out}/sage_gate.json"),
-            "the quality gate: both models against cuDNN bf16 attention, random weights and peaky",
+            module("tools.validation.sage_quality_gate --models minimax lingbot --output {out}/sage_gate.json"),
+            "the quality gate: MiniMax H3 and LingBot against cuDNN bf16 attention, random weights and peaky",
+        ),
+        Step(
+            "sage_gate_wan",
+            420,
+            module("tools.validation.sage_quality_gate --models wan --output {out}/sage_gate_wan.json"),
+            "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch), random weights and peaky",
         ),
     ),
-    calls=("setup_wheels,sage_build,sage_info,sage_tests,sage_bench,lingbot_ab", "setup_wheels,sage_build,sage_gate"),
+    calls=(
+        "setup_wheels,sage_build,sage_info,sage_tests,sage_bench,lingbot_ab",
+        "setup_wheels,sage_build,sage_gate",
+        "setup_wheels,sage_build,sage_gate_wan",
+    ),
 )
 
 

@@ -2,6 +2,7 @@
 
     python -m tools.validation.sage_quality_gate --output sage_gate.json          # both models, official sizes
     python -m tools.validation.sage_quality_gate --models lingbot --session-frames 41
+    python -m tools.validation.sage_quality_gate --models wan --wan-frames 81
 
 Random weights (no checkpoint is used here): random-weight attention is flatter than a trained model's, which hides
 quantization error in the scores, so every model row also runs "peaky": the Q RMSNorm weights times --peak-gain
@@ -12,6 +13,8 @@ quantization error in the scores, so every model row also runs "peaky": the Q RM
 - ``lingbot chunk``: a LingBot-World v2 session of --chunks chunks at the official size (832×480, 3 latent frames a
   chunk, each forward committing), the same inputs through a ``sage_sm90`` session (window kept INT8/FP8) and an
   ``sdpa`` one: every chunk's prediction compared, the worst chunk reported (the last ones read a full window);
+- ``wan``: one Wan 2.2 T2V-A14B expert's denoising step at --resolution (the CFG batch of two, --wan-frames frames,
+  bf16 GEMMs, blocks as compiled regions) with ``sage_sm90`` against ``sdpa``;
 - ``lingbot session``: a whole `WorldSessionPipeline` session (tools/bench/lingbot_session_ab.py's helpers, its
   control trace and image) with ``sage_sm90`` against ``sdpa``: latents' relative L2 and cosine, frames' PSNR.
 
@@ -35,13 +38,14 @@ import torch.nn.functional as F
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", choices=["minimax", "lingbot"], default=["minimax", "lingbot"])
+    p.add_argument("--models", nargs="+", choices=["minimax", "lingbot", "wan"], default=["minimax", "lingbot", "wan"])
     p.add_argument("--min-cosine", type=float, default=0.99)
     p.add_argument("--min-psnr", type=float, default=None, help="also require the LingBot session's frames PSNR")
     p.add_argument("--peak-gain", type=float, default=4.0, help="Q RMSNorm weights times this in the peaky rows")
     p.add_argument("--chunks", type=int, default=8, help="LingBot chunks in the chunk comparison")
     p.add_argument("--session-frames", type=int, default=41, help="frames of the LingBot pipeline session (0: skip)")
-    p.add_argument("--resolution", default="832x480")
+    p.add_argument("--resolution", default="832x480", help="LingBot's and Wan's canvas, WxH")
+    p.add_argument("--wan-frames", type=int, default=81, help="frames of the Wan 2.2 step (4n + 1)")
     p.add_argument("--output", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -98,6 +102,45 @@ def minimax_rows(args) -> list[dict]:
             }
         )
     del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+# -- Wan 2.2 ------------------------------------------------------------------------------------------------------------
+def wan_rows(args) -> list[dict]:
+    from telefuser.models.registry import get_spec
+
+    spec = get_spec("wan2.2-t2v-a14b")
+    config = spec.config_of("official")
+    width, height = (int(x) for x in args.resolution.split("x"))
+    if (args.wan_frames - 1) % 4:
+        raise SystemExit(f"--wan-frames must be 4n + 1, got {args.wan_frames}")
+    grid = {"frames": (args.wan_frames - 1) // 4 + 1, "height": height // 8, "width": width // 8}
+    model = spec.build_random(
+        config, seed=0, device=torch.device("cuda"), dtype=torch.bfloat16, attn_impl="sdpa", init_on_device=True
+    ).eval()
+    example = spec.example_forward(model, seed=1, batch=2, text_rows=config.text_len, **grid)
+    rows = []
+    for variant in ("random weights", "peaky"):
+        norms = [block.self_attn.norm_q for block in model.blocks] if variant == "peaky" else []
+        with torch.inference_mode(), scaled_norms(norms, args.peak_gain):
+            outputs = {}
+            for impl in ("sdpa", "sage_sm90"):
+                model.attn_impl = impl
+                start = time.perf_counter()
+                out = example.run()[0]
+                torch.cuda.synchronize()
+                outputs[impl] = (out.float().cpu(), time.perf_counter() - start)
+        rows.append(
+            {
+                "model": f"Wan 2.2 T2V-A14B step ({args.resolution}, {args.wan_frames} frames, CFG batch, bf16 GEMMs)",
+                "variant": variant,
+                **compare(outputs["sage_sm90"][0], outputs["sdpa"][0]),
+                "seconds": {impl: s for impl, (_, s) in outputs.items()},  # the first call of each compiles
+            }
+        )
+    del model, example
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -201,6 +244,8 @@ def main(argv=None) -> int:
         rows += lingbot_chunk_rows(args)
         if args.session_frames:
             rows.append(lingbot_session_row(args))
+    if "wan" in args.models:
+        rows += wan_rows(args)
     failed = []
     print(
         "\n| model | variant | cosine vs cuDNN bf16 | relative L2 | frames PSNR | verdict |\n|---|---|---|---|---|---|"
