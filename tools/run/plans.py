@@ -723,6 +723,21 @@ WAN_STEP_PLAN = Plan(
             "load, text, denoise, decode and peak memory",
             skip_if=WAN_STEP_ABSENT,
         ),
+        *(
+            Step(
+                f"wan_a14b_{label}",
+                420,
+                command(
+                    f"{{py}} examples/wan2_2/run_t2v.py --config official --size {size} --steps 3 "
+                    f"--output {{out}}/wan_a14b_{label}/t2v.mp4"
+                ),
+                f"a Wan 2.2 T2V-A14B request at {size}, 81 frames, 3 steps (two high-noise, one low-noise: the "
+                "switch), default flags on this card: the memory plan's tier and estimate against the measured peak, "
+                "load, text, denoise, decode",
+                skip_if=WAN_STEP_ABSENT,
+            )
+            for label, size in (("480p", "832x480"), ("720p", "1280x720"))
+        ),
         COMPARE_COMMIT.step("lingbot_official"),
         COMPARE_COMMIT.step("minimax_official"),
     ),
