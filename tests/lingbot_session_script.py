@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config
+from telefuser.models.lingbot_world_v2.window_formats import FP8_KEY_WINDOW
 
 GRID_HW = (4, 6)  # latent h, w -> 2 x 3 = 6 tokens per frame
 CHUNKS = 10
@@ -65,9 +66,9 @@ def run_session(
                 )
             latents = torch.randn(1, config.in_dim, CHUNK_FRAMES, *grid_hw, generator=g).to(device)
             model.commit_chunk(session, latents, torch.zeros(1, device=device), modulation)
-        keys = [kv.k.clone() for kv in session.self_kv]
-        values = [kv.v.clone() for kv in session.self_kv]
-        amax = [a.clone() for a in session.value_amax] if session.fp8_keys else None
+        keys = [layer.k.clone() for layer in session.layers]
+        values = [layer.v.clone() for layer in session.layers]
+        amax = [layer.value_amax.clone() for layer in session.layers] if session.format is FP8_KEY_WINDOW else None
     finally:
         session.close()
     return SessionRecord(outputs, keys, values, amax, lengths, heads)

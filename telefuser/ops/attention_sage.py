@@ -27,15 +27,15 @@ The kernel's contract, as read from its launch code (the layouts we hand it are 
   multiplies by log2(e) itself).
 - The math: ``S = (q8 . k8) * q_scale * k_scale``; online softmax in base 2 per 128-key step with the running row max
   offset so that ``P = exp2(S * sm_scale * log2e - m)`` peaks at ``2^8.807 ~ 448``; P rounded to e4m3 for the P·V
-  MMA, the normalizer summing the unrounded fp32 P; O divided by it, then times the V scales (`emulate_kernel` is the
-  same math in plain torch, for the tests).
+  MMA, the normalizer summing the unrounded fp32 P; O divided by it, then times the V scales (the tests'
+  `tests/unit/sage_emulation.py` is the same math in plain torch).
 
 Our choices:
 
 - **K smoothing.** K minus its per-channel mean over the keys of the call (per batch entry and head): ``q . (k - m)``
   differs from ``q . k`` by ``q . m``, the same for every key of a query row, so softmax and O are unchanged, while the
   INT8 range no longer spends itself on a shared offset. Any vector works as long as ONE is subtracted from every key
-  a query sees (a LingBot window uses one per session; see `window_*` below).
+  a query sees (a LingBot window uses one per session: `models/lingbot_world_v2/window_formats.SageWindow`).
 - **Granularity.** ``per_thread`` by default: the kernel reads one Q scale per thread and one K scale per 128-key
   step in both modes, and our quantization is one compiled pass either way, so the finer scales (2 query rows, 32
   interleaved keys of a block, instead of 16 rows and 128 keys) cost nothing measurable in the kernel and shrink the
@@ -254,12 +254,18 @@ def _k_scales(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Te
 
 
 def _quantize_k(k: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
-    b, s, h, d = k.shape
     x = k.float()
     x = _pad_rows(x - x.mean(dim=1, keepdim=True), K_BLOCK)  # smoothed; padding rows stay 0
+    k8, scales = quantize_key_blocks(x, granularity)
+    return k8[:, : k.shape[1]], scales
+
+
+def quantize_key_blocks(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smoothed fp32 keys of whole 128-key blocks ``[B, L, H, D]`` -> (int8 keys of the same shape, the kernel's
+    scales ``[B, H, L // 128 * groups per block]``), each group scaled to its own max."""
+    b, length, h, d = x.shape
     broadcast, scales = _k_scales(x, granularity)
-    k8 = _int8(_grouped(x, granularity), broadcast)
-    return k8.reshape(b, -1, h, d)[:, :s], scales
+    return _int8(_grouped(x, granularity), broadcast).reshape(b, length, h, d), scales
 
 
 def _grouped(x: torch.Tensor, granularity: str) -> torch.Tensor:
@@ -288,14 +294,15 @@ def value_columns(rows: torch.Tensor) -> torch.Tensor:
     return rows - r + 4 * ((r % 8) // 2) + 2 * (r // 8) + r % 2
 
 
-def _cast_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def cast_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale in e4m3, saturating at +-448 (a value scale that was not an upper bound clips instead of NaN)."""
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 def _quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = _pad_rows(v.float(), K_BLOCK)
     scale = x.abs().amax(dim=1).clamp_min(_TINY) / FP8_MAX  # [b, h, d]
-    return value_layout(_cast_fp8(x, scale[:, None])).contiguous(), scale
+    return value_layout(cast_e4m3(x, scale[:, None])).contiguous(), scale
 
 
 @cuda_fused
@@ -482,119 +489,3 @@ def sage_sm90_attention(
     return sage_sm90_quantized(
         q8, q_scale, k8, k_scale, v8, v_scale, out_dtype=q.dtype, granularity=granularity, causal=causal
     )
-
-
-# -- the kernel's math in plain torch (tests, tools) ----------------------------------------------------------------
-def _expand_q_scales(q_scale: torch.Tensor, s_q: int, granularity: str) -> torch.Tensor:
-    """``[B, H, n]`` -> each query row's scale ``[B, S_q, H]``."""
-    r = torch.arange(s_q)
-    index = r // WARP_ROWS if granularity == "per_warp" else (r // WARP_ROWS) * 8 + r % 8
-    return q_scale[:, :, index.to(q_scale.device)].transpose(1, 2)
-
-
-def _expand_k_scales(k_scale: torch.Tensor, s_kv: int, granularity: str) -> torch.Tensor:
-    j = torch.arange(s_kv)
-    index = j // K_BLOCK if granularity == "per_warp" else (j // K_BLOCK) * 4 + (j % 8) // 2
-    return k_scale[:, :, index.to(k_scale.device)].transpose(1, 2)
-
-
-def _round_fp8(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8).float()
-
-
-def emulate_kernel(
-    q8, q_scale, k8, k_scale, v8, v_scale, *, granularity: str, out_dtype=torch.float32, causal: bool = False
-) -> torch.Tensor:
-    """What the kernel computes, in fp32 torch (CPU or GPU), from the same inputs: the scale layouts, the online
-    softmax over 128-key steps with the offset row max, P rounded to e4m3 for P·V and the normalizer from the
-    unrounded P, the V scales applied last. Returns ``[B, S_q, H_q, D]`` in `out_dtype`."""
-    b, s_q, h_q, d = q8.shape
-    s_kv, h_kv = k8.shape[1], k8.shape[2]
-    group = h_q // h_kv
-    qf = (q8.float() * _expand_q_scales(q_scale, s_q, granularity)[..., None]).transpose(1, 2)  # [b, h, s_q, d]
-    kf = (k8.float() * _expand_k_scales(k_scale, s_kv, granularity)[..., None]).transpose(1, 2)
-    vf = value_rows(v8.float())[:, :s_kv].transpose(1, 2)  # e4m3 values, unscaled
-    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
-    scale = (1.0 / math.sqrt(d)) * math.log2(math.e)
-    m = torch.full((b, h_q, s_q, 1), -5e6)
-    denom = torch.zeros((b, h_q, s_q, 1))
-    acc = torch.zeros((b, h_q, s_q, d))
-    rows = torch.arange(s_q)[:, None]
-    for start in range(0, s_kv, K_BLOCK):
-        s = (qf @ kf[:, :, start : start + K_BLOCK].transpose(-1, -2)) * scale
-        if causal:
-            cols = torch.arange(start, min(start + K_BLOCK, s_kv))[None, :]
-            s = s.masked_fill(cols > rows, -5e6)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True) - P_OFFSET_LOG2)
-        rescale = torch.exp2(m - m_new)
-        p = torch.exp2(s - m_new)
-        denom = denom * rescale + p.sum(-1, keepdim=True)
-        acc = acc * rescale + _round_fp8(p) @ vf[:, :, start : start + K_BLOCK]
-        m = m_new
-    v_scales = v_scale.repeat_interleave(group, 1)[:, :, None, :]  # [b, h_q, 1, d]
-    return (acc / denom * v_scales).transpose(1, 2).to(out_dtype)
-
-
-# -- a KV window whose keys and values are quantized when written (LingBot) -----------------------------------------
-# The kernel needs ONE smoothing vector for every key a query sees and ONE e4m3 scale per V channel for the whole
-# window, but its key scales are per 128-key block (per_warp) or per interleaved quarter of one (per_thread). A
-# window's rows arrive chunk by chunk into ring slots that do not align with the blocks, and a chunk's keys drift
-# from the first chunk's (RoPE turns a per-channel offset into one that moves with position). So a window takes from
-# its first chunk only the smoothing mean and V's scales (V with wide headroom: e4m3 is floating), keeps its keys in
-# bf16 as well, and on every write requantizes each block the write touched from those bf16 keys, with fresh scales:
-# a block's scale always fits the keys in it (nothing saturates however far they drift from the first chunk; a mean
-# that no longer fits costs only precision), and a block is quantized once from exact keys, never requantized from
-# its own INT8 values.
-WINDOW_VALUE_HEADROOM = 16.0  # e4m3 keeps 3 mantissa bits down to 2^-6 of its range: 16x costs nothing we read
-WINDOW_BLOCK_SLACK = 6  # touched blocks beyond new_rows / 128: each of a write's runs (at most 3) may add two
-
-
-def window_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """From a window's first chunk (``[B, n, H, D]``): (the keys' smoothing mean fp32 ``[B, H, D]``, the e4m3 value
-    scale fp32 ``[B, H, D]`` with its headroom)."""
-    mean = k.float().mean(dim=1)
-    v_scale = v.float().abs().amax(dim=1).clamp_min(_TINY) * (WINDOW_VALUE_HEADROOM / FP8_MAX)
-    return mean, v_scale
-
-
-def window_values(v: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
-    """A chunk's values ``[B, n, H, D]`` -> e4m3 ``[B, H, D, n]`` in row order (the write places each row at its
-    slot's kernel column, `value_columns`)."""
-    return _cast_fp8(v.float(), v_scale[:, None]).permute(0, 2, 3, 1)
-
-
-def touched_blocks(slots: torch.Tensor, spare_block: int) -> torch.Tensor:
-    """The 128-key blocks that the buffer rows `slots` (int64 ``[n]``, runs of consecutive rows) fall in, in order of
-    first appearance, padded with `spare_block` to a length that depends on n only (a CUDA graph replays it for any
-    plan): int64 ``[ceil(n / 128) + WINDOW_BLOCK_SLACK]``. Device work only, no host sync."""
-    block = torch.div(slots, K_BLOCK, rounding_mode="floor")
-    starts = torch.ones_like(block, dtype=torch.bool)
-    starts[1:] = block[1:] != block[:-1]
-    index = starts.cumsum(0) - 1  # rows of one block share its index; a block met again in a later run gets a new one
-    length = -(-slots.shape[0] // K_BLOCK) + WINDOW_BLOCK_SLACK
-    return torch.full((length,), spare_block, dtype=torch.int64, device=slots.device).scatter(0, index, block)
-
-
-def block_rows(blocks: torch.Tensor) -> torch.Tensor:
-    """Every buffer row of `blocks`, block by block: int64 ``[len(blocks) * 128]``."""
-    return (blocks[:, None] * K_BLOCK + torch.arange(K_BLOCK, device=blocks.device)).flatten()
-
-
-def block_groups(blocks: torch.Tensor, granularity: str) -> torch.Tensor:
-    """The kernel's key-scale index of every group in `blocks` (4 per block per_thread, 1 per_warp)."""
-    per_block = 4 if granularity == "per_thread" else 1
-    return (blocks[:, None] * per_block + torch.arange(per_block, device=blocks.device)).flatten()
-
-
-def window_key_blocks(keys: torch.Tensor, mean: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole blocks of a window's bf16 keys ``[B, T * 128, H, D]`` -> (int8 keys, smoothed by the window's `mean`,
-    same shape; their fresh scales fp32 ``[B, H, T * groups per block]``, block by block as `block_groups`)."""
-    b, length, h, d = keys.shape
-    x = keys.float() - mean[:, None]
-    broadcast, scales = _k_scales(x, granularity)
-    return _int8(_grouped(x, granularity), broadcast).reshape(b, length, h, d), scales
-
-
-def window_granularity(k_scale: torch.Tensor, k_rows: int) -> str:
-    """The granularity a window's key-scale buffer ``[B, H, groups]`` was laid out for, over `k_rows` buffer rows."""
-    return "per_thread" if k_scale.shape[-1] == 4 * (k_rows // K_BLOCK) else "per_warp"

@@ -48,7 +48,7 @@ def _generate(model, config, text):
     session = model.new_window(2, text, tokens_per_frame=TPF)
     outputs = [model.forward_chunk(session, x, t, cam, update_cache=commit) for x, t, cam, commit in _steps(config)]
     evicted = session.committed == session.capacity and session.frame_offset > config.local_attn_size
-    local_heads = session.self_kv[0].k.shape[2]
+    local_heads = session.layers[0].k.shape[2]
     session.close()
     return outputs, evicted, local_heads
 
@@ -99,7 +99,8 @@ MAX_RELATIVE_ERROR_FP8 = 1e-3
 def _emulated_fp8_attention(descale_factor: float = 1.0):
     from telefuser.ops.attention import attention
 
-    def fp8_attention_known_scales(q, k8, descale_k, v, amax_v):
+    def fp8_attention_known_scales(q, k8, descale_k, v, amax_v, *, kv_rows):
+        k8, v = k8[:, : int(kv_rows)], v[:, : int(kv_rows)]  # whole window buffers: their first kv_rows rows
         assert float(v.abs().max()) <= float(amax_v)
         return attention(q, (k8.float() * descale_k * descale_factor).to(q.dtype), v)
 
@@ -107,15 +108,16 @@ def _emulated_fp8_attention(descale_factor: float = 1.0):
 
 
 def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
-    from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.models.lingbot_world_v2 import window_formats
+    from telefuser.models.lingbot_world_v2.window_formats import FP8_KEY_WINDOW
     from telefuser.models.wan import attention as wan_attention_module
     from telefuser.ops.attention import attention
 
-    saved = attention_module.attention, attention_module.fp8_attention_known_scales, wan_attention_module.attention
+    saved = window_formats.attention, window_formats.fp8_attention_known_scales, wan_attention_module.attention
     # cross-attention runs plain SDPA (it is per-call FP8 in the model, not the window under test)
-    attention_module.attention = lambda q, k, v, impl: attention(q, k, v)
-    wan_attention_module.attention = attention_module.attention
-    attention_module.fp8_attention_known_scales = _emulated_fp8_attention()
+    window_formats.attention = lambda q, k, v, impl, kv_rows=None: attention(q, k, v, kv_rows=kv_rows)
+    wan_attention_module.attention = window_formats.attention
+    window_formats.fp8_attention_known_scales = _emulated_fp8_attention()
     try:  # the pool's processes outlive the test: the module is restored whatever happens
         mesh = build_mesh(ParallelConfig(ulysses_degree=ulysses))
         config = LingBotWorldV2Config.tiny()
@@ -127,13 +129,13 @@ def _fp8_key_parity(ctx, ulysses, descale_factor=1.0):
             copy.deepcopy(dense_model), mesh, communicator_factory=recording_communicator
         )
         session = model.new_window(2, text, tokens_per_frame=TPF)
-        fp8_keys = session.fp8_keys and session.self_kv[0].k.dtype == torch.float8_e4m3fn
+        fp8_keys = session.format is FP8_KEY_WINDOW and session.layers[0].k.dtype == torch.float8_e4m3fn
         session.close()
-        attention_module.fp8_attention_known_scales = _emulated_fp8_attention(descale_factor)
+        window_formats.fp8_attention_known_scales = _emulated_fp8_attention(descale_factor)
         parallel, _, _ = _generate(model, config, text)
         model.close()
     finally:
-        attention_module.attention, attention_module.fp8_attention_known_scales, wan_attention_module.attention = saved
+        window_formats.attention, window_formats.fp8_attention_known_scales, wan_attention_module.attention = saved
     errors = [((p - d).abs().max() / d.abs().max()).item() for d, p in zip(dense, parallel)]
     return max(errors), fp8_keys
 

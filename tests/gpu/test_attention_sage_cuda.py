@@ -22,9 +22,11 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
+from telefuser.models.lingbot_world_v2.window_formats import SAGE_WINDOW
 from telefuser.ops import attention_sage as sage
 from telefuser.ops.attention import attention, sdpa
 from telefuser.ops.attention_registry import available_names, get_backend
+from tests.unit.sage_emulation import emulate_kernel
 
 MIN_COSINE, MAX_REL_L2 = 0.998, 0.07
 B, S_Q, S_KV, H, D = 1, 520, 1500, 8, 128  # neither length a multiple of the kernel's blocks
@@ -82,7 +84,7 @@ def test_the_kernel_matches_its_cpu_emulation():
     q, k, v = _qkv(s_q=200, s_kv=300, h=2, offset=4.0)
     parts = sage.quantize(q, k, v, "per_thread")
     out = sage.sage_sm90_quantized(*parts, out_dtype=torch.bfloat16)
-    emulated = sage.emulate_kernel(*(t.cpu() for t in parts), granularity="per_thread")
+    emulated = emulate_kernel(*(t.cpu() for t in parts), granularity="per_thread")
     cos, rel = _metrics(out.cpu(), emulated)
     print(f"kernel vs emulation: cosine {cos:.7f}, rel L2 {rel:.3e}")
     assert rel <= 1e-2, rel  # bf16 output rounding and the kernel's fp22 accumulation only
@@ -149,38 +151,39 @@ def test_captured_in_a_cuda_graph_replays_bit_identical():
 def _drifting_window(drift: float):
     """Three chunks of 700 rows (not block-aligned) written into a sage window; keys share a per-channel offset and
     chunks after the first drift from it by one of their own (RoPE moves an offset with position)."""
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowSlots, write_window
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowSlots
 
-    buffers = WindowBuffers.allocate(
-        1, (1, 2100, H, D), [], None, device=torch.device("cuda"), dtype=torch.bfloat16, sage_window=True
-    )
-    layer = buffers.layer_states()[0]
+    buffers = SAGE_WINDOW.allocate(1, (1, 2100, H, D), [], device=torch.device("cuda"), dtype=torch.bfloat16)
+    layer = buffers.layers[0]
     shared = 4.0 * _rand(D, seed=3)
     keys, values = [], []
     for index, committed in enumerate((0, 700, 1400)):
         plan = WindowSlots(2100, 700, committed, 700, 0)
         _, k, v = _qkv(s_q=1, s_kv=700, seed=20 + index)
         k = k + shared + (drift * _rand(D, seed=40 + index) if index else 0)
-        write_window(layer, k, v, plan.slot_rows("cuda"), plan.kept == 0)
+        SAGE_WINDOW.write(layer, k, v, plan.slot_rows("cuda"), plan.kept == 0)
         keys.append(k)
         values.append(v)
     return layer, torch.cat(keys, 1), torch.cat(values, 1)
+
+
+def _window_attention(q, layer, rows: int):
+    """What a LingBot block attends through a sage window: the format's `attend` over its first `rows` rows."""
+    return SAGE_WINDOW.attend(q, layer, torch.tensor([rows]), "sage_sm90")
 
 
 @pytest.mark.parametrize("drift", [0.0, 2.0])
 def test_a_window_quantized_when_written_against_cudnn_bf16(drift):
     """The LingBot path: the chunk's queries quantized per call, the window's keys and values when written; against
     cuDNN bf16 over the same rows, within the per-call bounds. Negative control: the window's V scales doubled."""
-    from telefuser.models.lingbot_world_v2.attention import sage_window_attention
-
     layer, keys, values = _drifting_window(drift)
     q = _qkv(s_q=700, seed=30)[0] * 2
     for rows in (1400, 2100):
-        out = sage_window_attention(q, layer, torch.tensor([rows]))
+        out = _window_attention(q, layer, rows)
         cos, rel = _metrics(out, _cudnn_bf16(q, keys[:, :rows], values[:, :rows]))
         print(f"drift {drift}, window of {rows} rows: cosine {cos:.6f}, rel L2 {rel:.3e}")
         assert cos >= MIN_COSINE and rel <= MAX_REL_L2, (rows, cos, rel)
-    wrong = sage_window_attention(q, layer._replace(value_scale=layer.value_scale * 2), torch.tensor([2100]))
+    wrong = _window_attention(q, layer._replace(value_scale=layer.value_scale * 2), 2100)
     _, wrong_rel = _metrics(wrong, _cudnn_bf16(q, keys, values))
     print(f"negative control (V scales doubled): rel L2 {wrong_rel:.3e}")
     assert wrong_rel > 5 * MAX_REL_L2
@@ -192,12 +195,10 @@ def test_a_window_whose_chunks_drift_as_far_as_their_shared_offset_stays_near_pe
     Measured in the CPU emulation: window rel. L2 0.055, per call 0.049. Bound: within 1.25x of the per-call path
     (same kernel, every row quantized with the window's own statistics) and cosine >= 0.995; the first design, whose
     key scale was fixed by the first chunk, saturated here (cosine 0.77)."""
-    from telefuser.models.lingbot_world_v2.attention import sage_window_attention
-
     layer, keys, values = _drifting_window(4.0)
     q = _qkv(s_q=700, seed=30)[0] * 2
     reference = _cudnn_bf16(q, keys, values)
-    cos, rel = _metrics(sage_window_attention(q, layer, torch.tensor([2100])), reference)
+    cos, rel = _metrics(_window_attention(q, layer, 2100), reference)
     _, per_call_rel = _metrics(sage.sage_sm90_attention(q, keys, values), reference)
     print(f"window: cosine {cos:.6f}, rel L2 {rel:.3e}; per-call quantization: rel L2 {per_call_rel:.3e}")
     assert cos >= 0.995 and rel <= 1.25 * per_call_rel, (cos, rel, per_call_rel)

@@ -6,7 +6,7 @@ Needs a CUDA GPU; the FP8 cases also SM90+ and nvidia-cudnn-frontend (skipped wi
 * LingBot-World v2, bf16, FP8 (FP8 GEMMs + cuDNN FP8 attention over FP8 keys) and sage (bf16 GEMMs +
   ``sage_sm90`` over its quantized window; needs the SM90 build): the scripted session
   (tests/lingbot_session_script.py: every window length, the ring wrapping, read-only steps and commits) with its
-  blocks compiled, against the reference path (``TELEFUSER_FUSION=0``: eager chains, the session's own window).
+  blocks compiled, against the same regions run eagerly (``TELEFUSER_FUSION=0``: eager chains).
 * The budget of issue 24: a tiny LingBot 40 blocks deep (the official depth) makes at most 45 compiled calls per
   steady forward (41.3 measured on the H200: 40 regions and the calls outside them), bf16 and FP8, and a second whole
   session compiles nothing.
@@ -86,10 +86,11 @@ def test_lingbot_regions_match_the_reference_path(variant, fusion, monkeypatch):
     print(f"{variant}: compiled regions against the reference path: {error:.3e}")
     assert error <= BOUND[variant], error
 
-    from telefuser.models.lingbot_world_v2 import attention as attention_module
+    from telefuser.models.lingbot_world_v2.window_formats import format_for
 
-    write = attention_module.write_window
-    monkeypatch.setattr(attention_module, "write_window", lambda layer, k, v, *rest: write(layer, k, v * 8, *rest))
+    kind = type(format_for(model.attn_impl))  # the session's window format
+    write = kind.write
+    monkeypatch.setattr(kind, "write", lambda self, layer, k, v, *rest: write(self, layer, k, v * 8, *rest))
     wrong = _error(run_session(model, device="cuda", grid_hw=GRID_HW), reference)
     print(f"{variant}: negative control (the window's values written 8x too large): {wrong:.3e}")
     assert wrong > 5 * BOUND[variant], wrong

@@ -11,8 +11,9 @@ e4m3 rounding is the CPU test's subject) and values; and the session's outputs a
 control: a V bound 10x too low (a bound that is not one clips V) fails the per-call check. It cannot fail the
 session-level one: a small random model's outputs barely depend on its attention (that control moved them by 3%).
 
-These checks hook the reference path (the session's `window` and `fp8_scales` called per layer), so the module runs
-with fusion off; the compiled block regions are held to this path in tests/gpu/test_compiled_regions_cuda.py.
+These checks hook the FP8-key window's attention call (`window_formats.fp8_attention_known_scales`, once per layer), so
+the module runs with fusion off (the block regions run eagerly); the compiled regions are held to the eager ones in
+tests/gpu/test_compiled_regions_cuda.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 cudnn = pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend (import name cudnn) is not installed")
 
 from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
+from telefuser.models.lingbot_world_v2.window_formats import FP8_KEY_WINDOW
 from telefuser.ops.attention_fp8 import FP8, fp8_attention_available
 from telefuser.ops.fusion import fusion_enabled, set_fusion
 
@@ -54,13 +56,10 @@ def model():
     return build_random_lingbot_dit(config, seed=0, device="cuda", dtype=torch.bfloat16).eval()
 
 
-def _session(model, *, session_impl: str, call_impl: str, value_bound_factor: float = 1.0):
+def _session(model, *, session_impl: str, call_impl: str):
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(1)).cuda().bfloat16()
     model.attn_impl = session_impl
     session = model.new_window(1, text, tokens_per_frame=TPF)
-    if value_bound_factor != 1.0:
-        scales = session.fp8_scales
-        session.fp8_scales = lambda layer: (scales(layer)[0], scales(layer)[1] * value_bound_factor)
     model.attn_impl = call_impl
     outputs = []
     try:
@@ -82,20 +81,23 @@ def _metrics(a, b) -> tuple[float, float]:
     return F.cosine_similarity(a, b, dim=0).item(), ((a - b).norm() / b.norm()).item()
 
 
-def _checked_calls(monkeypatch):
-    """Record every window attention call's (cosine, relative L2) against bf16 SDPA on the same inputs."""
-    from telefuser.models.lingbot_world_v2 import attention as attention_module
+def _checked_calls(monkeypatch, value_bound_factor: float = 1.0):
+    """Record every window attention call's (cosine, relative L2) against bf16 SDPA on the same inputs; the kernel is
+    handed the window's running max |V| times `value_bound_factor`."""
+    from telefuser.models.lingbot_world_v2 import window_formats
     from telefuser.ops.attention import attention
+    from telefuser.ops.attention_fp8 import fp8_attention_known_scales as real
 
-    real, calls = attention_module.fp8_attention_known_scales, []
+    calls = []
 
-    def checked(q, k8, descale_k, v, amax_v):
-        out = real(q, k8, descale_k, v, amax_v)
-        keys = (k8.float() * descale_k).to(q.dtype)
-        calls.append(_metrics(out.flatten(), attention(q, keys, v).flatten()))
+    def checked(q, k8, descale_k, v, amax_v, *, kv_rows):
+        out = real(q, k8, descale_k, v, amax_v * value_bound_factor, kv_rows=kv_rows)
+        rows = int(kv_rows)  # whole window buffers: their first kv_rows rows are attended
+        keys = (k8[:, :rows].float() * descale_k).to(q.dtype)
+        calls.append(_metrics(out.flatten(), attention(q, keys, v[:, :rows]).flatten()))
         return out
 
-    monkeypatch.setattr(attention_module, "fp8_attention_known_scales", checked)
+    monkeypatch.setattr(window_formats, "fp8_attention_known_scales", checked)
     return calls
 
 
@@ -104,7 +106,7 @@ def test_fp8_key_window_matches_bf16_per_call_and_over_a_session(model, monkeypa
     _, per_call = _session(model, session_impl="sdpa", call_impl="cudnn_fp8")
     calls = _checked_calls(monkeypatch)
     session, fp8_window = _session(model, session_impl="cudnn_fp8", call_impl="cudnn_fp8")
-    assert session.fp8_keys and session.self_kv[0].k.dtype == FP8
+    assert session.format is FP8_KEY_WINDOW and session.layers[0].k.dtype == FP8
     assert len(calls) == 18 * model.config.num_layers  # 6 chunks x 3 full forwards (forward_chunk, not commit_chunk)
     worst_cos, worst_rel = min(c for c, _ in calls), max(r for _, r in calls)
     (cos_bf16, rel_bf16), (cos_call, rel_call) = _metrics(fp8_window, bf16), _metrics(fp8_window, per_call)
@@ -115,8 +117,8 @@ def test_fp8_key_window_matches_bf16_per_call_and_over_a_session(model, monkeypa
     assert worst_cos >= 0.995 and worst_rel <= MAX_REL_L2
     assert cos_bf16 >= MIN_COSINE and rel_bf16 <= MAX_REL_L2
     assert cos_call >= MIN_COSINE and rel_call <= MAX_REL_L2
-    calls.clear()
-    _session(model, session_impl="cudnn_fp8", call_impl="cudnn_fp8", value_bound_factor=0.1)
-    clipped_rel = max(r for _, r in calls)
+    clipped = _checked_calls(monkeypatch, value_bound_factor=0.1)
+    _session(model, session_impl="cudnn_fp8", call_impl="cudnn_fp8")
+    clipped_rel = max(r for _, r in clipped)
     print(f"negative control (V bound 10x too low): worst per-call relative L2 {clipped_rel:.4f}")
     assert clipped_rel > 3 * MAX_REL_L2

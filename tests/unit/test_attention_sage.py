@@ -4,8 +4,9 @@
   missing (the build command, SM90, the per-thread stream build).
 * The build check: nvcc-built shared objects with and without ``--default-stream per-thread`` (skipped without nvcc).
 * The layouts, exactly: V's transposed, permuted columns; which rows and keys share each Q/K scale.
-* The math: our quantization through a plain-torch emulation of the kernel (`emulate_kernel`) against fp32 SDPA within
-  a stated bound, with negative controls (a wrong scale layout, a wrong V order, per-chunk smoothing means).
+* The math: our quantization through a plain-torch emulation of the kernel (`sage_emulation.emulate_kernel`) against
+  fp32 SDPA within a stated bound, with negative controls (a wrong scale layout, a wrong V order, per-chunk smoothing
+  means).
 * A LingBot window kept in the kernel's layout: rows written once read back bit-identical, the session's numbers
   fixed at its first write, and a tiny session with the kernel emulated against the same session in fp32.
 The kernel itself is tested on the H200 (tests/gpu/test_attention_sage_cuda.py).
@@ -26,10 +27,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from telefuser.models.lingbot_world_v2 import window_formats as formats
 from telefuser.ops import attention_sage as sage
 from telefuser.ops.attention import attention
 from telefuser.ops.attention_registry import available_names, backend_names, check_backend
 from tests.lingbot_session_script import GRID_HW, session_under_impl
+from tests.unit import sage_emulation as emulation
 
 
 def _qkv(b=1, s_q=200, s_kv=300, h=2, d=64, *, offset=0.0, q_gain=1.0, seed=0):
@@ -206,7 +209,7 @@ def test_each_scale_covers_the_rows_and_keys_the_kernel_pairs_with_it(granularit
         expected = (k.float()[0, group, 0] - mean[0, 0, 0]).abs().max().item() / 127
         assert k_scale[0, 0, index].item() == pytest.approx(expected, rel=1e-6)
     # and the int8 values dequantize to the inputs within half a step of their own group's scale
-    qs = sage._expand_q_scales(q_scale, s_q, granularity)[..., None]
+    qs = emulation.expand_q_scales(q_scale, s_q, granularity)[..., None]
     assert ((q8.float() * qs - q.float()).abs() <= qs / 2 + 1e-6).all()
     assert q8.abs().max().item() == 127
 
@@ -223,7 +226,7 @@ CASES = {"random": {}, "key-offset": {"offset": 8.0}, "sharp": {"offset": 8.0, "
 def _emulated(q, k, v, granularity, **overrides):
     q8, q_scale, k8, k_scale, v8, v_scale = sage.quantize(q, k, v, granularity)
     parts = {"q8": q8, "q_scale": q_scale, "k8": k8, "k_scale": k_scale, "v8": v8, "v_scale": v_scale, **overrides}
-    return sage.emulate_kernel(**parts, granularity=granularity)
+    return emulation.emulate_kernel(**parts, granularity=granularity)
 
 
 @pytest.mark.numerics
@@ -268,7 +271,7 @@ def test_negative_controls_land_far_above_the_bound():
     )
     halves = [sage._quantize_k(part, "per_warp") for part in (drift[:, :128], drift[:, 128:])]
     q8w, q_scale_w, _, _, v8w, v_scale_w = sage.quantize(q, drift, v[:, :256], "per_warp")
-    per_chunk = sage.emulate_kernel(
+    per_chunk = emulation.emulate_kernel(
         q8w, q_scale_w, torch.cat([h[0] for h in halves], 1), torch.cat([h[1] for h in halves], 2).contiguous(),
         v8w, v_scale_w, granularity="per_warp",
     )  # fmt: skip
@@ -284,10 +287,8 @@ def test_negative_controls_land_far_above_the_bound():
 
 # -- a LingBot window in the kernel's layout -----------------------------------------------------------------------------
 def _sage_buffers(b=1, capacity=300, h=2, d=64, layers=2):
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers
-
-    return WindowBuffers.allocate(
-        layers, (b, capacity, h, d), [], None, device=torch.device("cpu"), dtype=torch.bfloat16, sage_window=True
+    return formats.SAGE_WINDOW.allocate(
+        layers, (b, capacity, h, d), [], device=torch.device("cpu"), dtype=torch.bfloat16
     )
 
 
@@ -318,9 +319,9 @@ def test_touched_blocks_name_each_block_of_a_write_in_order(frame_rows, frames, 
     spare = -(-capacity // sage.K_BLOCK)
     for plan in _session_plans(capacity, sink * frame_rows, frame_rows, chunks):
         slots = plan.slot_rows("cpu")
-        blocks = sage.touched_blocks(slots, spare)
+        blocks = formats.touched_blocks(slots, spare)
         expected = torch.unique_consecutive(slots // sage.K_BLOCK)
-        assert blocks.shape == (-(-plan.new_rows // sage.K_BLOCK) + sage.WINDOW_BLOCK_SLACK,)
+        assert blocks.shape == (-(-plan.new_rows // sage.K_BLOCK) + formats.WINDOW_BLOCK_SLACK,)
         assert torch.equal(blocks[: len(expected)], expected)
         assert (blocks[len(expected) :] == spare).all()
 
@@ -334,14 +335,12 @@ def _drifting_chunk(g, rows, h=2, d=64, *, shared, drift):
 
 @pytest.mark.parametrize("granularity", ["per_thread", "per_warp"])
 def test_window_keeps_its_rows_exactly_and_every_block_quantized_from_them(granularity, monkeypatch):
-    from telefuser.models.lingbot_world_v2.kv_cache import write_window
-
     monkeypatch.setenv("TELEFUSER_SAGE_GRANULARITY", granularity)
     buffers = _sage_buffers()
-    layer = buffers.layer_states()[0]
+    layer = buffers.layers[0]
     assert layer.k.dtype == torch.int8 and layer.v.dtype == sage.FP8 and layer.v.shape == (1, 2, 64, 384)
     assert layer.k.shape[1] == layer.key_rows.shape[1] == 384 + sage.K_BLOCK  # and a spare block
-    assert sage.window_granularity(layer.key_int8_scales, layer.k.shape[1]) == granularity
+    assert formats.window_granularity(layer.key_int8_scales, layer.k.shape[1]) == granularity
     g = torch.Generator().manual_seed(5)
     shared = 3 * torch.randn(64, generator=g)
     written = {}
@@ -349,12 +348,12 @@ def test_window_keeps_its_rows_exactly_and_every_block_quantized_from_them(granu
     for index, plan in enumerate(_session_plans(300, 40, 70, [1] * 7)):
         slots = plan.slot_rows("cpu")
         k, v = _drifting_chunk(g, 70, shared=shared, drift=4.0 * index)
-        write_window(layer, k, v, slots, plan.kept == 0)
+        formats.SAGE_WINDOW.write(layer, k, v, slots, plan.kept == 0)
         if index == 0:
             first = layer.key_mean.clone(), layer.value_scale.clone()
             assert torch.equal(first[0], k.float().mean(dim=1))  # the first chunk's numbers
         for i, row in enumerate(slots.tolist()):
-            written[row] = (k[:, i], sage.window_values(v, first[1])[..., i])
+            written[row] = (k[:, i], formats.window_values(v, first[1])[..., i])
     # the session's numbers stay those of the first write
     assert torch.equal(layer.key_mean, first[0]) and torch.equal(layer.value_scale, first[1])
     # data movement, exactly: bf16 keys by row, e4m3 values by the kernel's column
@@ -363,44 +362,47 @@ def test_window_keeps_its_rows_exactly_and_every_block_quantized_from_them(granu
         assert torch.equal(layer.key_rows[:, row], k_row)
         assert torch.equal(values[:, row].view(torch.uint8), v8_row.view(torch.uint8))
     # every block is what quantizing its rows now gives (no block kept scales its rows outgrew), bit for bit
-    k8, scales = sage.window_key_blocks(layer.key_rows[:, :384], layer.key_mean, granularity)
+    k8, scales = formats.window_key_blocks(layer.key_rows[:, :384], layer.key_mean, granularity)
     groups = scales.shape[-1]
     assert torch.equal(layer.k[:, :384], k8) and torch.equal(layer.key_int8_scales[..., :groups], scales)
     # so nothing saturates: every key dequantizes to within half a step of its group's scale, though the last
     # chunk's keys sit 24 standard deviations from the first chunk's mean
     rows = torch.tensor(sorted(written))
-    step = sage._expand_k_scales(layer.key_int8_scales, 384, granularity)[:, rows, :, None]
+    step = emulation.expand_k_scales(layer.key_int8_scales, 384, granularity)[:, rows, :, None]
     dequantized = layer.k[:, rows].float() * step + layer.key_mean[:, None]
     assert ((dequantized - layer.key_rows[:, rows].float()).abs() <= step / 2 + 1e-5).all()
     # the other layer was never written
-    other = buffers.layer_states()[1]
+    other = buffers.layers[1]
     assert not other.key_mean.any() and not other.k.any() and not other.v.view(torch.uint8).any()
-    buffers.load([], None, True)  # a new session in these buffers starts from scratch
+    formats.SAGE_WINDOW.load(buffers, [])  # a new session in these buffers starts from scratch
     assert not layer.k.any() and not layer.key_rows.any() and (layer.value_scale == 1).all()
     assert torch.equal(layer.key_mean, torch.zeros(1, 2, 64))
 
 
 def test_pooled_buffers_refuse_a_session_of_another_kind():
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowError
+    from telefuser.models.lingbot_world_v2.kv_cache import KVWindow, WindowError
 
-    buffers = _sage_buffers()
-    with pytest.raises(WindowError, match="sage_sm90 window"):
-        buffers.load([], None, False)
+    buffers = _sage_buffers(capacity=300, h=2, d=64)
+    shape = dict(
+        batch=1, num_layers=2, tokens_per_frame=100, local_attn_size=3, sink_size=1, local_heads=2, head_dim=64
+    )
+    with pytest.raises(WindowError, match="in the 'sage_sm90' format, not 2 of .* in 'plain'"):
+        KVWindow(
+            **shape, ulysses_degree=1, cross_kv=[], device=torch.device("cpu"), dtype=torch.bfloat16, buffers=buffers
+        )
 
 
 @pytest.mark.numerics
 def test_window_attention_matches_fp32_with_keys_drifting_between_chunks():
     """Three chunks whose keys share an offset and drift by one of their own: within the kernel-level bound; the
     first design (one INT8 key scale per head fixed by the first chunk, 1.25x headroom) lands far above it."""
-    from telefuser.models.lingbot_world_v2.kv_cache import write_window
-
-    layer = _sage_buffers(capacity=300).layer_states()[0]
+    layer = _sage_buffers(capacity=300).layers[0]
     g = torch.Generator().manual_seed(7)
     shared = 6 * torch.randn(64, generator=g)
     ks, vs = [], []
     for index, plan in enumerate(_session_plans(300, 100, 100, [1, 1, 1])):
         k, v = _drifting_chunk(g, 100, shared=shared, drift=0.0 if index == 0 else 2.0)
-        write_window(layer, k, v, plan.slot_rows("cpu"), plan.kept == 0)
+        formats.SAGE_WINDOW.write(layer, k, v, plan.slot_rows("cpu"), plan.kept == 0)
         ks.append(k)
         vs.append(v)
     q = (3 * torch.randn(1, 90, 2, 64, generator=g)).bfloat16()
@@ -415,7 +417,7 @@ def test_window_attention_matches_fp32_with_keys_drifting_between_chunks():
     head_scale = (first - mean[:, None]).abs().amax(dim=(1, 3)) * (1.25 / 127)  # [B, H]
     k8 = sage._int8(torch.cat(ks, 1).float() - mean[:, None], head_scale[:, None, :, None])
     k_scales = head_scale[:, :, None].expand(1, 2, layer.key_int8_scales.shape[-1]).contiguous()
-    old = sage.emulate_kernel(
+    old = emulation.emulate_kernel(
         *sage.quantize_queries(q, "per_thread"), k8, k_scales[..., :12].contiguous(), layer.v, layer.value_scale,
         granularity="per_thread",
     )  # fmt: skip
@@ -425,8 +427,9 @@ def test_window_attention_matches_fp32_with_keys_drifting_between_chunks():
 
 
 def _window_emulated(q, layer, kv_rows: int):
-    """What the kernel op computes for a window (kv_cache.py): Q quantized per call, the window's keys and values."""
-    granularity = sage.window_granularity(layer.key_int8_scales, layer.k.shape[1])
+    """What the kernel op computes for a window (`SageWindow.attend`): Q quantized per call, the window's keys and
+    values."""
+    granularity = formats.window_granularity(layer.key_int8_scales, layer.k.shape[1])
     q8, q_scale = sage.quantize_queries(q, granularity)
     return _emulated_window_kernel(
         q8, q_scale, layer.k, layer.key_int8_scales, layer.v, layer.value_scale, out_dtype=torch.float32,
@@ -442,25 +445,26 @@ def _emulated_window_kernel(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype,
     rows = int(kv_rows)
     groups = math.ceil(rows / sage.K_BLOCK) * (4 if granularity == "per_thread" else 1)
     k_scale = k_scale[..., :groups].contiguous()
-    return sage.emulate_kernel(q8, q_scale, k8[:, :rows], k_scale, v8, v_scale, granularity=granularity).to(out_dtype)
+    return emulation.emulate_kernel(q8, q_scale, k8[:, :rows], k_scale, v8, v_scale, granularity=granularity).to(
+        out_dtype
+    )
 
 
 @pytest.mark.numerics
 def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, WindowError, build_random_lingbot_dit
-    from telefuser.models.lingbot_world_v2 import attention as attention_module
     from telefuser.models.wan import attention as wan_attention_module
 
     monkeypatch.delenv("TELEFUSER_SAGE_WINDOW", raising=False)  # the quantized window is the default
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
     reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention runs plain SDPA here: the window (written and attended through the kernel's layout) is under test
-    monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
+    monkeypatch.setattr(formats, "attention", lambda q, k, v, impl, kv_rows: attention(q, k, v, kv_rows=kv_rows))
     monkeypatch.setattr(wan_attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))  # cross-attention
-    monkeypatch.setattr(attention_module, "sage_sm90_quantized", _emulated_window_kernel)
+    monkeypatch.setattr(formats, "sage_sm90_quantized", _emulated_window_kernel)
     session, ours = session_under_impl(model, "sage_sm90")
-    assert session.sage_window and not reference_session.sage_window
-    assert session.layer_state(0).k.dtype == torch.int8
+    assert session.format is formats.SAGE_WINDOW and reference_session.format is formats.PLAIN_WINDOW
+    assert session.layers[0].k.dtype == torch.int8
     # attention's error (the kernel-level bound) is diluted by the residual stream on its way to the flow
     # prediction: half the kernel-level bound for the whole model
     error = max(_rel_l2(o.float(), r.float()) for o, r in zip(ours, reference, strict=True))
@@ -473,7 +477,7 @@ def test_a_session_with_a_sage_window_matches_fp32(monkeypatch):
         args[5] = args[5] * 2
         return _emulated_window_kernel(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "sage_sm90_quantized", doubled)
+    monkeypatch.setattr(formats, "sage_sm90_quantized", doubled)
     _, wrong = session_under_impl(model, "sage_sm90")
     wrong_error = max(_rel_l2(o.float(), r.float()) for o, r in zip(wrong, reference, strict=True))
     print(f"negative control: {wrong_error:.3e}")
@@ -493,21 +497,20 @@ def test_a_sage_session_keeps_a_bf16_window_quantized_per_call_when_asked(monkey
     """``TELEFUSER_SAGE_WINDOW=0``: a ``sage_sm90`` session keeps a bf16 window and every call goes through the
     generic ``attention(..., impl="sage_sm90")`` (which quantizes Q, K and V itself); any other value is refused."""
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
-    from telefuser.models.lingbot_world_v2 import attention as attention_module
     from telefuser.models.wan import attention as wan_attention_module
 
     monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "0")
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0).to(torch.bfloat16)
     impls = []
 
-    def recorded(q, k, v, impl, **kwargs):
+    def recorded(q, k, v, impl, kv_rows=None):
         impls.append(impl)
-        return attention(q, k, v)
+        return attention(q, k, v, kv_rows=kv_rows)
 
-    monkeypatch.setattr(attention_module, "attention", recorded)
+    monkeypatch.setattr(formats, "attention", recorded)
     monkeypatch.setattr(wan_attention_module, "attention", recorded)  # cross-attention
     session, outputs = session_under_impl(model, "sage_sm90")
-    assert not session.sage_window and session.layer_state(0).k.dtype == torch.bfloat16
+    assert session.format is formats.PLAIN_WINDOW and session.layers[0].k.dtype == torch.bfloat16
     assert "sage_sm90" in impls and all(torch.isfinite(o).all() for o in outputs)
     monkeypatch.setenv("TELEFUSER_SAGE_WINDOW", "yes")
     with pytest.raises(ValueError, match="TELEFUSER_SAGE_WINDOW must be 0 or 1, got 'yes'"):

@@ -164,10 +164,10 @@ def test_compiled_block_keeps_the_v_first_order_and_passes_its_input_in_place(li
     plan = window.plan(2)
     cos, sin = chunk_rope(0, 2, 2, 3, head_dim)
     slots, rows = plan.slot_rows("cpu"), window_rows(plan)
-    chunk = ChunkInputs(cos, sin, slots, rows, 12, exchange_key(stub), "sdpa", plan.kept == 0)
+    chunk = ChunkInputs(cos, sin, slots, rows, 12, exchange_key(stub), "sdpa", window.format, plan.kept == 0)
     x, t_mod = torch.randn(1, 6, config.dim), torch.randn(1, 6, config.dim)
     with torch.no_grad(), compile_regions_on("cpu"):
-        _, (code,) = run_and_get_code(block_region, lingbot.blocks[0], x, t_mod, None, window.layer_state(0), chunk)
+        _, (code,) = run_and_get_code(block_region, lingbot.blocks[0], x, t_mod, None, window.layers[0], chunk)
     lines = [line.strip() for line in code.splitlines()]
     calls = [  # in launch order: the projections and the exchange's ops (calls, not the kernels' definitions)
         line.split(" = ", 1)[-1]

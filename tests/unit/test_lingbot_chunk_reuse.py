@@ -35,7 +35,7 @@ def _session(model):
 
 
 def _window(session):
-    return [t[:, : session.committed].clone() for kv in session.self_kv for t in (kv.k, kv.v)]
+    return [t[:, : session.committed].clone() for kv in session.layers for t in (kv.k, kv.v)]
 
 
 def test_a_precomputed_camera_modulation_gives_the_same_prediction(model):

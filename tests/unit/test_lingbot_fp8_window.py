@@ -1,8 +1,8 @@
 """LingBot-World v2 sessions that keep their keys in FP8 (for ``cudnn_fp8`` attention), on the CPU.
 
 * The static key scale: a bound no key can exceed after the RMSNorm and RoPE (property test), and a tight one.
-* Data movement, exact: each chunk's keys are cast once, with the layer's scale, into the slots the plan names; V is
-  copied as it is; the running max |V| is the max over every row given.
+* Data movement, exact: the FP8-key format casts each chunk's keys once, with the layer's scale, into the slots the
+  plan names; V is copied as it is; the running max |V| is the max over every row given.
 * The wiring inside the model, with the cuDNN kernel emulated (the window's e4m3 keys dequantized, then SDPA): a tiny
   session against the same session in fp32, within e4m3 rounding of K, with a negative control. The kernel itself is
   tested against bf16 on the GPU (tests/gpu/test_lingbot_fp8_window_cuda.py).
@@ -18,9 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, WindowError, build_random_lingbot_dit
-from telefuser.models.lingbot_world_v2 import attention as attention_module
+from telefuser.models.lingbot_world_v2 import window_formats
+from telefuser.models.lingbot_world_v2.window_formats import (
+    FP8_KEY_WINDOW,
+    KEY_BOUND_MARGIN,
+    PLAIN_WINDOW,
+    Fp8KeyLayer,
+    key_scale,
+)
 from telefuser.models.wan import attention as wan_attention_module
-from telefuser.models.lingbot_world_v2.attention import KEY_BOUND_MARGIN, key_scale
 from telefuser.models.wan.norms import RMSNorm
 from telefuser.models.wan.rope import apply_rope, chunk_rope
 from telefuser.ops.attention import attention
@@ -83,7 +89,7 @@ def test_the_bound_is_reached_by_a_one_hot_row():
 HEADS, HEAD_DIM, BATCH, LAYERS, TPF = 2, 8, 2, 2, 3
 
 
-def _fp8_window(scales) -> KVWindow:
+def _fp8_window(scales, window_format=FP8_KEY_WINDOW) -> KVWindow:
     return KVWindow(
         batch=BATCH,
         num_layers=LAYERS,
@@ -96,6 +102,7 @@ def _fp8_window(scales) -> KVWindow:
         cross_kv=[],
         device=torch.device("cpu"),
         dtype=torch.bfloat16,
+        window_format=window_format,
         key_scales=scales,
     )
 
@@ -103,7 +110,8 @@ def _fp8_window(scales) -> KVWindow:
 def test_keys_are_cast_once_into_their_slots_and_v_range_covers_every_row():
     scales = [torch.tensor([3.0]), torch.tensor([0.25])]
     session = _fp8_window(scales)
-    assert session.fp8_keys and session.self_kv[0].k.dtype == FP8 and session.self_kv[0].v.dtype == torch.bfloat16
+    layers = session.layers
+    assert session.format is FP8_KEY_WINDOW and layers[0].k.dtype == FP8 and layers[0].v.dtype == torch.bfloat16
     g = torch.Generator().manual_seed(0)
     seen_max = [0.0] * LAYERS
     for index, frames in enumerate([1, 2, 3, 2, 1, 3, 2]):
@@ -113,10 +121,10 @@ def test_keys_are_cast_once_into_their_slots_and_v_range_covers_every_row():
                 shape = (BATCH, plan.new_rows, HEADS, HEAD_DIM)
                 k = (torch.randn(shape, generator=g) * (index + 1)).bfloat16()
                 v = (torch.randn(shape, generator=g) * (7 - index)).bfloat16()
-                keys, values = session.window(layer, k, v, plan, commit=commit)
-                assert keys.dtype == FP8 and keys.shape[1] == plan.total
+                cache = layers[layer]
+                FP8_KEY_WINDOW.write(cache, k, v, plan.slot_rows("cpu"), plan.kept == 0)
+                session.note_written(plan, commit=commit)
                 expected = cast_fp8.reference(k, scales[layer])
-                cache = session.self_kv[layer]
                 for row, first, rows in plan.slots:  # exact: the cast chunk rows, in the plan's slots
                     assert torch.equal(
                         cache.k[:, row : row + rows].view(torch.uint8),
@@ -124,30 +132,33 @@ def test_keys_are_cast_once_into_their_slots_and_v_range_covers_every_row():
                     )
                     assert torch.equal(cache.v[:, row : row + rows], v[:, first : first + rows])
                 seen_max[layer] = max(seen_max[layer], float(v.float().abs().max()))
-                descale, amax = session.fp8_scales(layer)
-                assert float(amax) == seen_max[layer]  # exact: a max of bf16 values
-                assert torch.equal(descale, scales[layer].reciprocal())
+                assert float(cache.value_amax) == seen_max[layer]  # exact: a max of bf16 values
+                assert torch.equal(cache.key_descale, scales[layer].reciprocal())
             if commit:
                 session.advance(plan, frames)
     # every V row the window now holds lies within the running bound
-    for layer in range(LAYERS):
-        assert float(session.self_kv[layer].v.float().abs().max()) <= float(session.fp8_scales(layer)[1])
+    for layer in layers:
+        assert float(layer.v.float().abs().max()) <= float(layer.value_amax)
 
 
 def test_a_bf16_session_has_no_fp8_scales_and_a_scale_per_layer_is_required():
     with pytest.raises(WindowError, match="2 layers"):
         _fp8_window([torch.tensor([1.0])])
-    plain = _fp8_window(None)
-    assert not plain.fp8_keys and plain.self_kv[0].k.dtype == torch.bfloat16
-    with pytest.raises(WindowError, match="not in FP8"):
-        plain.fp8_scales(0)
+    with pytest.raises(WindowError, match="Fp8KeyWindow.. needs key scales"):
+        _fp8_window(None)
+    with pytest.raises(WindowError, match="PlainWindow.. takes no key scales"):
+        _fp8_window([torch.tensor([1.0])] * LAYERS, PLAIN_WINDOW)
+    plain = _fp8_window(None, PLAIN_WINDOW)
+    assert plain.layers[0].k.dtype == torch.bfloat16
+    assert not isinstance(plain.layers[0], Fp8KeyLayer) and not hasattr(plain.layers[0], "key_descale")
 
 
 # -- inside the model, the kernel emulated ----------------------------------------------------------------------------
 
 
 def _emulated_kernel(descale_factor: float = 1.0):
-    def fp8_attention_known_scales(q, k8, descale_k, v, amax_v):
+    def fp8_attention_known_scales(q, k8, descale_k, v, amax_v, *, kv_rows):
+        k8, v = k8[:, : int(kv_rows)], v[:, : int(kv_rows)]  # whole window buffers: their first kv_rows rows
         assert k8.dtype == FP8 and float(v.float().abs().max()) <= float(amax_v)
         keys = (k8.float() * descale_k * descale_factor).to(q.dtype)
         return attention(q, keys, v)
@@ -167,15 +178,15 @@ def test_a_session_with_fp8_keys_matches_fp32_within_key_rounding(monkeypatch):
     model = build_random_lingbot_dit(LingBotWorldV2Config.tiny(), seed=0)
     reference_session, reference = session_under_impl(model, "sdpa")
     # cross-attention (per-call FP8 in the model) runs plain SDPA here: only the window's keys are under test
-    monkeypatch.setattr(attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))
+    monkeypatch.setattr(window_formats, "attention", lambda q, k, v, impl, kv_rows: attention(q, k, v, kv_rows=kv_rows))
     monkeypatch.setattr(wan_attention_module, "attention", lambda q, k, v, impl: attention(q, k, v))  # cross-attention
-    monkeypatch.setattr(attention_module, "fp8_attention_known_scales", _emulated_kernel())
+    monkeypatch.setattr(window_formats, "fp8_attention_known_scales", _emulated_kernel())
     session, ours = session_under_impl(model, "cudnn_fp8")
-    assert session.fp8_keys and not reference_session.fp8_keys
+    assert session.format is FP8_KEY_WINDOW and reference_session.format is PLAIN_WINDOW
     error = max(relative_error(o, r) for o, r in zip(ours, reference, strict=True))
     print(f"fp8 keys against fp32: max relative error {error:.3e}")
     assert 0 < error <= BOUND, error
-    monkeypatch.setattr(attention_module, "fp8_attention_known_scales", _emulated_kernel(descale_factor=2.0))
+    monkeypatch.setattr(window_formats, "fp8_attention_known_scales", _emulated_kernel(descale_factor=2.0))
     _, wrong = session_under_impl(model, "cudnn_fp8")
     wrong_error = max(relative_error(o, r) for o, r in zip(wrong, reference, strict=True))
     print(f"negative control: {wrong_error:.3e}")
@@ -188,7 +199,7 @@ def test_a_session_with_fp8_keys_refuses_another_attention():
     model.attn_impl = "cudnn_fp8"
     session = model.new_window(1, text, tokens_per_frame=TOKENS_PER_FRAME)
     model.attn_impl = "sdpa"
-    assert session.fp8_keys
+    assert session.format is FP8_KEY_WINDOW
     latents = torch.randn(1, model.config.in_dim, 1, *GRID_HW)
     with pytest.raises(
         WindowError,

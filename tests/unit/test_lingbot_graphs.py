@@ -52,17 +52,17 @@ def test_pooled_buffers_outlive_sessions_and_a_reset_forgets_the_graphs():
     graphs = model.graphs = EmulatedGraphs()
     text = torch.randn(1, 5, model.config.text_dim, generator=torch.Generator().manual_seed(2))
     first = model.new_window(1, text, tokens_per_frame=6)
-    buffers = [kv.k.data_ptr() for kv in first.self_kv]
+    buffers = [kv.k.data_ptr() for kv in first.layers]
     second = model.new_window(1, text, tokens_per_frame=6)  # both open: a second set
-    assert graphs.entries == 2 and [kv.k.data_ptr() for kv in second.self_kv] != buffers
+    assert graphs.entries == 2 and [kv.k.data_ptr() for kv in second.layers] != buffers
     first.close()
     third = model.new_window(1, text * 2, tokens_per_frame=6)  # the first one's buffers, its prompt copied in
-    assert [kv.k.data_ptr() for kv in third.self_kv] == buffers and graphs.entries == 2
+    assert [kv.k.data_ptr() for kv in third.layers] == buffers and graphs.entries == 2
     expected = model.blocks[0].cross_attn.text_kv(
         model.text_embedding(torch.nn.functional.pad(text * 2, (0, 0, 0, model.config.text_len - 5)))
     )
-    assert torch.equal(third.cross_kv[0][0], expected[0]) and torch.equal(third.cross_kv[0][1], expected[1])
-    assert all(not kv.k.any() and not kv.v.any() for kv in third.self_kv)  # a fresh window
+    assert torch.equal(third.layers[0].cross_k, expected[0]) and torch.equal(third.layers[0].cross_v, expected[1])
+    assert all(not kv.k.any() and not kv.v.any() for kv in third.layers)  # a fresh window
     other_shape = model.new_window(1, text, tokens_per_frame=12)
     assert graphs.entries == 3
     for session in (second, third, other_shape):

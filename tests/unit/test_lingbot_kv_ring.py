@@ -1,8 +1,9 @@
 """LingBot-World v2's KV window as a ring: sink rows, then the other rows in ring order, so a chunk copies only its
 own rows and attends to a prefix of the buffer.
 
-* Data movement, exact: every step's (K, V) row pairs, and the committed window after every commit, are the rows of
-  the former time-ordered window (sink + newest + the chunk), compared as sets by a row id written into element 0.
+* Data movement, exact: every step's (K, V) row pairs (written by the window's format into the slots its plan names,
+  and attended as the buffer's prefix), and the committed window after every commit, are the rows of the former
+  time-ordered window (sink + newest + the chunk), compared as sets by a row id written into element 0.
 * Float: a tiny DiT session over chunks that wrap the ring several times against the former layout (time-ordered
   keys assembled in a scratch pair, the code this replaced), within fp32 summation-order error, with negative
   controls (a stale row, unpaired K/V rows).
@@ -16,7 +17,9 @@ import pytest
 import torch
 
 from telefuser.models.lingbot_world_v2 import KVWindow, LingBotWorldV2Config, WindowError, build_random_lingbot_dit
-from telefuser.models.lingbot_world_v2.kv_cache import LayerKV, WindowSlots
+from telefuser.models.lingbot_world_v2.kv_cache import WindowSlots
+from telefuser.models.lingbot_world_v2.window_formats import PlainWindow
+from telefuser.ops.attention import attention
 from tests.numerics import relative_error
 
 HEADS, HEAD_DIM, BATCH, LAYERS = 2, 3, 2, 2
@@ -82,6 +85,15 @@ def _window(local_attn_size: int, sink_size: int, tokens_per_frame: int) -> KVWi
     )
 
 
+def _step(session: KVWindow, layer: int, k_new, v_new, plan: WindowSlots, *, commit: bool):
+    """One layer of one forward, as the model runs it: the chunk's rows written by the window's format into the plan's
+    slots, the window's bookkeeping noted; returns what the chunk attends (the buffer's prefix, views)."""
+    state = session.layers[layer]
+    session.format.write(state, k_new, v_new, plan.slot_rows("cpu"), plan.kept == 0)
+    session.note_written(plan, commit=commit)
+    return state.k[:, : plan.total], state.v[:, : plan.total]
+
+
 def _chunks(local_attn_size: int, sink_size: int, count: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randint(1, local_attn_size - sink_size) for _ in range(count)]
@@ -103,7 +115,7 @@ def test_every_step_attends_to_the_rows_of_the_time_ordered_window(case):
     session = _window(local_attn_size, sink_size, tpf)
     refs = [TimeOrderedWindow(session.capacity, session.sink_rows) for _ in range(LAYERS)]
     source = RowSource(seed=len(case))
-    pointers = [t.data_ptr() for kv in session.self_kv for t in (kv.k, kv.v)]
+    pointers = [t.data_ptr() for kv in session.layers for t in (kv.k, kv.v)]
     ring_rows = session.capacity - session.sink_rows
     seen = {"append": 0, "mid-chunk full": 0, "wrap": 0, "evicted rows": 0}
     for frames in chunk_frames:
@@ -116,17 +128,17 @@ def test_every_step_attends_to_the_rows_of_the_time_ordered_window(case):
         for commit in (False, False, True):  # two read-only steps (their own rows), then the commit
             for layer, ref in enumerate(refs):
                 k_new, v_new = source.chunk(plan.new_rows)
-                keys, values = session.window(layer, k_new, v_new, plan, commit=commit)
+                keys, values = _step(session, layer, k_new, v_new, plan, commit=commit)
                 expected = ref.window(k_new, v_new)
                 assert keys.shape == expected[0].shape == (BATCH, plan.total, HEADS, HEAD_DIM)
                 got, want = _by_id(keys, values), _by_id(*expected)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (case, frames, commit, layer)
-                assert keys.data_ptr() == session.self_kv[layer].k.data_ptr()  # the buffer's prefix: no scratch
+                assert keys.data_ptr() == session.layers[layer].k.data_ptr()  # the buffer's prefix: no scratch
                 if commit:
                     ref.commit(k_new, v_new)
         session.advance(plan, frames)
         assert session.committed == plan.total and session.ring_head < max(ring_rows, 1)
-        for kv, ref in zip(session.self_kv, refs):
+        for kv, ref in zip(session.layers, refs):
             # The committed window holds the reference's rows, read-only steps left none of theirs behind ...
             committed = (kv.k[:, : session.committed], kv.v[:, : session.committed])
             want = (torch.stack(ref.k, 1), torch.stack(ref.v, 1))
@@ -135,7 +147,7 @@ def test_every_step_attends_to_the_rows_of_the_time_ordered_window(case):
             # ... and time_order() puts them back in time order exactly.
             order = session.time_order()
             assert torch.equal(kv.k[:, order], want[0]) and torch.equal(kv.v[:, order], want[1])
-    assert [t.data_ptr() for kv in session.self_kv for t in (kv.k, kv.v)] == pointers
+    assert [t.data_ptr() for kv in session.layers for t in (kv.k, kv.v)] == pointers
     assert seen["evicted rows"] >= 3 * ring_rows, seen  # the ring wrapped several times
     assert seen["wrap"] > 0, seen
     if case != "sink-0-first-chunk-fills":  # there the first chunk fills the window exactly
@@ -170,30 +182,31 @@ def test_a_chunk_after_a_bigger_read_only_chunk_must_evict_what_it_overwrote():
     for frames in (3, 2):  # 10 rows committed
         plan = session.plan(frames)
         k, v = source.chunk(plan.new_rows)
-        session.window(0, k, v, plan, commit=True)
+        _step(session, 0, k, v, plan, commit=True)
         ref.commit(k, v)
         session.advance(plan, frames)
     plan = session.plan(4)  # evicts 3 frames: 6 of the 8 ring rows
-    session.window(0, *source.chunk(plan.new_rows), plan, commit=False)
+    _step(session, 0, *source.chunk(plan.new_rows), plan, commit=False)
     assert session.overwritten == plan.evicted == 6
     with pytest.raises(WindowError, match="already replaced"):
         session.plan(3)  # would keep 2 of the rows the 4-frame steps replaced
     plan = session.plan(5)  # evicts more: serves, and is the reference's window
     k, v = source.chunk(plan.new_rows)
-    got, want = _by_id(*session.window(0, k, v, plan, commit=True)), _by_id(*ref.window(k, v))
+    got, want = _by_id(*_step(session, 0, k, v, plan, commit=True)), _by_id(*ref.window(k, v))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     session.advance(plan, 5)
     assert session.overwritten == 0 and session.plan(1).evicted == 2  # after a commit any chunk size is served
     fresh = _window(6, 1, 2)  # without evictions, read-only steps touch no committed row: any size follows
     plan = fresh.plan(4)
-    fresh.window(0, *source.chunk(plan.new_rows), plan, commit=False)
+    _step(fresh, 0, *source.chunk(plan.new_rows), plan, commit=False)
     assert fresh.overwritten == 0 and fresh.plan(1).total == 2
 
 
 def test_the_session_holds_the_layer_buffers_and_text_kv_only():
     session = _window(4, 1, 3)
     assert not hasattr(session, "_scratch")
-    assert not [name for name, value in vars(session).items() if isinstance(value, (torch.Tensor, LayerKV))]
+    # its tensors live in its buffers only: no tensor, and no layer's tensors, held beside them
+    assert not [name for name, value in vars(session).items() if isinstance(value, (torch.Tensor, tuple))]
     session.close()
     assert session.closed
 
@@ -208,45 +221,54 @@ FAR = 100 * BOUND
 TPF, GRID_HW = 6, (4, 6)
 
 
-class FormerWindow(KVWindow):
-    """The layout this replaced: time order, every read-only step assembled in a window-sized scratch pair, the
-    window rolled down on commit. `fault` makes it deliberately wrong, for the negative controls."""
+class FormerLayout(PlainWindow):
+    """The layout this replaced, as a window format: every step assembles the time-ordered window (sink, the newest
+    committed rows that fit, the chunk) in a window-sized scratch pair per layer and attends to it; a commit rolls the
+    window down (`FormerWindow.advance`). `fault` makes it deliberately wrong, for the negative controls."""
 
-    fault: str | None = None
+    def __init__(self, window: FormerWindow, fault: str | None):
+        self.window, self.fault = window, fault
+        shape, dtype = window.layers[0].k.shape, window.dtype
+        self.scratch = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in window.layers]
+
+    def write(self, layer, k_new, v_new, slots, fresh):
+        plan = self.window.current
+        head, kept, total = plan.head_rows, plan.kept, plan.total
+        index = next(i for i, state in enumerate(self.window.layers) if state is layer)
+        for buf, src, new in zip(self.scratch[index], (layer.k, layer.v), (k_new, v_new)):
+            buf[:, :head].copy_(src[:, :head])
+            buf[:, head:kept].copy_(src[:, head + plan.evicted : plan.committed])
+            buf[:, kept:total].copy_(new)
+            if self.fault == "stale" and plan.evicted and kept > head:
+                buf[:, head].copy_(src[:, head + plan.evicted - 1])  # the newest evicted row for the oldest kept
+        self.attended = tuple(buf[:, :total] for buf in self.scratch[index])
+
+    def attend(self, q, layer, kv_rows, attn_impl):
+        keys, values = self.attended
+        if self.fault == "unpaired":
+            values = values.roll(1, dims=1)  # every K row with its neighbour's V
+        return attention(q, keys, values, impl=attn_impl)
+
+
+class FormerWindow(KVWindow):
+    """A window in the former layout: time order, no ring (`FormerLayout`)."""
 
     @classmethod
     def adopt(cls, session: KVWindow, fault: str | None = None) -> FormerWindow:
         session.__class__ = cls
-        session.fault = fault
-        shape = session.self_kv[0].k.shape
-        session._scratch = LayerKV(torch.empty(shape, dtype=session.dtype), torch.empty(shape, dtype=session.dtype))
+        session.format = FormerLayout(session, fault)
         return session
 
-    def window(self, layer, k_new, v_new, plan, *, commit):
-        cache, scratch = self.self_kv[layer], self._scratch
-        head, kept, total = plan.head_rows, plan.kept, plan.total
-        if commit and plan.evicted == 0:
-            cache.k[:, plan.committed : total].copy_(k_new)
-            cache.v[:, plan.committed : total].copy_(v_new)
-            keys, values = cache.k[:, :total], cache.v[:, :total]
-        else:
-            for buf, src, new in ((scratch.k, cache.k, k_new), (scratch.v, cache.v, v_new)):
-                buf[:, :head].copy_(src[:, :head])
-                buf[:, head:kept].copy_(src[:, head + plan.evicted : plan.committed])
-                buf[:, kept:total].copy_(new)
-                if self.fault == "stale" and plan.evicted and kept > head:
-                    buf[:, head].copy_(src[:, head + plan.evicted - 1])  # the newest evicted row for the oldest kept
-            if commit:
-                cache.k[:, head:total].copy_(scratch.k[:, head:total])
-                cache.v[:, head:total].copy_(scratch.v[:, head:total])
-            keys, values = scratch.k[:, :total], scratch.v[:, :total]
-        if self.fault == "unpaired":
-            values = values.roll(1, dims=1)  # every K row with its neighbour's V
-        return keys, values
+    def plan(self, frames):
+        self.current = super().plan(frames)
+        return self.current
 
     def advance(self, plan, frames):
-        self.committed = plan.total
-        self.frame_offset += frames
+        for layer, scratch in zip(self.layers, self.format.scratch):  # the committed window, in time order
+            for buf, cache in zip(scratch, (layer.k, layer.v)):
+                cache[:, plan.head_rows : plan.total].copy_(buf[:, plan.head_rows : plan.total])
+        super().advance(plan, frames)
+        self.ring_head = 0
 
 
 def _session_outputs(model, make_window, chunk_frames) -> list[torch.Tensor]:

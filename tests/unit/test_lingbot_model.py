@@ -154,7 +154,7 @@ def test_timestep_sinusoid_is_wans():
 
 # -- the rolling window ---------------------------------------------------------------------------------------------
 def _layer_buffers(session):
-    return [t for kv in session.self_kv for t in (kv.k, kv.v)]
+    return [t for kv in session.layers for t in (kv.k, kv.v)]
 
 
 def test_cache_rolls_in_place_keeps_the_sink_and_reads_leave_the_kept_rows_untouched(model, config):

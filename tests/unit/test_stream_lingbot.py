@@ -114,8 +114,7 @@ def test_the_memory_estimate_counts_the_kv_window_the_session_allocates():
     session = factory.create(np.full((64, 96, 3), 9, np.uint8), "a barn", config)
     try:
         cache = session._session._kv_window  # the DiT's KV window (kv_cache.KVWindow)
-        tensors = [t for layer in cache.self_kv for t in (layer.k, layer.v)]
-        tensors += [t for pair in cache.cross_kv for t in pair]
+        tensors = [t for layer in cache.layers for t in (layer.k, layer.v, layer.cross_k, layer.cross_v)]
         assert estimate["kv windows"] == sum(t.numel() * t.element_size() for t in tensors)  # bytes: exact
     finally:
         session.close()

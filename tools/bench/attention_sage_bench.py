@@ -155,8 +155,9 @@ def bench_shape(name: str, shape, args, fp8: bool) -> list[dict]:
 
 
 def bench_window_writes(args) -> list[dict]:
-    """ms per layer to write a LingBot chunk's K/V into a full window, per window kind, eager and compiled."""
-    from telefuser.models.lingbot_world_v2.kv_cache import WindowBuffers, WindowSlots, write_window
+    """ms per layer to write a LingBot chunk's K/V into a full window, per window format, eager and compiled."""
+    from telefuser.models.lingbot_world_v2.kv_cache import WindowSlots
+    from telefuser.models.lingbot_world_v2.window_formats import FP8_KEY_WINDOW, PLAIN_WINDOW, SAGE_WINDOW
 
     tokens_per_frame, frames, sink, chunk_frames, h, d = 1560, 18, 6, 4, 40, 128
     capacity = frames * tokens_per_frame
@@ -166,25 +167,25 @@ def bench_window_writes(args) -> list[dict]:
     slots = plan.slot_rows("cuda")
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     k, v = (torch.randn(1, plan.new_rows, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    kinds = {
-        "bf16": {},
-        "fp8 keys": {"key_scales": [torch.ones(1, device="cuda")]},
-        "sage_sm90": {"sage_window": True},
+    formats = {  # kind -> (format, key scales)
+        "bf16": (PLAIN_WINDOW, None),
+        "fp8 keys": (FP8_KEY_WINDOW, [torch.ones(1, device="cuda")]),
+        "sage_sm90": (SAGE_WINDOW, None),
     }
-    compiled = torch.compile(write_window, fullgraph=True)
     rows = []
-    for kind, extra in kinds.items():
-        buffers = WindowBuffers.allocate(
-            1, (1, capacity, h, d), [], extra.pop("key_scales", None), device=torch.device("cuda"),
-            dtype=torch.bfloat16, **extra,
-        )  # fmt: skip
-        layer = buffers.layer_states()[0]
-        for how, fn in (("eager", write_window), ("compiled", compiled)):
-            ms, times = cuda_time_ms(lambda fn=fn, layer=layer: fn(layer, k, v, slots), args.warmup, args.iters)
+    for kind, (fmt, key_scales) in formats.items():
+        buffers = fmt.allocate(
+            1, (1, capacity, h, d), [], key_scales, device=torch.device("cuda"), dtype=torch.bfloat16
+        )
+        layer = buffers.layers[0]
+        compiled = torch.compile(fmt.write, fullgraph=True)
+        # a full window (plan.kept > 0): not a fresh write, so a sage window keeps its numbers
+        for how, fn in (("eager", fmt.write), ("compiled", compiled)):
+            ms, times = cuda_time_ms(lambda fn=fn, layer=layer: fn(layer, k, v, slots, False), args.warmup, args.iters)
             rows.append({"window": kind, "how": how, "rows": plan.new_rows, "ms": ms, "ms_all": times})
         if kind == "sage_sm90" and args.profile_writes:
-            profile_write(lambda layer=layer: compiled(layer, k, v, slots))
-        del buffers, layer
+            profile_write(lambda compiled=compiled, layer=layer: compiled(layer, k, v, slots, False))
+        del buffers, layer, compiled
         torch.cuda.empty_cache()
     print("\n| window | write | ms per layer |\n|---|---|---|")
     for r in rows:

@@ -134,7 +134,7 @@ def build_layer(
         ctx = AttentionContext(rope=(cos, sin), communicator=comm, attn_impl="identity")
         return (lambda inp: module(inp, ctx)), x
 
-    from telefuser.models.lingbot_world_v2.attention import CausalSelfAttention, ChunkContext
+    from telefuser.models.lingbot_world_v2.attention import CausalSelfAttention, ChunkInputs, window_rows
     from telefuser.models.lingbot_world_v2.kv_cache import KVWindow
     from telefuser.models.wan.rope import chunk_rope
 
@@ -154,18 +154,14 @@ def build_layer(
         device=device,
         dtype=dtype,
     )
-    ctx = ChunkContext(
-        window=window,
-        plan=window.plan(cfg["frames"]),
-        chunk_rows=shape["chunk_rows"],
-        commit=False,
-        rope=chunk_rope(
-            window.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim, theta=config.rope_theta, device=device
-        ),  # all ranks' rows: RoPE runs after the scatter
-        communicator=comm,
-        attn_impl="identity",
+    plan = window.plan(cfg["frames"])
+    cos, sin = chunk_rope(  # all ranks' rows: RoPE runs after the scatter
+        window.frame_offset, cfg["frames"], grid_h, grid_w, config.head_dim, theta=config.rope_theta, device=device
     )
-    return (lambda inp: module(inp, 0, ctx)), x
+    slots, rows, fresh = plan.slot_rows(device), window_rows(plan), plan.kept == 0
+    # the exchange is the communicator itself (its eager V-first calls, which this tool profiles), not its op key
+    chunk = ChunkInputs(cos, sin, slots, rows, shape["chunk_rows"], comm, "identity", window.format, fresh)
+    return (lambda inp: module(inp, window.layers[0], chunk)), x
 
 
 def _is_transfer(event: dict) -> bool:

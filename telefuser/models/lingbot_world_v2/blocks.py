@@ -2,10 +2,12 @@
 self-attention, plus `block_region` (the block as one compiled region).
 
 The camera's scale/shift applies to the residual after self-attention and before cross-attention. `block_region`
-runs a block as one compiled region on CUDA (`ops.regions`): one compiled function for every block.
+runs a block as one compiled region on CUDA (`ops.regions`), and as it is elsewhere: one function for every block.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -14,9 +16,8 @@ from torch import nn
 from ...ops.regions import compiled_region
 from ..wan.attention import run_linear
 from ..wan.blocks import WanBlock
-from .attention import CausalSelfAttention, ChunkContext, ChunkInputs
+from .attention import CausalSelfAttention, ChunkInputs
 from .config import LingBotWorldV2Config
-from .kv_cache import LayerState
 
 
 class LingBotBlock(WanBlock):
@@ -39,32 +40,17 @@ class LingBotBlock(WanBlock):
         x: torch.Tensor,
         t_mod: torch.Tensor,
         camera: tuple[torch.Tensor, torch.Tensor] | None,
-        layer: int,
-        ctx: ChunkContext,
-        *,
-        kv_only: bool = False,
-    ) -> torch.Tensor | None:
-        """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; camera: this block's (scale, shift) or None.
-        With `kv_only` the block commits its K/V and returns None: nothing after the window is needed. The reference
-        path (the KV window called directly)."""
-        attend = lambda normed: self.self_attn(normed, layer, ctx, kv_only=kv_only)
-        return self.run_layers(x, t_mod, attend, ctx.window.cross(layer), ctx.attn_impl, camera)
-
-    def run(
-        self,
-        x: torch.Tensor,
-        t_mod: torch.Tensor,
-        camera: tuple[torch.Tensor, torch.Tensor] | None,
-        layer: LayerState,
+        layer: tuple,
         chunk: ChunkInputs,
         *,
         kv_only: bool = False,
     ) -> torch.Tensor | None:
-        """`forward` from the layer's tensors and the chunk's inputs: what `block_region` compiles and a CUDA graph
-        captures."""
-        attend = lambda normed: self.self_attn.attend(normed, layer, chunk, kv_only=kv_only)
+        """x ``[B, S_local, dim]`` fp32; t_mod ``[B, 6, dim]`` fp32; camera: this block's (scale, shift) or None;
+        layer: this block's window state. With `kv_only` the block writes its K/V and returns None: nothing after
+        the window is needed."""
+        attend = functools.partial(self.self_attn, layer=layer, chunk=chunk, kv_only=kv_only)
         return self.run_layers(x, t_mod, attend, (layer.cross_k, layer.cross_v), chunk.attn_impl, camera)
 
 
-# One compiled function for every block of every model: region(block, x, t_mod, camera, layer_state, chunk, kv_only=)
-block_region = compiled_region(LingBotBlock.run)
+# One compiled function for every block of every model: region(block, x, t_mod, camera, layer, chunk, kv_only=)
+block_region = compiled_region(LingBotBlock.forward)

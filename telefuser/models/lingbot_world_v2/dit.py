@@ -4,15 +4,14 @@ A chunk is denoised by read-only `forward_chunk` calls, then `commit_chunk` writ
 rank embeds and runs its rows and the output rows are gathered, so every rank (called with identical inputs) returns
 the full prediction.
 
-On CUDA every block runs as one compiled region (`blocks.block_region`); with `enable_cuda_graphs` the forwards of
-windows made afterwards are captured and replayed as CUDA graphs on pooled buffers (graphs.py). On the CPU, and with
-``TELEFUSER_FUSION=0`` without graphs, the blocks run their reference path.
+Every block runs as one region (`blocks.block_region`), compiled on CUDA and run as it is elsewhere; with
+`enable_cuda_graphs` the forwards of windows made afterwards are captured and replayed as CUDA graphs on pooled
+buffers (graphs.py).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -26,28 +25,21 @@ from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...memory.host import layer_tensors
 from ...memory.host import to_host as host_copy
 from ...memory.streaming import StreamedLayers
-from ...ops.attention_registry import (
-    WINDOW_FP8_KEYS,
-    WINDOW_PLAIN,
-    WINDOW_SAGE_SM90,
-    backend_names,
-    check_backend,
-    get_backend,
-)
+from ...ops.attention_registry import check_backend
 from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
 from ...ops.fusion import fusion_enabled
-from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
 from ..wan.attention import run_linear
 from ..wan.blocks import WanHead
 from ..wan.config import MODULATION_PARAMS
 from ..wan.embeddings import embed_patches, embed_text, embed_time, patchify, unpatchify
 from ..wan.rope import chunk_rope
-from .attention import ChunkContext, ChunkInputs, key_scale, window_rows
+from .attention import ChunkInputs, window_rows
 from .blocks import LingBotBlock, block_region
 from .config import LingBotWorldV2Config
 from .graphs import ChunkData, ChunkGraphs
-from .kv_cache import KVWindow, LayerState, WindowError, WindowBuffers
+from .kv_cache import KVWindow
+from .window_formats import WindowFormat, format_for, key_scale
 
 MAX_TIMESTEP = 1000.0
 
@@ -59,19 +51,6 @@ class CameraModulation:
 
     tokens: int
     per_block: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-
-
-SAGE_WINDOW_ENV = "TELEFUSER_SAGE_WINDOW"
-
-
-def sage_window_wanted() -> bool:
-    """Whether a ``sage_sm90`` KV window is kept quantized for the kernel (kv_cache.py), the default, or a bf16
-    window that each call quantizes whole (``TELEFUSER_SAGE_WINDOW=0``: a pass over the window per call, for
-    comparing the two)."""
-    value = os.environ.get(SAGE_WINDOW_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{SAGE_WINDOW_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
@@ -181,7 +160,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         """Allocate a KV window: per-layer KV buffers of ``local_attn_size * tokens_per_frame`` rows x this rank's heads,
         and the prompt's cross-attention K/V (computed here, once). The window takes the format the model's attention
         backend asks for (its `window_format`: FP8 keys for ``cudnn_fp8``, the SM90 kernel's layout for ``sage_sm90``,
-        kv_cache.py); a quantized window then serves only that backend.
+        window_formats.py); a quantized window then serves only that backend.
 
         text_states ``[B, L, text_dim]`` with L <= text_len: encoder states, padding rows zero. They are zero-padded
         to text_len (512) and all text_len rows are attended, as in the release."""
@@ -195,24 +174,21 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         _, world = self._ulysses_coordinates()
         text = F.pad(text_states.to(device), (0, 0, 0, cfg.text_len - text_states.shape[1]))
         context = embed_text(self.text_embedding, text)
-        window = get_backend(self.attn_impl).window_format
-        cross_kv, key_scales = [], [] if window == WINDOW_FP8_KEYS else None
+        window_format = format_for(self.attn_impl)
+        cross_kv, key_scales = [], [] if window_format.needs_key_scales else None
         for _, block in self._each_block():
             k, v = block.cross_attn.text_kv(context)
             cross_kv.append((k.to(dtype).contiguous(), v.to(dtype).contiguous()))
             if key_scales is not None:
                 key_scales.append(key_scale(block.self_attn.norm_k, cfg.dim))
-        sage_window = window == WINDOW_SAGE_SM90 and sage_window_wanted()
         local_heads = cfg.num_heads // world
         entry = None
         if self.graphs is not None and self.graphs.takes(device):
             shape = (batch, cfg.local_attn_size * tokens_per_frame, local_heads, cfg.head_dim)
-            pool_key = (shape, dtype, key_scales is not None, sage_window, world, device, text.shape[1])
+            pool_key = (shape, dtype, window_format.name, world, device, text.shape[1])
             entry = self.graphs.acquire(
                 pool_key,
-                lambda: WindowBuffers.allocate(
-                    cfg.num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype, sage_window=sage_window
-                ),
+                lambda: window_format.allocate(cfg.num_layers, shape, cross_kv, key_scales, device=device, dtype=dtype),
             )
         return KVWindow(
             batch=batch,
@@ -226,23 +202,12 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
             cross_kv=cross_kv,
             device=device,
             dtype=dtype,
+            window_format=window_format,
             key_scales=key_scales,
-            sage_window=sage_window,
             buffers=None if entry is None else entry.buffers,
             pool_entry=entry,
             on_close=None if entry is None else functools.partial(self.graphs.release, entry),
         )
-
-    def _check_window(self, window: KVWindow) -> None:
-        """A plain window serves every backend; a quantized one only the backend whose format it is."""
-        kept = WINDOW_FP8_KEYS if window.fp8_keys else WINDOW_SAGE_SM90 if window.sage_window else WINDOW_PLAIN
-        wanted = get_backend(self.attn_impl).window_format
-        if kept not in (WINDOW_PLAIN, wanted):
-            readers = [name for name in backend_names() if get_backend(name).window_format == kept]
-            raise WindowError(
-                f"the KV window is kept in the {kept!r} format, which attention {', '.join(readers)} reads; "
-                f"the model now runs {self.attn_impl!r}: make a new window"
-            )
 
     # -- one chunk ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -297,65 +262,37 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         window.check_open()
         frames, grid_h, grid_w = self._check_chunk(window, latents, t, camera)
         t = t.to(latents.device, non_blocking=True)  # a host tensor is checked above and welcome
-        _, world = self._ulysses_coordinates()
-        if window.ulysses_degree != world:
-            raise WindowError(
-                f"the window was made for Ulysses degree {window.ulysses_degree}, the model runs {world}; "
-                "make a new window after parallelizing the model"
-            )
-        self._check_window(window)
+        window.check_serves(self.attn_impl, self._ulysses_coordinates()[1])
         plan = window.plan(frames)
         if camera is not None and not isinstance(camera, CameraModulation):
             camera = self.camera_modulation(camera)
         grid = (frames, grid_h, grid_w)
         cos, sin = self._chunk_rope(window.frame_offset, grid, latents.device)
-        if window.pool_entry is not None or region_compiles(latents):
-            per_block = camera.per_block if camera is not None else None
-            data = ChunkData(latents, t, cos, sin, self._slot_rows(plan, latents.device), per_block)
-            program = functools.partial(
-                self._run_regions, window.layer_states(), grid, window_rows(plan), plan.kept == 0, kv_only
-            )
-            if window.pool_entry is not None and self.graphs is not None:
-                graph_key = (kv_only, plan.total, plan.kept == 0, fusion_enabled(), self.attn_impl)
-                graph_key += (exchange_key(self.communicator),)
-                out = self.graphs.run(window.pool_entry, graph_key, data, program, camera)
-            else:
-                out = program(data)
-            window.note_written(plan, commit=update_cache)
+        per_block = camera.per_block if camera is not None else None
+        data = ChunkData(latents, t, cos, sin, self._slot_rows(plan, latents.device), per_block)
+        program = functools.partial(
+            self._run_regions, window.format, window.layers, grid, window_rows(plan), plan.kept == 0, kv_only
+        )
+        if window.pool_entry is not None and self.graphs is not None:
+            graph_key = (kv_only, plan.total, plan.kept == 0, fusion_enabled(), self.attn_impl)
+            graph_key += (exchange_key(self.communicator),)
+            out = self.graphs.run(window.pool_entry, graph_key, data, program, camera)
         else:
-            out = self._run_reference(window, plan, latents, t, (cos, sin), camera, grid, update_cache, kv_only)
+            out = program(data)
+        window.note_written(plan, commit=update_cache)
         if update_cache:
             window.advance(plan, frames)
         return out
 
-    def _run_reference(self, window, plan, latents, t, rope, camera, grid, commit: bool, kv_only: bool):
-        """The forward with the window and the communicator called directly (the CPU path, and fusion off)."""
-        x, t_emb, t_mod = self._embed(latents, t, plan.new_rows)
-        per_block = camera.per_block if camera is not None else (None,) * len(self.blocks)
-        ctx = ChunkContext(
-            window=window,
-            plan=plan,
-            commit=commit,
-            chunk_rows=plan.new_rows,
-            rope=rope,
-            communicator=self.communicator,
-            attn_impl=self.attn_impl,
-        )
-        last = len(self.blocks) - 1
-        for (layer, block), block_camera in zip(self._each_block(), per_block):
-            x = block(x, t_mod, block_camera, layer, ctx, kv_only=kv_only and layer == last)
-        return None if kv_only else self._head_out(x, t_emb, plan.new_rows, grid)
-
     def _run_regions(
-        self, layers: list[LayerState], grid, kv_rows: torch.Tensor, fresh: bool, kv_only: bool, data: ChunkData
+        self, window_format: WindowFormat, layers: list, grid, kv_rows: torch.Tensor, fresh: bool, kv_only: bool, data
     ):
-        """The forward from `data`, the window buffers' `layers` and constants: one region per block (compiled on
-        CUDA), the program a CUDA graph captures (graphs.py)."""
+        """The forward from `data`, the window's format and `layers` and constants: one region per block (compiled
+        on CUDA), the program a CUDA graph captures (graphs.py)."""
         n = data.slots.shape[0]
         x, t_emb, t_mod = self._embed(data.latents, data.t, n)
-        chunk = ChunkInputs(
-            data.cos, data.sin, data.slots, kv_rows, n, exchange_key(self.communicator), self.attn_impl, fresh
-        )
+        exchange = exchange_key(self.communicator)
+        chunk = ChunkInputs(data.cos, data.sin, data.slots, kv_rows, n, exchange, self.attn_impl, window_format, fresh)
         per_block = data.camera if data.camera is not None else (None,) * len(self.blocks)
         last = len(self.blocks) - 1
         for (layer, block), block_camera, state in zip(self._each_block(), per_block, layers, strict=True):

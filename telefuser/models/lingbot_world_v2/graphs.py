@@ -7,10 +7,10 @@ FP8 window (device state). So each forward kind (read-only or commit) and window
 set and then replayed: the host enqueues one graph instead of the forward's kernels and compiled-code wrappers.
 
 - **Pool.** A graph keeps the addresses it was captured with, so the window buffers it reads and writes (every
-  layer's window K/V, the prompt's K/V, the FP8 scales: `WindowBuffers`) come from a pool of this object's and go back
-  to it when the window closes; the next window of the same shape adopts them (`WindowBuffers.load`: its prompt
-  copied in, windows zeroed) and replays the graphs already captured for them. Each entry also holds the static
-  copies of the forward's inputs and the captured graphs.
+  layer's state in the window's format: its K/V, the prompt's K/V, an FP8 or sage window's numbers: `WindowBuffers`)
+  come from a pool of this object's and go back to it when the window closes; the next window of the same shape and
+  format adopts them (the format's `load`: its prompt copied in, the rest reset) and replays the graphs already
+  captured for them. Each entry also holds the static copies of the forward's inputs and the captured graphs.
 - **Capture.** The first call of a (kind, window length) on an entry runs eagerly on the entry's static inputs, and
   its result is the call's result: torch.compile's kernels, cuDNN's plans and the Ulysses communicator's eager group at these shapes exist
   afterwards. Then the same call is captured (capture runs no kernel, so the window's state is unchanged) on the
@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from torch.utils._pytree import tree_map
 
-from .kv_cache import WindowBuffers
+from .window_formats import WindowBuffers
 
 
 class ChunkData(NamedTuple):

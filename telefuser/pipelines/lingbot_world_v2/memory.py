@@ -117,11 +117,17 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
 
 
 def window_element_bytes(attn_impl: str, element: int) -> int:
-    """Bytes of one key and one value element in a session's window (kv_cache.WindowBuffers): both in the model's
-    dtype; e4m3 keys for ``cudnn_fp8``; int8 keys, e4m3 values and the keys in the model's dtype for ``sage_sm90``."""
-    if attn_impl == "cudnn_fp8":
+    """Bytes of one key and one value element in a session's window, in the format `attn_impl` keeps
+    (window_formats.format_for): both in the model's dtype (plain); e4m3 keys (`Fp8KeyWindow`, ``cudnn_fp8``); int8
+    keys, e4m3 values and the keys in the model's dtype (`SageWindow`, ``sage_sm90``). ``auto`` counts a plain
+    window, the largest (LingBot's auto resolves to sdpa)."""
+    from ...models.flags import AUTO_ATTENTION
+    from ...models.lingbot_world_v2.window_formats import FP8_KEY_WINDOW, PLAIN_WINDOW, SAGE_WINDOW, format_for
+
+    window_format = PLAIN_WINDOW if attn_impl == AUTO_ATTENTION else format_for(attn_impl)
+    if window_format is FP8_KEY_WINDOW:
         return 1 + element
-    if attn_impl == "sage_sm90":
+    if window_format is SAGE_WINDOW:
         return 1 + 1 + element
     return 2 * element
 
