@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +33,25 @@ def configure_cuda_allocator() -> str:
         torch.cuda.memory._set_allocator_settings(ENGINE_ALLOC_CONF)
         log.debug("CUDA was initialized before the engine set %s; told the allocator directly", ALLOC_CONF)
     return ENGINE_ALLOC_CONF
+
+
+@contextmanager
+def ipc_shareable_segments() -> Iterator[None]:
+    """Allocations inside come from plain cudaMalloc segments, which legacy CUDA IPC handles can export: with
+    expandable segments on, new memory comes from cuMemCreate, which ``cudaIpcGetMemHandle`` refuses. The allocator
+    then takes no block of an expandable segment either; the setting in force comes back on exit."""
+    import torch
+
+    if not _expandable_on():
+        yield
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    try:
+        yield
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
+def _expandable_on() -> bool:
+    settings = os.environ.get(ALLOC_CONF, "").replace(" ", "").split(",")
+    return "expandable_segments:True" in settings

@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from ...memory.allocator import ipc_shareable_segments
 from ..agreement import first_error
 from .peer_mapping import FLAG_BANKS, CopyEngineSetupError, PeerBuffers, agreed_step, flag_dtype, short_error
 
@@ -37,12 +38,14 @@ class CudaIpcMapping:
         self._exported: dict[int, torch.Tensor] = {}  # id -> this rank's buffers that peers can write into
 
     def new_local(self, shape: tuple[int, ...], dtype: torch.dtype, zeroed: bool) -> torch.Tensor:
-        """This rank's buffer (the step a test makes fail with an injected out-of-memory)."""
-        if zeroed:
-            local = torch.zeros(shape, dtype=dtype, device=self.device)
-            torch.cuda.synchronize(self.device)  # zeros are in memory before any peer can publish
-            return local
-        return torch.empty(shape, dtype=dtype, device=self.device)
+        """This rank's buffer (the step a test makes fail with an injected out-of-memory), from a segment that a CUDA
+        IPC handle can export (the engine turns expandable segments on: memory/allocator.py)."""
+        with ipc_shareable_segments():
+            if zeroed:
+                local = torch.zeros(shape, dtype=dtype, device=self.device)
+                torch.cuda.synchronize(self.device)  # zeros are in memory before any peer can publish
+                return local
+            return torch.empty(shape, dtype=dtype, device=self.device)
 
     def _share(self, local: torch.Tensor, nbytes: int) -> list[int]:
         error, handle = None, None
