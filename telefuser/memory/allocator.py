@@ -30,7 +30,7 @@ def configure_cuda_allocator() -> str:
 
     os.environ[ALLOC_CONF] = ENGINE_ALLOC_CONF
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.memory._set_allocator_settings(ENGINE_ALLOC_CONF)
+        set_allocator_settings(ENGINE_ALLOC_CONF)
         log.debug("CUDA was initialized before the engine set %s; told the allocator directly", ALLOC_CONF)
     return ENGINE_ALLOC_CONF
 
@@ -40,18 +40,27 @@ def ipc_shareable_segments() -> Iterator[None]:
     """Allocations inside come from plain cudaMalloc segments, which legacy CUDA IPC handles can export: with
     expandable segments on, new memory comes from cuMemCreate, which ``cudaIpcGetMemHandle`` refuses. The allocator
     then takes no block of an expandable segment either; the setting in force comes back on exit."""
-    import torch
-
     if not _expandable_on():
         yield
         return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    set_allocator_settings("expandable_segments:False")
     try:
         yield
     finally:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        set_allocator_settings("expandable_segments:True")
 
 
 def _expandable_on() -> bool:
     settings = os.environ.get(ALLOC_CONF, "").replace(" ", "").split(",")
     return "expandable_segments:True" in settings
+
+
+def set_allocator_settings(settings: str) -> None:
+    """Tell the running allocator `settings` (new segments follow them), through the accelerator-generic call where
+    this torch has it (torch 2.11 deprecates the CUDA one with a warning on every call)."""
+    import torch
+
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(settings)
