@@ -662,8 +662,11 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
             sse.start()
             ws_messages: list = []
 
+            extensions: list = []
+
             def read_ws():  # keep draining, as a browser would, until the server closes the socket
-                with connect(ws_url(base, ws_session), proxy=None) as ws:
+                with connect(ws_url(base, ws_session), proxy=None) as ws:  # offers permessage-deflate, as browsers do
+                    extensions.append(ws.response.headers.get("Sec-WebSocket-Extensions"))
                     try:
                         while True:
                             ws_messages.append(ws.recv(timeout=20))
@@ -685,3 +688,4 @@ def test_serve_stream_ctrl_c_shuts_down_cleanly():
     assert events[-1] == {"type": "status", "stage": "closed", "reason": "shutdown"}, (events[-3:], ws_messages[-1])
     assert getattr(ws_messages[-1], "rcvd", None) is not None and ws_messages[-1].rcvd.code == 1001
     assert "event: closed" in sse_lines
+    assert extensions == [None]  # no deflate negotiated: JPEG frames do not shrink, and it costs time per chunk

@@ -35,10 +35,15 @@ def serve_in_thread(app, *, host: str = "127.0.0.1", startup_timeout_s: float = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))  # the kernel picks the port and we keep the socket: no race with other tests
     port = sock.getsockname()[1]
-    from .launch import WS_MAX_BYTES
+    from .launch import WS_DEFLATE, WS_MAX_BYTES
 
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=WS_MAX_BYTES
+        app,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        ws_max_size=WS_MAX_BYTES,
+        ws_per_message_deflate=WS_DEFLATE,
     )
     server = make_server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)

@@ -96,7 +96,7 @@ class LatencyClient:
         async with httpx.AsyncClient(headers=self.headers, trust_env=False) as http:
             session = await self.create(http)
         url = "ws" + self.base[4:] + session["ws_path"]
-        async with connect(url, max_size=None, open_timeout=60, proxy=None) as ws:
+        async with connect(url, max_size=None, open_timeout=60, proxy=None, compression=None) as ws:
             self.ws = ws
             await self.playout.report(True)
             self.playout.start()
