@@ -766,8 +766,18 @@ STREAM_LATENCY_PLAN = Plan(
             ),
             "8 presses and releases of W, realtime delivery: p50/p95 control-to-display, in seconds and chunk intervals",
         ),
+        Step(
+            "stream_fastest_realtime",
+            590,
+            module(
+                f"{STREAM_LATENCY} --output {{out}}/stream_fastest_realtime.json --service-log "
+                f"{{out}}/service_fastest.log -- {FASTEST} --cuda-graphs on --warmup on"
+            ),
+            "the same with LingBot's fastest settings (bf16 fast VAE, CUDA graphs): the service's defaults keep the "
+            "fp32 VAE and run graphs only under Ulysses",
+        ),
     ),
-    calls=("setup_wheels,stream_fp8_realtime",),
+    calls=("setup_wheels,stream_fp8_realtime,stream_fastest_realtime",),
 )
 
 PLANS: dict[str, Plan] = {
