@@ -23,7 +23,7 @@ STEPS = (900.0, 500.0)  # read-only steps per chunk; then the commit at t = 0
 
 
 def session_config(**overrides) -> LingBotWorldV2Config:
-    return LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2, **overrides)
+    return LingBotWorldV2Config.tiny_session(**overrides)
 
 
 @dataclass

@@ -86,7 +86,7 @@ def test_lingbot_tiny_chunk_fused_matches_eager(fusion_on):
     from telefuser.models.lingbot_world_v2.checkpoint import build_random_lingbot_dit
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
-    config = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
+    config = LingBotWorldV2Config.tiny_session()
     model = build_random_lingbot_dit(config, 0, "cuda", torch.bfloat16, init_on_device=True).eval()
     g = torch.Generator(device="cpu").manual_seed(0)
     latents = torch.randn(1, config.in_dim, 2, 8, 12, generator=g).cuda()

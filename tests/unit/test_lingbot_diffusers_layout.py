@@ -21,7 +21,7 @@ from telefuser.runtime import Runtime
 from tests.lingbot_checkpoints import diffusers_transformer_config
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "tools" / "aiperf" / "fixtures" / "tokenizer"
-CONFIG = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
+CONFIG = LingBotWorldV2Config.tiny_session()
 
 
 @pytest.fixture(scope="module")

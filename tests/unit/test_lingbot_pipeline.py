@@ -336,7 +336,7 @@ def test_warm_up_runs_until_every_chunk_reads_a_full_window(parts):
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 
     assert make_pipe(parts).warm_up_chunks() == 2  # the toy declares no window
-    config = LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2, text_dim=32, text_len=16)
+    config = LingBotWorldV2Config.tiny_session(text_dim=32, text_len=16)
     pipe = make_pipe(parts, dit=build_random_lingbot_dit(config, seed=0))
     assert pipe.warm_up_chunks() == 3  # keys: 4, 8, then 10 (full) frames
     v2 = LingBotWorldV2Config()

@@ -128,11 +128,7 @@ class Runner:
 
 
 def dit_config(args) -> LingBotWorldV2Config:
-    config = (
-        LingBotWorldV2Config()
-        if args.config == "official"
-        else LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
-    )
+    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
     return replace(config, num_layers=args.layers) if args.layers else config
 
 

@@ -137,11 +137,7 @@ def model_config(model: str, args):
     if model == "minimax_h3":
         config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
     else:
-        config = (
-            LingBotWorldV2Config()
-            if args.config == "official"
-            else LingBotWorldV2Config.tiny(local_attn_size=10, sink_size=2)
-        )
+        config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
     return replace(config, num_layers=args.layers) if args.layers else config
 
 

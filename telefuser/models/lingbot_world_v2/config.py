@@ -73,3 +73,9 @@ class LingBotWorldV2Config(WanConfig):
             "sink_size": 1,
         }
         return cls(**{**base, **overrides})
+
+    @classmethod
+    def tiny_session(cls, **overrides) -> LingBotWorldV2Config:
+        """`tiny` with the window the tiny pipeline session runs (`--config tiny`): 10 frames with 2 sink frames, so
+        4-latent chunks fit and the window rolls from chunk 3 on."""
+        return cls.tiny(**{"local_attn_size": 10, "sink_size": 2, **overrides})

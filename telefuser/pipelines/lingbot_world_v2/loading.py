@@ -26,7 +26,6 @@ from .session import WorldSessionPipeline
 
 DIT_SUBDIR = "transformers"  # the original layout's DiT folder (the DiT's shards may also sit at the root)
 DIFFUSERS_SUBDIRS = {**WAN_DIFFUSERS_SUBDIRS, "dit": "transformer"}
-TINY_WINDOW = {"local_attn_size": 10, "sink_size": 2}
 OFFICIAL_RESOLUTION, TINY_RESOLUTION = "832x480", "128x96"  # the released canvas; the tiny demo's
 
 
@@ -195,7 +194,7 @@ def build_lingbot_pipeline(
 def _tiny_text_dim() -> int:
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
-    return int(LingBotWorldV2Config.tiny(**TINY_WINDOW).text_dim)
+    return int(LingBotWorldV2Config.tiny_session().text_dim)
 
 
 def _block_finisher(quantization: str, resident: int | None):
@@ -219,8 +218,7 @@ def _build_dit(size, paths, runtime: Runtime, *, seed, attn_impl, finish):
     if paths is not None:
         model = load_lingbot_dit(paths["dit"], device=device, dtype=dtype, attn_impl=attn_impl, after_block=finish)
     else:
-        # tiny: a 10-frame window with 2 sink frames, so 4-latent chunks fit and the window rolls from chunk 3 on
-        dit_config = LingBotWorldV2Config.tiny(**TINY_WINDOW) if size == "tiny" else LingBotWorldV2Config()
+        dit_config = LingBotWorldV2Config.tiny_session() if size == "tiny" else LingBotWorldV2Config()
         # on a GPU, draw there: the 14B official DiT takes minutes to draw on the host
         model = build_random_lingbot_dit(
             dit_config,

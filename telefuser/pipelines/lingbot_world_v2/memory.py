@@ -169,10 +169,9 @@ def _label(size: str) -> str:
 @functools.lru_cache(maxsize=16)
 def _dit_config(size: str):
     from ...models.lingbot_world_v2.config import LingBotWorldV2Config
-    from .loading import TINY_WINDOW
 
     if size == "tiny":
-        return LingBotWorldV2Config.tiny(**TINY_WINDOW)
+        return LingBotWorldV2Config.tiny_session()
     if size == "official":
         return LingBotWorldV2Config()
     from ...models.lingbot_world_v2.checkpoint import V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE, find_checkpoint
