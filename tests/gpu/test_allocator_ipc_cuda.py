@@ -30,10 +30,11 @@ def exports(make):
     except Exception as exc:
         return type(exc).__name__
 
+# first: once a plain segment is cached, the allocator may hand its blocks out with expandable segments on too
+outside = exports(lambda: torch.zeros(3 << 20, dtype=torch.bfloat16, device="cuda"))
 with ipc_shareable_segments():
     inside = exports(lambda: torch.zeros(3 << 20, dtype=torch.bfloat16, device="cuda"))
     small = exports(lambda: torch.zeros(4096, dtype=torch.uint8, device="cuda"))  # a small-pool block
-outside = exports(lambda: torch.zeros(3 << 20, dtype=torch.bfloat16, device="cuda"))
 print(json.dumps({"inside": inside, "small": small, "outside": outside}))
 """
 
