@@ -428,7 +428,8 @@ H200_SAGE = Plan(
             "sage_gate_wan",
             420,
             module("tools.validation.sage_quality_gate --models wan --output {out}/sage_gate_wan.json"),
-            "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch), random weights and peaky",
+            "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch): sage_sm90 and FP8 against bf16, "
+            "random weights and peaky",
         ),
     ),
     calls=(
@@ -745,6 +746,16 @@ WAN_STEP_PLAN = Plan(
                 skip_if=WAN_STEP_ABSENT,
             )
             for label, size in (("480p", "832x480"), ("720p", "1280x720"))
+        ),
+        Step(
+            "wan_fp8_gate",
+            420,
+            module(
+                "tools.validation.sage_quality_gate --models wan --wan-candidates fp8 --output {out}/wan_fp8_gate.json"
+            ),
+            "the quality gate of the FP8 Wan step (FP8 GEMMs, cuDNN FP8 attention) against bf16, random and peaky "
+            "weights: the setting behind the 1.35-1.39x step",
+            skip_if=WAN_STEP_ABSENT,
         ),
         COMPARE_COMMIT.step("lingbot_official"),
         COMPARE_COMMIT.step("minimax_official"),

@@ -14,7 +14,8 @@ quantization error in the scores, so every model row also runs "peaky": the Q RM
   chunk, each forward committing), the same inputs through a ``sage_sm90`` session (window kept INT8/FP8) and an
   ``sdpa`` one: every chunk's prediction compared, the worst chunk reported (the last ones read a full window);
 - ``wan``: one Wan 2.2 T2V-A14B expert's denoising step at --resolution (the CFG batch of two, --wan-frames frames,
-  bf16 GEMMs, blocks as compiled regions) with ``sage_sm90`` against ``sdpa``;
+  blocks as compiled regions) with each of --wan-candidates against bf16 GEMMs with ``sdpa``: ``sage_sm90`` (bf16
+  GEMMs), and ``fp8`` (FP8 GEMMs with ``cudnn_fp8`` attention, the setting of the 1.35-1.39x step in docs/perf);
 - ``lingbot session``: a whole `WorldSessionPipeline` session (tools/bench/lingbot_session_ab.py's helpers, its
   control trace and image) with ``sage_sm90`` against ``sdpa``: latents' relative L2 and cosine, frames' PSNR.
 
@@ -46,6 +47,13 @@ def parse_args(argv=None):
     p.add_argument("--session-frames", type=int, default=41, help="frames of the LingBot pipeline session (0: skip)")
     p.add_argument("--resolution", default="832x480", help="LingBot's and Wan's canvas, WxH")
     p.add_argument("--wan-frames", type=int, default=81, help="frames of the Wan 2.2 step (4n + 1)")
+    p.add_argument(
+        "--wan-candidates",
+        nargs="+",
+        choices=sorted(WAN_CANDIDATES),
+        default=sorted(WAN_CANDIDATES),
+        help="what the Wan step is gated in against bf16 GEMMs with cuDNN bf16 attention",
+    )
     p.add_argument("--output", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -108,6 +116,12 @@ def minimax_rows(args) -> list[dict]:
 
 
 # -- Wan 2.2 ------------------------------------------------------------------------------------------------------------
+WAN_CANDIDATES = {  # name -> (quantization, attention, what the row says)
+    "sage_sm90": ("none", "sage_sm90", "bf16 GEMMs, sage_sm90"),
+    "fp8": ("fp8", "cudnn_fp8", "FP8 GEMMs, cuDNN FP8 attention"),
+}
+
+
 def wan_rows(args) -> list[dict]:
     from telefuser.models.registry import get_spec
 
@@ -121,29 +135,34 @@ def wan_rows(args) -> list[dict]:
         config, seed=0, device=torch.device("cuda"), dtype=torch.bfloat16, attn_impl="sdpa", init_on_device=True
     ).eval()
     example = spec.example_forward(model, seed=1, batch=2, text_rows=config.text_len, **grid)
+    variants = {"random weights": [], "peaky": [block.self_attn.norm_q for block in model.blocks]}
+
+    def run(variant: str) -> tuple[torch.Tensor, float]:
+        with torch.inference_mode(), scaled_norms(variants[variant], args.peak_gain):
+            start = time.perf_counter()
+            out = example.run()[0]
+            torch.cuda.synchronize()
+            return out.float().cpu(), time.perf_counter() - start  # the first call of each setting compiles
+
+    reference = {variant: run(variant) for variant in variants}  # bf16 GEMMs, cuDNN bf16 attention
     rows = []
-    for variant in ("random weights", "peaky"):
-        norms = [block.self_attn.norm_q for block in model.blocks] if variant == "peaky" else []
-        with torch.inference_mode(), scaled_norms(norms, args.peak_gain):
-            outputs = {}
-            for impl in ("sdpa", "sage_sm90"):
-                model.attn_impl = impl
-                start = time.perf_counter()
-                out = example.run()[0]
-                torch.cuda.synchronize()
-                outputs[impl] = (out.float().cpu(), time.perf_counter() - start)
-        rows.append(
-            {
-                "model": f"Wan 2.2 T2V-A14B step ({args.resolution}, {args.wan_frames} frames, CFG batch, bf16 GEMMs)",
-                "variant": variant,
-                **compare(outputs["sage_sm90"][0], outputs["sdpa"][0]),
-                "seconds": {impl: s for impl, (_, s) in outputs.items()},  # the first call of each compiles
-            }
-        )
-    del model, example
-    gc.collect()
-    torch.cuda.empty_cache()
-    return rows
+    # FP8 last: quantizing replaces the bf16 weights
+    for name in sorted(args.wan_candidates, key=lambda n: WAN_CANDIDATES[n][0] != "none"):
+        quantization, attention, label = WAN_CANDIDATES[name]
+        if quantization != "none":
+            model.quantize(quantization)
+        model.attn_impl = attention
+        for variant in variants:
+            out, seconds = run(variant)
+            rows.append(
+                {
+                    "model": f"Wan 2.2 T2V-A14B step ({args.resolution}, {args.wan_frames} frames, CFG batch, {label})",
+                    "variant": variant,
+                    **compare(out, reference[variant][0]),
+                    "seconds": {"sdpa": reference[variant][1], name: seconds},
+                }
+            )
+    return rows  # the model goes with this frame
 
 
 # -- LingBot-World v2 ---------------------------------------------------------------------------------------------------
@@ -233,7 +252,8 @@ def main(argv=None) -> int:
     from telefuser.ops.attention_sage import default_granularity, sage_sm90_available, sage_sm90_build_info
 
     ok, why = sage_sm90_available()
-    if not ok:
+    needs_sage = "minimax" in args.models or "lingbot" in args.models or "sage_sm90" in args.wan_candidates
+    if needs_sage and not ok:
         print(f"sage_quality_gate: sage_sm90 is not usable here: {why}", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {why}; granularity {default_granularity()}")
