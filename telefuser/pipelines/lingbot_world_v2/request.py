@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from ...sizes import parse_size
 
 FRAME_POLICIES = ("strict", "truncate")
 VAE_STRIDE = (4, 8, 8)  # time, height, width
@@ -44,13 +45,7 @@ class SessionShape:
 def parse_resolution(resolution) -> tuple[int, int]:
     """``(width, height)`` from a ``(w, h)`` pair or a ``"WxH"`` string."""
     if isinstance(resolution, str):
-        parts = resolution.lower().replace("*", "x").split("x")
-        if len(parts) != 2:
-            raise ValueError(f"resolution must look like WIDTHxHEIGHT (e.g. 832x480), got {resolution!r}")
-        try:
-            width, height = int(parts[0]), int(parts[1])
-        except ValueError:
-            raise ValueError(f"resolution must look like WIDTHxHEIGHT (e.g. 832x480), got {resolution!r}") from None
+        width, height = parse_size(resolution, what="resolution")
     else:
         try:
             width, height = resolution

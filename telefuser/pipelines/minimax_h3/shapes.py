@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from ...sizes import parse_size
 
 FPS = 24
 AUDIO_SAMPLE_RATE = 32_000
@@ -152,7 +153,7 @@ def _resolve_canvas(resolution: int | str | tuple[int, int], aspect_ratio: str, 
         height, width = (int(v) for v in resolution)
     elif isinstance(resolution, str) and "x" in resolution.lower():
         try:
-            width, height = (int(v) for v in resolution.lower().split("x"))
+            width, height = parse_size(resolution)
         except ValueError as error:
             raise ValueError(f"resolution must be a short edge or WIDTHxHEIGHT, got {resolution!r}") from error
     else:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ... import sizes
 from ...memory.plan import Stack, Stage, Workload, text_encoder_stack
 from ...ops.fp8 import is_block_linear
 
@@ -110,11 +111,7 @@ LATENT_CHANNELS = {"wan2.1": 16, "wan2.2": 48}  # pipelines.wan.vae.LATENT_CHANN
 
 
 def parse_size(size: str) -> tuple[int, int]:
-    try:
-        width, height = (int(v) for v in str(size).lower().split("x"))
-    except ValueError:
-        raise ValueError(f"a Wan 2.2 size is WIDTHxHEIGHT (e.g. 1280x720), got {size!r}") from None
-    return width, height
+    return sizes.parse_size(size, what="a Wan 2.2 size", example="1280x720")
 
 
 def request_from_args(variant: str, args) -> dict:

@@ -15,6 +15,8 @@ from typing import Any
 
 from .http_errors import RequestError
 
+MAX_SEED = 2**63 - 1  # a request's seed: torch generators take 64-bit seeds
+
 MAX_JSON_DEPTH = 32  # nesting levels of arrays and objects; real requests use three
 MAX_PROMPT_CHARS = 10_000
 MAX_FORM_PARTS = 64  # a form has a handful of fields; more is not a client of ours

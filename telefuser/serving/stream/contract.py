@@ -15,12 +15,11 @@ import numpy as np
 
 from telefuser.pipelines.chunk import Chunk  # what next_chunk returns: frames uint8 [F, H, W, 3], measurement
 
-from ..common.request_body import short_repr
+from ..common.request_body import MAX_SEED, short_repr
 
 # The request config a session may carry; anything else is rejected so that typos never pass silently.
 CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps", "frame_policy")
 FRAME_POLICIES: tuple[str, ...] = ("strict", "truncate")
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
 _RESOLUTION = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from telefuser.pipelines.hooks import StepHooks
+from ...sizes import parse_size
 
 # The stages a running job passes through, as its video object's `stage` shows them (PROTOCOL.md, "Jobs"): the
 # worker sets all but "muxing", which a runner reports (`report_stage`) when it starts writing the MP4.
@@ -129,8 +130,7 @@ class JobRequest:
         """(width, height) of output_size, or None."""
         if self.output_size is None:
             return None
-        width, height = self.output_size.lower().split("x")
-        return int(width), int(height)
+        return parse_size(self.output_size, what="output_size")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...sizes import parse_size
 from ..common.limits import CanvasLimitFlags, Limit, LimitSet, canvas_limits, pick
 from ..common.memory_budget import available_memory, gib
 from .contract import VideoShape, JobRequest
@@ -27,8 +28,7 @@ class VideoLimitFlags(CanvasLimitFlags):
 def _native(runner) -> tuple[int, int]:
     meta = runner.metadata
     text = str(meta.get("native_size") or meta.get("defaults", {}).get("size") or "1344x768")
-    width, height = text.lower().split("x")
-    return int(width), int(height)
+    return parse_size(text, what="the runner's native size")
 
 
 def derive_video_limits(

@@ -20,7 +20,7 @@ from telefuser.pipelines.minimax_h3.conditions import keyframe_canvas
 
 from ..common.http_errors import RequestError
 from ..common.limits import amount
-from ..common.request_body import MAX_PROMPT_CHARS, check_prompt, short_repr
+from ..common.request_body import MAX_PROMPT_CHARS, MAX_SEED, check_prompt, short_repr
 from .canvas import generation_canvas
 from .contract import JobRequest
 from .form import Upload, read_fields
@@ -36,7 +36,6 @@ FIELDS = (
 REFUSED = {
     "image": "'image' is not a field here: send the first keyframe as 'input_reference' (or images in 'references')",
 }
-MAX_SEED = 2**63 - 1
 MIN_SIDE = 16  # of the MP4; it must also be even (H.264 4:2:0)
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX\u00d7]\s*(\d{1,6})\s*$")
 

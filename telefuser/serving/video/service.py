@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
+from ...sizes import parse_size
 from ..common.auth import ApiKeys
 from ..common.http_errors import RequestError
 from ..common.limits import LimitSet
@@ -101,5 +102,4 @@ Service = Annotated[VideoService, Depends(video_service)]
 
 
 def _dims(size: str) -> tuple[int, int]:
-    width, height = size.lower().split("x")
-    return int(width), int(height)
+    return parse_size(size)

@@ -23,6 +23,7 @@ from typing import Any
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from telefuser.pipelines.minimax_h3.shapes import ASPECT_RATIOS  # the service's named ratios (PROTOCOL.md)
 
+from ...sizes import parse_size
 from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
@@ -42,8 +43,7 @@ def frame_count(seconds: float, fps: int) -> int:
 def canvas(resolution: int | str, aspect_ratio: str, multiple: int) -> tuple[int, int]:
     """(width, height) of "WxH", or of a short edge at a named aspect ratio (the long edge rounded to `multiple`)."""
     if isinstance(resolution, str) and "x" in resolution.lower():
-        width, height = (int(v) for v in resolution.lower().split("x"))
-        return width, height
+        return parse_size(resolution, what="resolution", example="1280x720")
     short = int(resolution)
     if short <= 0 or short % multiple:
         raise ValueError(f"'resolution' {short} must be a positive multiple of {multiple}")
@@ -265,7 +265,7 @@ def _refuse_minimax_options(args: argparse.Namespace, name: str) -> None:
 def _warm_up(pipe, defaults: dict[str, Any]) -> float:
     """One discarded request of one step at the default canvas and length (its kernels, the decode); seconds."""
     started = time.perf_counter()
-    width, height = (int(v) for v in str(defaults["size"]).lower().split("x"))
+    width, height = parse_size(defaults["size"], what="the default size", example="1280x720")
     pipe("warm-up", width=width, height=height, num_frames=frame_count(defaults["seconds"], pipe.release.fps), steps=1)
     seconds = time.perf_counter() - started
     log.info("warm-up request (%s, one DiT call) took %.1f s", defaults["size"], seconds)
