@@ -190,6 +190,11 @@ NOT_AN_IMAGE = base64.b64encode(b"this is plain text, not a picture").decode()
         ),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"steps": 4}}, 422, "unknown config key(s) 'steps'"),
         ({"prompt": "x", "image": IMAGE_B64, "config": {"fps": "fast"}}, 422, "fps must be a number"),
+        (  # a key of the model's own (its defaults name it), checked by the model
+            {"prompt": "x", "image": IMAGE_B64, "config": {"frame_policy": "loose"}},
+            422,
+            "frame_policy must be one of strict, truncate, got 'loose'",
+        ),
         ({"prompt": "x", "image": IMAGE_B64, "extra": 1}, 422, "unknown field(s) 'extra'"),
         ({"prompt": "x", "image": IMAGE_B64, "codec": "h264"}, 422, "'codec' must be one of"),
     ],
@@ -204,6 +209,31 @@ def test_create_rejects_bad_requests(payload, status, message):
         assert r.status_code == status, r.text
         assert message in r.json()["detail"], r.json()["detail"]
         assert fake.created == 0 and client.get("/v1/service/health").json()["sessions_in_use"] == 0
+
+
+def test_the_config_keys_are_the_common_ones_and_the_models_own():
+    """A model takes the common keys and those its defaults name: a model without LingBot's frame_policy refuses it
+    as unknown, and one with a key of its own takes that key (the model checks its value)."""
+    plain = FakeSessionFactory(delay_s=0.0)
+    plain.metadata["defaults"] = {k: v for k, v in plain.metadata["defaults"].items() if k != "frame_policy"}
+    app, _ = make_app(factory=plain)
+    with TestClient(app) as client:
+        assert client.get("/v1/service/metadata").json()["config_keys"] == ["seed", "resolution", "num_frames", "fps"]
+        r = client.post(
+            "/v1/stream/sessions", json={"prompt": "x", "image": IMAGE_B64, "config": {"frame_policy": "strict"}}
+        )
+        assert r.status_code == 422 and "unknown config key(s) 'frame_policy'" in r.json()["detail"], r.text
+    steered = FakeSessionFactory(delay_s=0.0)
+    steered.metadata["defaults"] = {**steered.metadata["defaults"], "steer_gain": 1.0}
+    app, _ = make_app(factory=steered)
+    with TestClient(app) as client:
+        assert client.get("/v1/service/metadata").json()["config_keys"][-1] == "steer_gain"
+        body = {
+            "prompt": "x",
+            "image": IMAGE_B64,
+            "config": {"steer_gain": 2.0, "num_frames": 13, "resolution": "64x48"},
+        }
+        assert client.post("/v1/stream/sessions", json=body).status_code == 201
 
 
 def test_create_multipart_and_content_type_errors():

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from ..common.auth import ApiKeys
 from ..common.service_app import new_service_app
-from .contract import SessionFactory, key_bindings
+from .contract import SessionFactory, config_keys, key_bindings
 from .envelope import CODECS
 from .limits import StreamLimitFlags, derive_stream_limits
 from .metrics import StreamMetrics
@@ -81,6 +81,7 @@ def create_stream_app(
         keys=api_keys or ApiKeys(),
         replica=identity,
         bindings=bindings,
+        config_keys=config_keys(getattr(factory, "metadata", None)),
         models=tuple(models),
         webrtc=webrtc,
     )

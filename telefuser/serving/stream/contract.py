@@ -17,9 +17,9 @@ from telefuser.pipelines.chunk import Chunk  # what next_chunk returns: frames u
 
 from ..common.request_body import MAX_SEED, short_repr
 
-# The request config a session may carry; anything else is rejected so that typos never pass silently.
-CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps", "frame_policy")
-FRAME_POLICIES: tuple[str, ...] = ("strict", "truncate")
+# The request config keys every session model takes, checked here; a model adds its own (its metadata's `defaults`
+# name every key it takes) and checks their values in `validate`. Anything else is rejected: typos never pass.
+COMMON_CONFIG_KEYS: tuple[str, ...] = ("seed", "resolution", "num_frames", "fps")
 _RESOLUTION = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 
 
@@ -61,14 +61,21 @@ def parse_resolution(value: Any) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def check_config(config: Any) -> dict[str, Any]:
-    """Model-independent checks of a request config: known keys and sane types. Returns a copy."""
+def config_keys(metadata: dict[str, Any] | None) -> tuple[str, ...]:
+    """The config keys a model takes: the common ones, then the rest of its metadata's `defaults` (a full config)."""
+    defaults = (metadata or {}).get("defaults") or {}
+    return COMMON_CONFIG_KEYS + tuple(key for key in defaults if key not in COMMON_CONFIG_KEYS)
+
+
+def check_config(config: Any, allowed: Sequence[str] = COMMON_CONFIG_KEYS) -> dict[str, Any]:
+    """Model-independent checks of a request config: keys in `allowed` (`config_keys` of the model) and sane types
+    for the common ones. Returns a copy."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be a JSON object, got {type(config).__name__}")
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    unknown = sorted(set(config) - set(allowed))
     if unknown:
         named = ", ".join(short_repr(key, 40) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        raise ValueError(f"unknown config key(s) {named}; allowed: {', '.join(CONFIG_KEYS)}")
+        raise ValueError(f"unknown config key(s) {named}; allowed: {', '.join(allowed)}")
     out = dict(config)
     if "seed" in out and (
         not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] <= MAX_SEED
@@ -86,10 +93,6 @@ def check_config(config: Any) -> dict[str, Any]:
         fps = out["fps"]
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 120:
             raise ValueError(f"fps must be a number in (0, 120], got {short_repr(fps)}")
-    if "frame_policy" in out and out["frame_policy"] not in FRAME_POLICIES:
-        raise ValueError(
-            f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {short_repr(out['frame_policy'])}"
-        )
     return out
 
 

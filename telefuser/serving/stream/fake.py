@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ..common.request_body import short_repr
 from .contract import Chunk, parse_resolution
+
+FRAME_POLICIES = ("strict", "truncate")  # the model it stands in for, LingBot-World v2, takes these
 
 _FONT = {  # 3x5 block digits
     "0": ("111", "101", "101", "101", "111"),
@@ -186,6 +189,8 @@ class FakeSessionFactory:
                 f"resolution {width}x{height} is not supported: width and height must be multiples of 8 in [16, 1920]"
             )
         num_frames, policy = config.get("num_frames"), config.get("frame_policy", "truncate")
+        if policy not in FRAME_POLICIES:
+            raise ValueError(f"frame_policy must be one of {', '.join(FRAME_POLICIES)}, got {short_repr(policy)}")
         first, later = self.chunk_frames
         if num_frames is not None:
             if num_frames < first:

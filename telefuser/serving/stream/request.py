@@ -10,6 +10,7 @@ import base64
 import binascii
 import io
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..common.http_errors import RequestError
 from ..common.limits import Limit
 from ..common.request_body import check_prompt, json_object, parse_json, parse_multipart
-from .contract import check_config
+from .contract import COMMON_CONFIG_KEYS, check_config
 from .envelope import CODECS
 
 __all__ = ["CreateRequest", "RequestError", "decode_image", "parse_create_request"]
@@ -38,7 +39,13 @@ class CreateRequest:
     codec: str | None
 
 
-def parse_create_request(content_type: str, body: bytes, image_pixels: Limit = DEFAULT_IMAGE_PIXELS) -> CreateRequest:
+def parse_create_request(
+    content_type: str,
+    body: bytes,
+    image_pixels: Limit = DEFAULT_IMAGE_PIXELS,
+    config_keys: Sequence[str] = COMMON_CONFIG_KEYS,
+) -> CreateRequest:
+    """The create request's fields, checked; `config_keys`: the model's (contract.config_keys)."""
     mime = content_type.split(";", 1)[0].strip().lower()
     if mime == "multipart/form-data":
         fields = _fields_from_multipart(content_type, body)
@@ -62,7 +69,7 @@ def parse_create_request(content_type: str, body: bytes, image_pixels: Limit = D
     if codec is not None and (not isinstance(codec, str) or codec not in CODECS):
         raise RequestError(422, f"'codec' must be one of {', '.join(CODECS)}, got {repr(codec)[:40]}")
     try:
-        config = check_config(fields.get("config") or {})
+        config = check_config(fields.get("config") or {}, config_keys)
     except ValueError as exc:
         raise RequestError(422, f"invalid config: {exc}") from None
     return CreateRequest(prompt=prompt, image=decode_image(image, image_pixels), config=config, codec=codec)

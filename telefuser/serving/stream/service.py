@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
+from .contract import COMMON_CONFIG_KEYS
 from ..common.auth import ApiKeys
 from ..common.http_errors import RequestError
 from .registry import SessionRegistry
@@ -32,6 +33,7 @@ class StreamService:
     keys: ApiKeys
     replica: ReplicaIdentity
     bindings: dict[str, str]  # the model's {key: action} controls
+    config_keys: tuple[str, ...] = COMMON_CONFIG_KEYS  # the request config keys the model takes (contract.config_keys)
     models: Sequence[str] = ()  # the models this service's CLI can serve (/v1/service/metadata)
     webrtc: WebRtcSettings | None = None  # None: WebRTC delivery is off (serve-stream without --webrtc)
 

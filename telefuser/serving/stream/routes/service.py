@@ -8,7 +8,6 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..client_messages import BURST, MAX_MESSAGE_BYTES, RATE
-from ..contract import CONFIG_KEYS
 from ..envelope import CODECS
 from ..metrics import CONTENT_TYPE
 from ..service import Service
@@ -61,7 +60,7 @@ async def metadata(service: Service) -> dict[str, Any]:
         "limit_sources": registry.limits.sources(),
         "auth": {"api_key_required": service.keys.enabled, "scheme": "Bearer", "stream_query_token": True},
         "keys": {"allowed": list(settings.keys), "bindings": service.bindings},
-        "config_keys": list(CONFIG_KEYS),
+        "config_keys": list(service.config_keys),
         "codecs": list(CODECS),
         "default_codec": settings.codec,
         "webrtc": service.webrtc.describe() if service.webrtc else {"enabled": False},

@@ -34,7 +34,8 @@ async def create_session(request: Request, service: Service) -> JSONResponse:
     registry, settings = service.registry, service.registry.settings
     body = await read_body(request, settings.max_body_bytes)
     image_pixels = registry.limits["max_image_pixels"]
-    parsed = await run_in_threadpool(parse_create_request, request.headers.get("content-type", ""), body, image_pixels)
+    content_type = request.headers.get("content-type", "")
+    parsed = await run_in_threadpool(parse_create_request, content_type, body, image_pixels, service.config_keys)
     runtime = await registry.create(parsed)
     return JSONResponse(
         {
