@@ -17,7 +17,8 @@ import pytest
 from telefuser.serving.common.local_server import serve_in_thread
 from telefuser.serving.stream.app import create_stream_app
 from telefuser.serving.stream.fake import FakeSessionFactory
-from telefuser.serving.stream.session import ChunkItem, SessionRuntime
+from telefuser.serving.stream.events import ChunkItem
+from telefuser.serving.stream.session import SessionRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 CI_BENCH = REPO / "tools" / "aiperf" / "configs" / "stream_lingbot_world_v2_ci.yaml"

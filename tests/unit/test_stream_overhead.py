@@ -14,7 +14,7 @@ import pytest
 
 from telefuser.pipelines.chunk import Chunk
 from telefuser.serving.stream.envelope import unpack
-from telefuser.serving.stream.session import next_chunk_stamped, prepare_chunk
+from telefuser.serving.stream.events import next_chunk_stamped, prepare_chunk
 from tools.bench.stream_latency.measure import Measure, overhead_ms
 from tools.bench.stream_latency.playout import PagePlayout
 from tools.bench.stream_latency.table import COLUMNS, row

@@ -15,7 +15,9 @@ import pytest
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
 from telefuser.serving.stream.playout import LEAD_MARGIN_S, PlayoutGate
-from telefuser.serving.stream.session import ChunkItem, DoneItem, SessionRuntime, StreamSettings
+from telefuser.serving.stream.events import ChunkItem, DoneItem
+from telefuser.serving.stream.session import SessionRuntime
+from telefuser.serving.stream.settings import StreamSettings
 
 FPS, CHUNK, BUFFER_CHUNKS = 64, 16, 3  # a fast clock keeps the test short; the rules do not depend on it
 

@@ -29,7 +29,9 @@ from telefuser.serving.stream.app import create_stream_app
 from telefuser.serving.stream.envelope import decode_frames, unpack
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
-from telefuser.serving.stream.session import DoneItem, SessionRuntime, StreamSettings
+from telefuser.serving.stream.events import DoneItem
+from telefuser.serving.stream.session import SessionRuntime
+from telefuser.serving.stream.settings import StreamSettings
 from tests import hostile_values as hv
 from tools.harness.server_process import ServerProcess
 

@@ -26,7 +26,7 @@ from .replica import ReplicaIdentity, ReplicaRouting
 from .routes import page, sessions
 from .routes import service as service_routes
 from .service import StreamService
-from .session import StreamSettings
+from .settings import StreamSettings
 from .webrtc.settings import WebRtcSettings
 
 log = logging.getLogger("telefuser.serving")

@@ -32,7 +32,8 @@ from .contract import SessionFactory
 from .limits import POOL, check_stream_config, delivery_bytes
 from .metrics import StreamMetrics
 from .request import CreateRequest
-from .session import SessionRuntime, StreamSettings
+from .session import SessionRuntime
+from .settings import StreamSettings
 
 log = logging.getLogger("telefuser.serving")
 

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .registry import SessionRegistry
-from .session import KEEPALIVE, ChunkItem, DoneItem, Notice, SessionRuntime
+from .events import KEEPALIVE, ChunkItem, DoneItem, Notice
+from .session import SessionRuntime
 
 
 def sse_event(event: str, data: dict[str, Any], event_id: int | None = None) -> str:

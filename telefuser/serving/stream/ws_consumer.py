@@ -16,7 +16,8 @@ from fastapi import WebSocket
 from ..common.http_errors import request_id_of
 from .client_messages import MessageBudget, receive_client_message
 from .registry import SessionRegistry
-from .session import ChunkItem, DoneItem, Notice, SessionRuntime, StateError
+from .events import ChunkItem, DoneItem, Notice
+from .session import SessionRuntime, StateError
 
 log = logging.getLogger("telefuser.serving")
 CLOSE_CODES = {"completed": 1000, "stopped": 1000, "deleted": 1000, "idle": 1000, "shutdown": 1001, "error": 1011}

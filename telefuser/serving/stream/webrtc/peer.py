@@ -21,7 +21,8 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSend
 
 from ..client_messages import MessageBudget, receive_client_message
 from ..registry import SessionRegistry
-from ..session import ChunkItem, DoneItem, Notice, SessionRuntime
+from ..events import ChunkItem, DoneItem, Notice
+from ..session import SessionRuntime
 from .encoder import ChunkEncoder
 from .settings import WebRtcSettings
 from .track import PacedVideoTrack
