@@ -48,7 +48,7 @@ class VideoService:
         """Parse and plan a POST /v1/videos body; RequestError (4xx) when it cannot run here."""
         parsed = parse_video_request(content_type, body, self.policy)
         output = parsed.spec.output_dims
-        asked = output or (_dims(parsed.spec.resolution) if isinstance(parsed.spec.resolution, str) else None)
+        asked = output or (parse_size(parsed.spec.resolution) if isinstance(parsed.spec.resolution, str) else None)
         if asked is not None:  # the size asked for, before anything is planned; the generated canvas follows
             name = "size" if "size" in parsed.fields else "resolution"
             self.limits.check_canvas(*asked, f"'{name}' {asked[0]}x{asked[1]}")
@@ -99,7 +99,3 @@ def video_service(connection: HTTPConnection) -> VideoService:
 
 # A route parameter typed `Service` receives the app's `VideoService`; it adds nothing to the OpenAPI schema.
 Service = Annotated[VideoService, Depends(video_service)]
-
-
-def _dims(size: str) -> tuple[int, int]:
-    return parse_size(size)
