@@ -431,11 +431,21 @@ H200_SAGE = Plan(
             "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch): sage_sm90 and FP8 against bf16, "
             "random weights and peaky",
         ),
+        Step(
+            "wan_720p_sage",
+            420,
+            module(
+                "tools.bench.wan2_2_step_bench --resolutions 720p --warmup 1 --iters 3 --attn-impl sage_sm90 "
+                "--output {out}/wan_720p_sage.json"
+            ),
+            "the Wan 2.2 step at 1280x720 with sage_sm90 attention and bf16 GEMMs against diffusers at its best "
+            "(compile_repeated_blocks, _native_cudnn), both in one process: the setting sage_gate_wan gates",
+        ),
     ),
     calls=(
         "setup_wheels,sage_build,sage_info,sage_tests,sage_bench,lingbot_ab",
         "setup_wheels,sage_build,sage_gate",
-        "setup_wheels,sage_build,sage_gate_wan",
+        "setup_wheels,sage_build,sage_gate_wan,wan_720p_sage",
     ),
 )
 

@@ -1,0 +1,118 @@
+"""Every registered model under Ulysses on the GPU's copy engine, and Wan 2.2's two experts sharing one communicator.
+
+Ranks share the one GPU over a gloo group, so the copy engine maps peers by CUDA IPC ("ce-ipc") and moves Q/K/V with
+tf-kernel's pitched copies and stream-memory handshake: the path the CPU conformance suite reaches only through its
+host-shared-memory stand-in.
+
+* Per model (tiny, fp32, the example inputs): the copy engine's outputs equal the portable all-to-all's bit for bit
+  (the transports move the same bytes, and every kernel after them sees the same tensors), and both equal the dense
+  model on the same GPU within 1e-4 (max relative). Why 1e-4: Ulysses changes only the GEMMs' row count and the
+  attention's head count per call, hence cuBLAS' kernel choice and summation order; fp32 GEMMs of the tiny widths
+  differ by about 1e-6 between such kernels, and the CPU suite measured at most 2.2e-7. The negative control, the
+  head gather rolled by one on the copy engine (a wrong exchange), must land 100x above the bound (0.15 to 0.52 on
+  the CPU).
+* Wan 2.2 T2V-A14B, the tiny pipeline on two ranks: both experts hold one communicator, it runs on ce-ipc, a second
+  request (after the request-boundary reset) gives the first one's frames exactly, and so does the same request with
+  the portable transport.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conformance.specs import each_model, spec_named
+from tests.numerics import relative_error
+
+pytestmark = pytest.mark.tf_kernel  # the copy engine's device ops
+
+BOUND = 1e-4
+
+
+def _communicator(transport: str, *, rolled: bool = False):
+    from telefuser.distributed.ulysses import UlyssesCommunicator
+
+    class Rolled:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def wait(self):
+            return self.handle.wait().roll(1, dims=2)
+
+    class Misrouting(UlyssesCommunicator):
+        def gather_heads(self, y):
+            return Rolled(super().gather_heads(y))
+
+    kind = Misrouting if rolled else UlyssesCommunicator
+    return lambda group: kind(group, transport=transport)
+
+
+def _model_on_each_transport(ctx, name: str, device: str = "cuda", engine: str = "ce-ipc"):
+    from telefuser.distributed.mesh import ParallelConfig, build_mesh
+
+    spec = spec_named(name)
+    mesh = build_mesh(ParallelConfig(ulysses_degree=ctx.world_size))
+    dense = spec.build_random("tiny", seed=0, device=device, dtype=torch.float32)
+    expected = spec.example_forward(dense).run()
+    runs = {}
+    for label, factory in (
+        ("engine", _communicator(engine)),
+        ("portable", _communicator("portable")),
+        ("rolled", _communicator(engine, rolled=True)),
+    ):
+        model = spec.parallelize(copy.deepcopy(dense), mesh, communicator_factory=factory)
+        outputs = spec.example_forward(model).run()
+        runs[label] = ([o.cpu() for o in outputs], model.communicator.backend_name)
+        model.close()
+    expected = [e.cpu() for e in expected]
+    error = max(relative_error(o, e) for o, e in zip(runs["engine"][0], expected, strict=True))
+    wrong = max(relative_error(o, e) for o, e in zip(runs["rolled"][0], expected, strict=True))
+    same = all(torch.equal(a, b) for a, b in zip(runs["engine"][0], runs["portable"][0], strict=True))
+    return same, error, wrong, {label: backend for label, (_, backend) in runs.items()}
+
+
+@pytest.mark.timeout(240)
+@each_model()
+def test_ulysses_on_the_copy_engine_equals_portable_and_dense(gpu_ranks, name):
+    for same, error, wrong, backends in gpu_ranks.run(_model_on_each_transport, name):
+        print(f"{name} U{gpu_ranks.world_size}: {backends}, max rel vs dense {error:.2e}, wrong exchange {wrong:.2e}")
+        assert backends == {"engine": "ce-ipc", "portable": "portable", "rolled": "ce-ipc"}, backends
+        assert same, "the copy engine's outputs differ from the portable all-to-all's"
+        assert error <= BOUND, error
+        assert wrong > 100 * BOUND, wrong
+
+
+def _wan_requests(ctx, transport: str, device: str = "cuda"):
+    from telefuser.distributed.mesh import ParallelConfig, build_mesh
+    from telefuser.models.wan2_2.spec import WAN22_T2V_A14B
+    from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
+    from telefuser.runtime import Runtime
+
+    mesh = build_mesh(ParallelConfig(ulysses_degree=2))
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    runtime = Runtime(mesh, where, torch.float32)
+    pipe = build_wan22_pipeline(variant="t2v-a14b", config="tiny", runtime=runtime)
+    first, second = pipe.experts
+    if transport != "auto":  # as the loader does: the first expert's communicator serves the second
+        WAN22_T2V_A14B.parallelize(first, mesh, communicator_factory=_communicator(transport))
+        WAN22_T2V_A14B.parallelize(second, mesh, communicator_factory=lambda group: first.communicator)
+    try:
+        videos = [pipe("a red fox", seed=1, steps=2).frames for _ in range(2)]
+        return second.communicator is first.communicator, first.communicator.backend_name, videos
+    finally:
+        first.communicator.close()
+
+
+@pytest.mark.timeout(240)
+def test_wan_experts_share_one_copy_engine_across_requests(gpu_ranks2):
+    loaded = gpu_ranks2.run(_wan_requests, "auto")  # the loader's own communicators, "auto" picks the copy engine
+    portable = gpu_ranks2.run(_wan_requests, "portable")
+    for (shared, backend, (one, two)), (_, portable_backend, (reference, _)) in zip(loaded, portable, strict=True):
+        assert shared and backend == "ce-ipc", backend
+        assert portable_backend == "portable"
+        assert one.std() > 0 and np.array_equal(one, two)  # request 2 ran after the reset, the same bytes
+        assert np.array_equal(one, reference)  # the transports moved the same bytes
+    assert np.array_equal(loaded[0][2][0], loaded[1][2][0])  # every rank holds the same frames
