@@ -22,7 +22,7 @@ import pytest
 from telefuser.distributed.mesh import ParallelConfig, build_mesh
 from tests.conformance.specs import each_model, spec_named, state_digest, tiny
 from tests.numerics import relative_error
-from tools.harness.ulysses_reference import recording_communicator
+from tools.harness.ulysses_reference import misrouting_communicator, recording_communicator
 
 BOUND = 1e-5
 V_FIRST = [("scatter", "v", False), ("scatter", "q", False), ("scatter", "k", True), ("gather", None, True)]
@@ -37,24 +37,6 @@ def test_a_random_build_is_the_same_on_every_rank(ranks2, name):
     (same, other), (peer_same, peer_other) = ranks2.run(_digests, name)
     assert same == peer_same and other == peer_other
     assert same != other
-
-
-def misrouting_communicator(group):
-    """A communicator whose head gather hands each rank its heads rolled by one: a wrong exchange."""
-    from telefuser.distributed.ulysses import UlyssesCommunicator
-
-    class Rolled:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def wait(self):
-            return self.handle.wait().roll(1, dims=2)
-
-    class Misrouting(UlyssesCommunicator):
-        def gather_heads(self, y):
-            return Rolled(super().gather_heads(y))
-
-    return Misrouting(group)
 
 
 def _ulysses(ctx, name: str, degree: int):

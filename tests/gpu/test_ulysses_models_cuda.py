@@ -26,6 +26,7 @@ import torch
 
 from tests.conformance.specs import each_model, spec_named
 from tests.numerics import relative_error
+from tools.harness.ulysses_reference import misrouting_communicator
 
 pytestmark = pytest.mark.tf_kernel  # the copy engine's device ops
 
@@ -35,19 +36,9 @@ BOUND = 1e-4
 def _communicator(transport: str, *, rolled: bool = False):
     from telefuser.distributed.ulysses import UlyssesCommunicator
 
-    class Rolled:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def wait(self):
-            return self.handle.wait().roll(1, dims=2)
-
-    class Misrouting(UlyssesCommunicator):
-        def gather_heads(self, y):
-            return Rolled(super().gather_heads(y))
-
-    kind = Misrouting if rolled else UlyssesCommunicator
-    return lambda group: kind(group, transport=transport)
+    if rolled:
+        return lambda group: misrouting_communicator(group, transport)
+    return lambda group: UlyssesCommunicator(group, transport=transport)
 
 
 def _model_on_each_transport(ctx, name: str, device: str = "cuda", engine: str = "ce-ipc"):

@@ -60,3 +60,22 @@ def recording_communicator(group):
             return super().gather_heads(y)
 
     return RecordingCommunicator(group)
+
+
+def misrouting_communicator(group, transport: str | None = None):
+    """A UlyssesCommunicator (over `transport`, default its own choice) whose head gather hands each rank its heads
+    rolled by one: a wrong exchange, the negative control of the parity tests."""
+    from telefuser.distributed.ulysses import UlyssesCommunicator
+
+    class Rolled:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def wait(self):
+            return self.handle.wait().roll(1, dims=2)
+
+    class Misrouting(UlyssesCommunicator):
+        def gather_heads(self, y):
+            return Rolled(super().gather_heads(y))
+
+    return Misrouting(group, transport=transport)
