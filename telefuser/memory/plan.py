@@ -44,7 +44,9 @@ class Stack:
     """One component's weights: `count` equal layers of `layer` bytes that can stream, and `fixed` bytes that do not
     (embeddings, heads). `per_request`: it runs once per request (offloaded from the model tier on), not every step.
     `fixed_offloads`: once the stack is offloaded its fixed bytes leave the device too; `fixed_lent`: and visit it
-    while the stack runs (a VAE lent whole; a text encoder's embedding table is looked up on the host instead)."""
+    while the stack runs (a VAE lent whole; a text encoder's embedding table is looked up on the host instead).
+    `whole_until_block`: the model tier keeps the whole stack in host memory and lends it whole while its stage runs
+    (Wan 2.2 T2V-A14B's experts, which take turns); the block tier streams its layers, its fixed part on the device."""
 
     name: str
     fixed: int
@@ -53,6 +55,7 @@ class Stack:
     per_request: bool = False
     fixed_offloads: bool = False
     fixed_lent: bool = True
+    whole_until_block: bool = False
 
     @property
     def total(self) -> int:
@@ -147,23 +150,35 @@ class MemoryPlan:
     budget_source: str
 
     # -- the arithmetic ---------------------------------------------------------------------------------------------
+    def lent_whole(self, stack: Stack) -> bool:
+        """Whether `stack` lives in host memory and visits the device whole while its stage runs."""
+        return stack.whole_until_block and self.placement.tier != "block" and self.placement.streams(stack.name)
+
+    def _fixed_offloads(self, stack: Stack) -> bool:
+        return stack.fixed_offloads and not (stack.whole_until_block and self.placement.tier == "block")
+
     def resident_bytes(self) -> dict[str, int]:
         """Each stack's bytes on the device for the whole request."""
         out = {}
         for stack in self.workload.stacks:
+            if self.lent_whole(stack):
+                out[stack.name] = 0
+                continue
             keep = self.placement.resident[stack.name]
-            fixed = 0 if self.placement.streams(stack.name) and stack.fixed_offloads else stack.fixed
+            fixed = 0 if self.placement.streams(stack.name) and self._fixed_offloads(stack) else stack.fixed
             out[stack.name] = fixed + keep * stack.layer
         return out
 
     def window_bytes(self, stack: Stack) -> int:
         """What a stack takes on the device only while its stage runs: the stream's slots, and a fixed part that
-        lives on the host and is lent whole."""
+        lives on the host and is lent whole (or the whole stack, lent)."""
         if not self.placement.streams(stack.name):
             return 0
+        if self.lent_whole(stack):
+            return stack.total
         streamed = stack.count - self.placement.resident[stack.name]
         window = min(STREAM_SLOTS, streamed) * stack.layer
-        return window + (stack.fixed if stack.fixed_offloads and stack.fixed_lent else 0)
+        return window + (stack.fixed if self._fixed_offloads(stack) and stack.fixed_lent else 0)
 
     def stage_bytes(self) -> dict[str, int]:
         return {
@@ -187,9 +202,11 @@ class MemoryPlan:
         """Pinned host memory the placement needs (the offloaded layers and fixed parts)."""
         total = 0
         for stack in self.workload.stacks:
-            if self.placement.streams(stack.name):
+            if self.lent_whole(stack):
+                total += stack.total
+            elif self.placement.streams(stack.name):
                 total += (stack.count - self.placement.resident[stack.name]) * stack.layer
-                total += stack.fixed if stack.fixed_offloads else 0
+                total += stack.fixed if self._fixed_offloads(stack) else 0
         return total
 
     @property
@@ -213,7 +230,9 @@ class MemoryPlan:
 
     def summary(self) -> str:
         kept = ", ".join(
-            f"{name} {self.placement.resident[name]}/{self.workload.stack(name).count} layers resident"
+            f"{name} lent whole"
+            if self.lent_whole(self.workload.stack(name))
+            else f"{name} {self.placement.resident[name]}/{self.workload.stack(name).count} layers resident"
             for name in sorted(self.placement.offloaded)
         )
         budget = f" of {gib(self.budget_bytes)} ({self.budget_source})" if self.budget_bytes is not None else ""
@@ -245,7 +264,12 @@ def fill_budget(plan: MemoryPlan) -> MemoryPlan:
     if plan.budget_bytes is None or not plan.fits:
         return plan
     order = sorted(
-        (plan.workload.stack(name) for name in plan.placement.offloaded), key=lambda s: (s.per_request, s.name)
+        (
+            plan.workload.stack(name)
+            for name in plan.placement.offloaded
+            if not plan.lent_whole(plan.workload.stack(name))
+        ),
+        key=lambda s: (s.per_request, s.name),
     )
     for stack in order:
         low, high = plan.placement.resident[stack.name], stack.count

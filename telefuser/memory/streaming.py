@@ -38,6 +38,18 @@ def streamed_layers(count: int, resident: int) -> list[int]:
     return sorted({int((j + 0.5) * count / streamed) for j in range(streamed)}) if streamed else []
 
 
+def block_finisher(quantization: str, resident: int | None):
+    """A DiT loader's `after_block(model, i)`: `model.finish_block` quantizes block i where it loaded, then moves it
+    to host memory when it will stream (`resident` blocks stay, the streamed ones spread through the stack as
+    `streamed_layers` places them; None: none streams)."""
+
+    def finish(model, index: int) -> None:
+        streamed = () if resident is None else streamed_layers(len(model.blocks), resident)
+        model.finish_block(index, quantization=quantization, to_host=index in streamed)
+
+    return finish
+
+
 class StreamedLayers:
     """Stream `streamed_layers(len(layers), resident)` of `layers` from host memory on `device`; `spread=False`
     streams the last ones instead (a stack that runs once per request: nothing to hide its copies behind).

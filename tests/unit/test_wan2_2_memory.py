@@ -1,6 +1,6 @@
 """Wan 2.2's memory plan: its weight terms against the built modules (exact), the tier choice on scaled budgets, and
-the model tier (T2V-A14B's idle expert in host memory, umT5 streamed) against everything resident (exact: the same
-kernels on the same values)."""
+the model tier (T2V-A14B's idle expert in host memory, umT5 streamed) and the block tier (the experts' blocks streamed
+from host memory as they compute) against everything resident (exact: the same kernels on the same values)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from telefuser.distributed.mesh import ParallelConfig
 from telefuser.memory.host import HostResident, layer_tensors
-from telefuser.memory.plan import GIB, MemoryPlan, MemoryPlanError, choose, placement_for
+from telefuser.memory.plan import GIB, MemoryPlan, MemoryPlanError, Placement, choose, placement_for
 from telefuser.pipelines.wan2_2 import memory
 from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
 from telefuser.runtime import Runtime
@@ -48,6 +48,8 @@ def test_stacks_add_up_to_the_built_pipeline(quantization, a14b):
         )
     assert load.stack("high_noise").total == _bytes(layer_tensors(pipe.experts[0])) > 0
     assert load.stack("low_noise").total == _bytes(layer_tensors(pipe.experts[1]))
+    expert = load.stack("high_noise")  # what the block tier streams: one block's bytes, as many as there are blocks
+    assert expert.count == len(pipe.experts[0].blocks) and expert.layer == _bytes(layer_tensors(pipe.experts[0].blocks[0]))
     assert load.stack("text_encoder").total == _bytes(pipe.prompt_encoder.encoder.parameters())
     assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model))
 
@@ -57,6 +59,7 @@ def test_ti2v_5b_stacks_add_up_to_the_built_pipeline():
     load = memory.workload("ti2v-5b", _args(), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9})
     assert [s.name for s in load.stacks] == ["dit", "text_encoder", "vae"]
     assert load.stack("dit").total == _bytes(layer_tensors(pipe.experts[0])) > 0
+    assert load.stack("dit").count == len(pipe.experts[0].blocks)
     assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model))
 
 
@@ -71,13 +74,18 @@ def test_the_plan_keeps_one_expert_on_the_device_when_both_do_not_fit():
     assert choose(load, none, budget_source="x").placement.tier == "none"
     chosen = choose(load, none - expert // 2, budget_source="x")
     assert chosen.placement.tier == "model" and chosen.placement.offloaded >= {"high_noise", "low_noise"}
-    with pytest.raises(MemoryPlanError, match="--offload block cannot run"):
-        choose(load, none, tier="block")
+    # the block tier streams both experts' blocks (two slots each while its steps run), their fixed parts resident
+    block = MemoryPlan(load, placement_for(load, "block"), None, "")
+    slots = 2 * load.stack("high_noise").layer
+    assert block.resident_bytes()["high_noise"] == load.stack("high_noise").fixed
+    assert block.stage_bytes()["denoise high noise"] - slots == sum(load.stages[1].transient.values())
+    assert block.host_bytes - model.host_bytes == -2 * load.stack("high_noise").fixed
     with pytest.raises(MemoryPlanError) as refused:
-        choose(load, model.peak_bytes - 1, budget_source="a card too small", alternatives=memory.t2v_a14b_alternatives(
+        choose(load, min(model.peak_bytes, block.peak_bytes) - 1, budget_source="a card too small", alternatives=memory.t2v_a14b_alternatives(
             _args(), ParallelConfig(), torch.float32, TINY_REQUEST))  # fmt: skip
     message = str(refused.value)  # tiny: activations and the decode outweigh the experts, so fewer frames fit
-    assert "--offload model needs" in message and "--num-frames 5 --offload model" in message
+    assert "--offload model needs" in message and "--offload block needs" in message
+    assert "--num-frames 5 --offload" in message
 
 
 def test_official_a14b_needs_the_model_tier_on_an_80_gb_card():
@@ -88,9 +96,20 @@ def test_official_a14b_needs_the_model_tier_on_an_80_gb_card():
     assert 26.9 < load.stack("high_noise").total / GIB < 27.1
     tiers = {card: choose(load, int(0.9 * card * GIB)).placement.tier for card in (141, 80, 48)}
     assert tiers == {141: "none", 80: "model", 48: "model"}
-    with pytest.raises(MemoryPlanError, match="what would fit: --quantization fp8"):
-        choose(load, int(0.9 * 40 * GIB), alternatives=memory.t2v_a14b_alternatives(
+    with pytest.raises(MemoryPlanError, match="what would fit: --ulysses-degree 2"):
+        choose(load, int(0.9 * 32 * GIB), alternatives=memory.t2v_a14b_alternatives(
             _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}))  # fmt: skip
+
+
+def test_official_a14b_at_480p_streams_blocks_on_32_and_24_gb_cards():
+    """What ComfyUI users run on one 24-32 GB card: the experts' blocks stream, as many as fit stay resident."""
+    load = memory.workload(
+        "t2v-a14b", _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "832x480", "num_frames": 81}
+    )
+    for card in (32, 24):
+        plan = choose(load, int(0.9 * card * GIB))
+        assert plan.placement.tier == "block" and plan.peak_bytes <= 0.9 * card * GIB
+        assert 0 < plan.placement.resident["high_noise"] < 40 and plan.host_bytes > 40 * GIB
 
 
 def test_model_tier_equals_everything_resident_exactly(a14b, monkeypatch):
@@ -115,11 +134,25 @@ def test_model_tier_equals_everything_resident_exactly(a14b, monkeypatch):
     assert torch.equal(got.latents, want.latents) and (got.frames == want.frames).all()
 
 
-def test_block_tier_is_refused_before_loading():
-    load = _tiny("t2v-a14b")
-    with pytest.raises(ValueError, match="does not stream its blocks"):
-        build_wan22_pipeline(variant="ti2v-5b", config="tiny", placement=placement_for(_tiny("ti2v-5b"), "block"))
-    assert "block" in load.refused_tiers
+@pytest.mark.parametrize("variant", ["t2v-a14b", "ti2v-5b"])
+def test_block_tier_equals_everything_resident_exactly(variant, a14b):
+    request = TINY_REQUEST if variant == "t2v-a14b" else {"size": "128x64", "num_frames": 9}
+    load = memory.workload(variant, _args(), ParallelConfig(), torch.float32, request)
+    placement = placement_for(load, "block")
+    stacks = [s.name for s in load.stacks if s.count and s.name != "text_encoder"]
+    placement = Placement("block", {**placement.resident, stacks[0]: 1}, placement.offloaded)  # one block stays
+    runtime = Runtime.one_rank("cpu", torch.float32)
+    resident = a14b if variant == "t2v-a14b" else build_wan22_pipeline(variant=variant, config="tiny", runtime=runtime)
+    streamed = build_wan22_pipeline(variant=variant, config="tiny", runtime=runtime, placement=placement)
+    assert all(h is None for h in streamed.homes) and "blocks streamed" in streamed.weights["dit"]
+    width, height = (int(v) for v in request["size"].split("x"))
+    want = resident("a red fox", negative_prompt="blur", seed=3, width=width, height=height)
+    got = streamed("a red fox", negative_prompt="blur", seed=3, width=width, height=height)
+    for expert, name in zip(streamed.experts, stacks, strict=True):
+        stream = expert.block_stream
+        assert stream is not None and stream.resident == placement.resident[name] and stream.bytes_copied > 0
+    assert want.latents.abs().max() > 0 and want.frames.std() > 0
+    assert torch.equal(got.latents, want.latents) and (got.frames == want.frames).all()
 
 
 @pytest.mark.parametrize(
@@ -131,7 +164,7 @@ def test_plan_command_for_the_official_sizes(gb, size, tier, capsys):
     argv = ["plan", "--model", "wan2.2-t2v-a14b", "--config", "official", "--gpu-memory-gb", str(gb)]
     assert main([*argv, "--resolution", size]) == 0
     out = capsys.readouterr().out
-    assert f"Wan 2.2 T2V-A14B {size} 81 frames" in out and "--offload block: refused" in out
+    assert f"Wan 2.2 T2V-A14B {size} 81 frames" in out and "--offload block: peak" in out
     assert f"chosen: --offload {tier}:" in out and f"of {0.9 * gb:.1f} GiB" in out
     assert main([*argv, "--size", size]) == 0  # the spelling run_t2v.py and the plan's alternatives use
     assert capsys.readouterr().out == out

@@ -758,6 +758,17 @@ WAN_STEP_PLAN = Plan(
             for label, size in (("480p", "832x480"), ("720p", "1280x720"))
         ),
         Step(
+            "wan_a14b_480p_24",
+            420,
+            command(
+                "{py} examples/wan2_2/run_t2v.py --config official --size 832x480 --steps 3 --gpu-memory-gb 24 "
+                "--output {out}/wan_a14b_480p_24/t2v.mp4"
+            ),
+            "the same 480p request within a 24 GiB budget: the block tier (both experts' blocks streamed from pinned "
+            "host memory), its estimate against the measured peak, and its denoise seconds against wan_a14b_480p's",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        Step(
             "wan_fp8_gate",
             420,
             module(

@@ -22,12 +22,11 @@ from torch import nn
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
-from ...memory.host import layer_tensors
-from ...memory.host import to_host as host_copy
 from ...memory.streaming import StreamedLayers
 from ...ops.attention_registry import check_backend
-from ...ops.fp8 import linear_dtype, quantize_blocks, quantize_linears
+from ...ops.fp8 import linear_dtype, quantize_blocks
 from ...ops.fusion import fusion_enabled
+from ..block_streaming import BlockStreaming
 from ..ulysses_owner import UlyssesOwner
 from ..wan.attention import run_linear
 from ..wan.blocks import WanHead
@@ -53,7 +52,7 @@ class CameraModulation:
     per_block: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
-class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
+class LingBotWorldV2DiT(UlyssesOwner, BlockStreaming, nn.Module):
     def __init__(self, config: LingBotWorldV2Config, *, attn_impl: str = "sdpa"):
         super().__init__()
         self.config = config
@@ -98,17 +97,6 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         nothing for ``"none"``; returns the names quantized. Call it on a loaded model, before it runs."""
         return quantize_blocks(self, quantization, self.FP8_LINEARS)
 
-    def finish_block(self, index: int, *, quantization: str, to_host: bool) -> None:
-        """Block `index` as it will run, done as soon as it is loaded so the device never holds two unfinished
-        blocks: its FP8 linears quantized on the device it was loaded on, then its tensors moved to host memory
-        when it will stream."""
-        block = self.blocks[index]
-        if quantization == "fp8":
-            quantize_linears(block, lambda name, _: name in self.FP8_LINEARS)
-        if to_host:
-            for tensor in layer_tensors(block):
-                tensor.data = host_copy(tensor.data)
-
     # -- where the weights live -------------------------------------------------------------------------------------
     def stream_blocks(self, device: torch.device | str, *, resident: int = 0) -> int:
         """Keep blocks ``resident:`` in pinned host memory and stream each to `device` while it computes, the next
@@ -116,13 +104,7 @@ class LingBotWorldV2DiT(UlyssesOwner, nn.Module):
         with CUDA graphs (the slots change under a replay). Returns the host bytes."""
         if self.graphs is not None:
             raise ValueError("streamed blocks cannot replay as CUDA graphs; turn the graphs off (--cuda-graphs off)")
-        if self.block_stream is not None:
-            raise RuntimeError("the blocks already stream; stream_blocks once")
-        self.block_stream = StreamedLayers(self.blocks, device, resident=resident, keep_slots=True)
-        return self.block_stream.host_bytes
-
-    def _each_block(self):
-        return self.block_stream.each() if self.block_stream is not None else enumerate(self.blocks)
+        return super().stream_blocks(device, resident=resident)
 
     # -- parallelism ----------------------------------------------------------------------------------------------
     def enable_cuda_graphs(self, enabled: bool = True) -> LingBotWorldV2DiT:

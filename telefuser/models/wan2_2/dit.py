@@ -18,9 +18,11 @@ from torch import nn
 from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
+from ...memory.streaming import StreamedLayers
 from ...ops.attention_registry import check_backend
 from ...ops.fp8 import linear_dtype, quantize_blocks
 from ...ops.regions import region_compiles
+from ..block_streaming import BlockStreaming
 from ..ulysses_owner import UlyssesOwner
 from ..wan.blocks import WanBlock, WanHead, wan_block_region
 from ..wan.config import MODULATION_PARAMS
@@ -32,7 +34,7 @@ TextKV = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per block: the prompt'
 MAX_TIMESTEP = 1000.0
 
 
-class Wan22DiT(UlyssesOwner, nn.Module):
+class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
     # FP8 GEMMs for what dominates a forward: self-attention q/k/v/o, cross-attention q/o (the prompt's K/V are
     # computed once per request) and the FFN. Embeddings, modulation and head stay in their dtype.
     FP8_LINEARS = (
@@ -64,6 +66,7 @@ class Wan22DiT(UlyssesOwner, nn.Module):
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
         self._rope_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.block_stream: StreamedLayers | None = None  # stream_blocks(): blocks visit the device one at a time
 
     def quantize(self, quantization: str) -> list[str]:
         """Apply ``"fp8"`` (ops.fp8) to every block's FP8_LINEARS in place, or nothing for ``"none"``; returns the
@@ -88,7 +91,8 @@ class Wan22DiT(UlyssesOwner, nn.Module):
         context = embed_text(self.text_embedding, text)
         dtype = self.compute_dtype
         return tuple(
-            tuple(t.to(dtype).contiguous() for t in block.cross_attn.text_kv(context)) for block in self.blocks
+            tuple(t.to(dtype).contiguous() for t in block.cross_attn.text_kv(context))
+            for _, block in self._each_block()
         )
 
     @torch.no_grad()
@@ -104,8 +108,8 @@ class Wan22DiT(UlyssesOwner, nn.Module):
         t_emb, t_mod = embed_time(self.time_embedding, self.time_projection, cfg.freq_dim, t.to(latents.device))
         rope = self._rope(grid, latents.device)
         exchange = exchange_key(self.communicator) if region_compiles(x) else self.communicator
-        for block, cross_kv in zip(self.blocks, text, strict=True):
-            x = wan_block_region(block, x, t_mod, rope, n, cross_kv, exchange, self.attn_impl)
+        for index, block in self._each_block():
+            x = wan_block_region(block, x, t_mod, rope, n, text[index], exchange, self.attn_impl)
         out = self.head(x, t_emb)
         if world > 1:
             out = gather_rows(out, self.ulysses_group, communicator=self.communicator)

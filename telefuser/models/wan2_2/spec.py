@@ -51,7 +51,7 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
             checkpoint_flag(checkpoint_help),
             attn_impl_flag(),
             quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
-            offload_flag(),  # model: T2V-A14B keeps only the running expert on the GPU; block is refused
+            offload_flag(),  # model: T2V-A14B keeps only the running expert on the GPU; block: the blocks stream
             gpu_memory_flag(),
         ),
         attention_impls=ATTENTION_IMPLS,

@@ -14,7 +14,7 @@ import torch
 
 from ...dtypes import torch_dtype
 from ...memory.plan import Placement
-from ...memory.streaming import streamed_layers
+from ...memory.streaming import block_finisher
 from ...models.lingbot_world_v2.spec import CUDA_GRAPHS, LINGBOT_WORLD_V2
 from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
@@ -152,7 +152,7 @@ def build_lingbot_pipeline(
         runtime,
         seed=seed,
         attn_impl=attn_impl,
-        finish=_block_finisher(quantization, dit_resident),
+        finish=block_finisher(quantization, dit_resident),
     )
     weights["dit"] = getattr(model, "weights_source", weights["dit"])
     if quantization != "none":
@@ -195,17 +195,6 @@ def _tiny_text_dim() -> int:
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
     return int(LingBotWorldV2Config.tiny_session().text_dim)
-
-
-def _block_finisher(quantization: str, resident: int | None):
-    """The DiT loaders' `after_block(model, i)`: quantize block i on the device, then move it to host memory when
-    it streams (`streamed_layers`: `resident` blocks stay, the streamed ones spread through the stack)."""
-
-    def finish(model, index: int) -> None:
-        streamed = () if resident is None else streamed_layers(len(model.blocks), resident)
-        model.finish_block(index, quantization=quantization, to_host=index in streamed)
-
-    return finish
 
 
 def _build_dit(size, paths, runtime: Runtime, *, seed, attn_impl, finish):

@@ -14,6 +14,7 @@ import torch
 
 from ...memory.host import HostResident
 from ...memory.plan import Placement
+from ...memory.streaming import block_finisher
 from ...models.wan2_2 import checkpoint as dit_checkpoint
 from ...models.wan2_2.config import Wan22Release, release
 from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
@@ -21,7 +22,6 @@ from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
 from ..wan.text_encoder import PromptEncoder
-from .memory import BLOCK_REFUSAL
 from .pipeline import Wan22Pipeline
 
 VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
@@ -57,9 +57,11 @@ def build_wan22_pipeline(
     """`variant` ("t2v-a14b" | "ti2v-5b") at `config` ("tiny" | "official") sizes without `checkpoint`. `runtime`
     (None: one rank, `Runtime.one_rank("cpu", torch.bfloat16)`) gives the device, the dtype and the layout every
     expert is parallelized over (`Runtime.parallelize` with the variant's spec). `quantization` "fp8" runs the
-    blocks' projection and FFN GEMMs in FP8. `placement` (a `memory.plan.Placement`; None: everything on the device):
-    an offloaded expert (T2V-A14B's model tier) goes to pinned host memory once loaded and is lent to the device
-    while its steps run (`HostResident`); an offloaded umT5 streams its blocks while it encodes (`PromptEncoder`)."""
+    blocks' projection and FFN GEMMs in FP8 (each block quantized as it loads). `placement` (a
+    `memory.plan.Placement`; None: everything on the device): an offloaded expert goes to pinned host memory: in the
+    model tier (T2V-A14B) whole once loaded, lent to the device while its steps run (`HostResident`); in the block
+    tier all but the plan's resident blocks as they load, each streamed to the device while it computes
+    (`Wan22DiT.stream_blocks`). An offloaded umT5 streams its blocks while it encodes (`PromptEncoder`)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if runtime is None:
@@ -69,8 +71,6 @@ def build_wan22_pipeline(
     variant_info = release(variant, size)
     paths = resolve_checkpoint(checkpoint, variant_info) if checkpoint is not None else None
     stacks = EXPERT_STACKS[variant_info.experts]
-    if placement is not None and placement.tier == "block":
-        raise ValueError(f"--offload {placement.tier}: {BLOCK_REFUSAL}")
     text_from = placement.resident_layers("text_encoder") if placement is not None else None
     vae, tokenizer, encoder, weights = text_and_vae(
         size,
@@ -86,25 +86,38 @@ def build_wan22_pipeline(
     )
     experts, homes = [], []
     for index in range(variant_info.experts):
+        streamed = placement is not None and placement.tier == "block" and placement.streams(stacks[index])
+        resident = placement.resident[stacks[index]] if streamed else None
+        finish = block_finisher(quantization, resident)
         if paths is None:  # the experts differ: one seed each
             dit = dit_checkpoint.build_random_wan22_dit(
-                variant_info.dit, seed + index, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
+                variant_info.dit,
+                seed + index,
+                device,
+                dtype,
+                attn_impl=attn_impl,
+                init_on_device=device.type == "cuda",
+                after_block=finish,
             )
         else:
             dit = dit_checkpoint.load_wan22_dit(
-                paths["experts"][index], device=device, dtype=dtype, attn_impl=attn_impl
+                paths["experts"][index], device=device, dtype=dtype, attn_impl=attn_impl, after_block=finish
             )
         if quantization != "none":
-            dit.quantize(quantization)
+            dit.weights_source += ", fp8 GEMMs"
         # one Ulysses communicator for both experts: they run one after the other, so one set of peer buffers serves
         shared = (lambda group: experts[0].communicator) if experts else None
         experts.append(runtime.parallelize(dit, SPECS[variant], communicator_factory=shared))
+        if streamed:
+            dit.stream_blocks(device, resident=resident)
         # to host memory before the next expert loads: the device never holds both
-        lent = placement is not None and placement.streams(stacks[index])
+        lent = placement is not None and placement.tier == "model" and placement.streams(stacks[index])
         homes.append(HostResident(dit) if lent else None)
     weights["dit"] = ", ".join(str(d) for d in paths["experts"]) if paths else weights["dit"]
     if any(homes):
         weights["dit"] += "; experts in pinned host memory, each lent to the device while its steps run"
+    elif any(e.block_stream is not None for e in experts):
+        weights["dit"] += "; blocks streamed from pinned host memory while they compute"
     if placement is not None:
         weights["placement"] = f"--offload {placement.tier}"
     if paths is not None and paths["boundary_ratio"] is not None:

@@ -5,11 +5,11 @@ where `--quantization fp8` puts them; time embedding, modulation and head in flo
 `build_wan22_pipeline` loads it). The per-request terms are formulas over the request's shape, calibrated against
 measured peaks (the numbers are in docs/perf/2026-12-06 and the README's "Memory" section).
 
-Stacks: ``high_noise`` and ``low_noise`` (T2V-A14B's experts; they run one after the other, so from the model tier
-on each lives in pinned host memory and is lent to the device whole while its steps run) or ``dit`` (TI2V-5B's one
-DiT, always resident), ``text_encoder`` (umT5: once per request; its token embedding is looked up on the host once
-offloaded), ``vae`` (resident). Stages: ``text``, ``denoise`` (one per expert), ``decode``.
-The block tier is refused: Wan 2.2's DiT forward loops over its blocks itself and does not stream them.
+Stacks: ``high_noise`` and ``low_noise`` (T2V-A14B's experts; they run one after the other, so in the model tier
+each lives in pinned host memory and is lent to the device whole while its steps run; in the block tier their blocks
+stream) or ``dit`` (TI2V-5B's one DiT, resident until the block tier streams its blocks), ``text_encoder`` (umT5:
+once per request; its token embedding is looked up on the host once offloaded), ``vae`` (resident). Stages:
+``text``, ``denoise`` (one per expert), ``decode``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ ACTIVATION_ROW_FACTOR = 8
 DECODE_MAPS = 21
 LATENT_COPIES = 6  # fp32 latents alive at once: state, noise, the CFG pair, the flow, the scheduler's history
 TEXT_TOKENS = 512  # umT5's text_len: every prompt is padded to it
-BLOCK_REFUSAL = (
-    "Wan 2.2's DiT does not stream its blocks; use --offload model (T2V-A14B: one expert on the GPU at a time), "
-    "--quantization fp8 or a higher --ulysses-degree"
-)
 
 
 def t2v_a14b_workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
@@ -69,7 +65,7 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
     prompt_kv = 2 * config.num_layers * 2 * config.text_len * config.dim * element  # K and V of the pair, per block
     denoise = {"activations": activations, "prompt K/V": prompt_kv}
 
-    expert = _dit_bytes(size, variant, element, quantization)
+    expert_fixed, block, blocks = _dit_bytes(size, variant, element, quantization)
     text = _text_encoder_bytes(size, int(config.text_dim), element)
     vae_bytes, decoder_width, decoder_stride = _vae_terms(release.vae, size)
     maps = DECODE_MAPS * (width // decoder_stride) * (height // decoder_stride) * decoder_width * 4 * 4
@@ -78,16 +74,24 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
     decode = frames * width * height * 3 * (2 * 4 + 1) + maps
 
     if release.experts == 2:
-        dits = (
-            Stack("high_noise", fixed=expert, per_request=True, fixed_offloads=True),
-            Stack("low_noise", fixed=expert, per_request=True, fixed_offloads=True),
+        dits = tuple(
+            Stack(
+                name,
+                fixed=expert_fixed,
+                layer=block,
+                count=blocks,
+                per_request=True,
+                fixed_offloads=True,
+                whole_until_block=True,
+            )
+            for name in ("high_noise", "low_noise")
         )
         denoising = (
             Stage("denoise high noise", uses=("high_noise",), transient=denoise),
             Stage("denoise low noise", uses=("low_noise",), transient=denoise),
         )
     else:
-        dits = (Stack("dit", fixed=expert),)
+        dits = (Stack("dit", fixed=expert_fixed, layer=block, count=blocks),)
         denoising = (Stage("denoise", uses=("dit",), transient=denoise),)
     fp8 = ", fp8 GEMMs" if quantization == "fp8" else ""
     title = (
@@ -103,7 +107,6 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
             *denoising,
             Stage("decode", uses=("vae",), transient={"decode": decode}),
         ),
-        refused_tiers={"block": BLOCK_REFUSAL},
     )
 
 
@@ -176,23 +179,28 @@ def _release(variant: str, size: str):
 
 
 @functools.lru_cache(maxsize=16)
-def _dit_bytes(size: str, variant: str, element: int, quantization: str) -> int:
-    """One expert's bytes in the dtypes it runs in (dense: Ulysses does not split weights)."""
+def _dit_bytes(size: str, variant: str, element: int, quantization: str) -> tuple[int, int, int]:
+    """One expert's bytes in the dtypes it runs in (dense: Ulysses does not split weights): (outside the blocks, one
+    block, how many blocks)."""
     from ...models.wan.checkpoint import keeps_fp32
     from ...models.wan2_2.dit import Wan22DiT
 
     with torch.device("meta"):
         model = Wan22DiT(_release(variant, size).dit)
-    total = 0
+    fixed, blocks = 0, [0] * len(model.blocks)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         module, _, leaf = name.rpartition(".")
         if keeps_fp32(name):
-            total += 4 * tensor.numel()
+            size = 4 * tensor.numel()
         elif quantization == "fp8" and leaf == "weight" and is_block_linear(module, Wan22DiT.FP8_LINEARS):
-            total += tensor.numel() + 4 * tensor.shape[0]  # e4m3 values and an fp32 scale per output row
+            size = tensor.numel() + 4 * tensor.shape[0]  # e4m3 values and an fp32 scale per output row
         else:
-            total += element * tensor.numel()
-    return total
+            size = element * tensor.numel()
+        if name.startswith("blocks."):
+            blocks[int(name.split(".")[1])] += size
+        else:
+            fixed += size
+    return fixed, max(blocks), len(blocks)
 
 
 @functools.lru_cache(maxsize=16)
