@@ -732,6 +732,17 @@ WAN_STEP_PLAN = Plan(
             skip_if=WAN_STEP_ABSENT,
         ),
         Step(
+            "wan_720p_fp8",
+            590,
+            module(
+                f"{WAN_STEP} --resolutions 720p --warmup 1 --iters 3 --quantization fp8 --attn-impl cudnn_fp8 "
+                "--output {out}/wan_step_720p_fp8.json"
+            ),
+            "the 720p step with FP8 GEMMs and cuDNN FP8 attention (what wan_fp8_gate gates) against diffusers at its "
+            "best, both in one process",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        Step(
             "wan_5b_request",
             420,
             command(
