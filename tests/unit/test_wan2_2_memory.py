@@ -49,7 +49,8 @@ def test_stacks_add_up_to_the_built_pipeline(quantization, a14b):
     assert load.stack("high_noise").total == _bytes(layer_tensors(pipe.experts[0])) > 0
     assert load.stack("low_noise").total == _bytes(layer_tensors(pipe.experts[1]))
     expert = load.stack("high_noise")  # what the block tier streams: one block's bytes, as many as there are blocks
-    assert expert.count == len(pipe.experts[0].blocks) and expert.layer == _bytes(layer_tensors(pipe.experts[0].blocks[0]))
+    assert expert.count == len(pipe.experts[0].blocks)
+    assert expert.layer == _bytes(layer_tensors(pipe.experts[0].blocks[0]))
     assert load.stack("text_encoder").total == _bytes(pipe.prompt_encoder.encoder.parameters())
     assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model))
 
