@@ -67,7 +67,7 @@ def test_forward_hooks_of_a_replaced_linear_survive():
     assert isinstance(model[0], Float8Linear) and seen == [torch.Size([3, 32])]  # e.g. a TP split's all-reduce
 
 
-@pytest.mark.parametrize("model,mode", [("minimax", "sequential"), ("lingbot", "alternating")])
+@pytest.mark.parametrize("model,mode", [("minimax_h3", "sequential"), ("lingbot_world_v2", "alternating")])
 def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_path, capsys):
     import json
 
@@ -90,17 +90,17 @@ def test_the_fp8_bench_refuses_fp8_attention_without_a_hopper_gpu_before_buildin
     bench = load_script("tools/bench/fp8_dit_bench.py")
     monkeypatch.setattr(bench, "minimax_call", lambda *a: pytest.fail("the model was built before the check"))
     with pytest.raises(RuntimeError, match="cudnn_fp8"):
-        bench.main(["--model", "minimax", "--config", "tiny", "--device", "cpu", "--fp8-attention"])
+        bench.main(["--model", "minimax_h3", "--config", "tiny", "--device", "cpu", "--fp8-attention"])
 
 
 def test_the_fp8_bench_variants_option_picks_a_subset_in_a_fixed_order():
     bench = load_script("tools/bench/fp8_dit_bench.py")
-    assert bench.parse_args(["--model", "minimax"]).variants == ["bf16", "fp8"]
-    args = bench.parse_args(["--model", "minimax", "--fp8-attention"])
+    assert bench.parse_args(["--model", "minimax_h3"]).variants == ["bf16", "fp8"]
+    args = bench.parse_args(["--model", "minimax_h3", "--fp8-attention"])
     assert args.variants == ["bf16", "bf16+fp8-attn", "fp8", "fp8+fp8-attn"]
-    assert bench.parse_args(["--model", "minimax", "--fp8-attention", "--sage"]).variants == list(bench.VARIANTS)
-    args = bench.parse_args(["--model", "minimax", "--variants", "fp8+sage,bf16+fp8-attn"])
+    assert bench.parse_args(["--model", "minimax_h3", "--fp8-attention", "--sage"]).variants == list(bench.VARIANTS)
+    args = bench.parse_args(["--model", "minimax_h3", "--variants", "fp8+sage,bf16+fp8-attn"])
     assert args.variants == ["bf16", "bf16+fp8-attn", "fp8+sage"]  # the reference always runs; VARIANTS' order
     assert [bench.attention_of(v) for v in args.variants] == ["sdpa", "cudnn_fp8", "sage_sm90"]
     with pytest.raises(SystemExit):
-        bench.parse_args(["--model", "minimax", "--variants", "int4"])
+        bench.parse_args(["--model", "minimax_h3", "--variants", "int4"])

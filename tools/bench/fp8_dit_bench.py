@@ -1,8 +1,8 @@
 """FP8 GEMMs against bf16 on one DiT call, side by side in one run, with the quality gate beside the speed.
 
-    python tools/bench/fp8_dit_bench.py --model minimax               # official MiniMax H3 call, 768p 5 s
-    python tools/bench/fp8_dit_bench.py --model lingbot               # official LingBot chunk reading a full window
-    python tools/bench/fp8_dit_bench.py --model lingbot --config tiny --device cpu --iters 1   # CPU smoke run
+    python tools/bench/fp8_dit_bench.py --model minimax_h3           # official MiniMax H3 call, 768p 5 s
+    python tools/bench/fp8_dit_bench.py --model lingbot_world_v2     # official LingBot chunk reading a full window
+    python tools/bench/fp8_dit_bench.py --model lingbot_world_v2 --config tiny --device cpu --iters 1  # CPU smoke
 
 One random-weight model (said so) and a copy of it with its block GEMMs in FP8 (`quantize("fp8")`) take the same
 fixed input, alternately, --iters times after a warm-up each. The table gives each one's median seconds per call,
@@ -113,9 +113,12 @@ def timed(call, on_gpu: bool) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
+CALLS = {"minimax_h3": minimax_call, "lingbot_world_v2": lingbot_call}  # registry name -> its call
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["minimax", "lingbot"], required=True)
+    p.add_argument("--model", choices=sorted(CALLS), required=True, help="a registry name")
     p.add_argument("--config", choices=["official", "tiny"], default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
     p.add_argument("--iters", type=int, default=3)
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
         check_backend(impl)  # a clear error before any model time is spent
     runtime = Runtime.launch(device=args.device)
     device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
-    build = minimax_call if args.model == "minimax" else lingbot_call
+    build = CALLS[args.model]
     model, prepare = build(args.config, args.layers, device, dtype)
     print(f"{args.model} ({args.config}, {dtype}, random weights: timings and error figures only)", flush=True)
     seconds = {name: [] for name in args.variants}

@@ -97,7 +97,7 @@ H200_MODELS = Plan(
             "fp8_minimax",
             590,
             module(
-                "tools.bench.fp8_dit_bench --model minimax --sequential --iters 2 --fp8-attention "
+                "tools.bench.fp8_dit_bench --model minimax_h3 --sequential --iters 2 --fp8-attention "
                 "--output {out}/fp8_minimax.json"
             ),
             "MiniMax H3 official call: bf16, FP8 GEMMs, FP8 GEMMs + FP8 attention, with relative L2 and cosine",
@@ -105,7 +105,7 @@ H200_MODELS = Plan(
         Step(
             "fp8_lingbot",
             420,
-            module("tools.bench.fp8_dit_bench --model lingbot --output {out}/fp8_lingbot.json"),
+            module("tools.bench.fp8_dit_bench --model lingbot_world_v2 --output {out}/fp8_lingbot.json"),
             "LingBot-World v2 official DiT call, bf16 against FP8 GEMMs",
         ),
         Step(
@@ -421,13 +421,15 @@ H200_SAGE = Plan(
         Step(
             "sage_gate",
             590,
-            module("tools.validation.sage_quality_gate --models minimax lingbot --output {out}/sage_gate.json"),
+            module(
+                "tools.validation.sage_quality_gate --models minimax_h3 lingbot_world_v2 --output {out}/sage_gate.json"
+            ),
             "the quality gate: MiniMax H3 and LingBot against cuDNN bf16 attention, random weights and peaky",
         ),
         Step(
             "sage_gate_wan",
             420,
-            module("tools.validation.sage_quality_gate --models wan --output {out}/sage_gate_wan.json"),
+            module("tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --output {out}/sage_gate_wan.json"),
             "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch): sage_sm90 and FP8 against bf16, "
             "random weights and peaky",
         ),
@@ -783,7 +785,7 @@ WAN_STEP_PLAN = Plan(
             "wan_fp8_gate",
             420,
             module(
-                "tools.validation.sage_quality_gate --models wan --wan-candidates fp8 --output {out}/wan_fp8_gate.json"
+                "tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --wan-candidates fp8 --output {out}/wan_fp8_gate.json"
             ),
             "the quality gate of the FP8 Wan step (FP8 GEMMs, cuDNN FP8 attention) against bf16, random and peaky "
             "weights: the setting behind the 1.35-1.39x step",

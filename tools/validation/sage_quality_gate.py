@@ -1,22 +1,22 @@
 """The quality gate for ``sage_sm90`` (SageAttention2's SM90 kernel): the models' outputs against cuDNN bf16 attention.
 
     python -m tools.validation.sage_quality_gate --output sage_gate.json          # both models, official sizes
-    python -m tools.validation.sage_quality_gate --models lingbot --session-frames 41
-    python -m tools.validation.sage_quality_gate --models wan --wan-frames 81
+    python -m tools.validation.sage_quality_gate --models lingbot_world_v2 --session-frames 41
+    python -m tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --wan-frames 81
 
 Random weights (no checkpoint is used here): random-weight attention is flatter than a trained model's, which hides
 quantization error in the scores, so every model row also runs "peaky": the Q RMSNorm weights times --peak-gain
 (sharper softmax). Keys with a per-channel offset are the kernel-level case of tools/bench/attention_sage_bench.py.
 
-- ``minimax``: one official-width MiniMax H3 DiT call (768p, 5 s, packed documents; bf16 GEMMs) with ``sage_sm90``
+- ``minimax_h3``: one official-width MiniMax H3 DiT call (768p, 5 s, packed documents; bf16 GEMMs) with ``sage_sm90``
   against the same call with ``sdpa`` (cuDNN bf16): cosine and relative L2 of the prediction;
-- ``lingbot chunk``: a LingBot-World v2 session of --chunks chunks at the official size (832×480, 3 latent frames a
+- ``lingbot_world_v2``, chunks: a LingBot-World v2 session of --chunks chunks at the official size (832×480, 3 latent frames a
   chunk, each forward committing), the same inputs through a ``sage_sm90`` session (window kept INT8/FP8) and an
   ``sdpa`` one: every chunk's prediction compared, the worst chunk reported (the last ones read a full window);
-- ``wan``: one Wan 2.2 T2V-A14B expert's denoising step at --resolution (the CFG batch of two, --wan-frames frames,
+- ``wan2.2-t2v-a14b``: one Wan 2.2 T2V-A14B expert's denoising step at --resolution (the CFG batch of two, --wan-frames frames,
   blocks as compiled regions) with each of --wan-candidates against bf16 GEMMs with ``sdpa``: ``sage_sm90`` (bf16
   GEMMs), and ``fp8`` (FP8 GEMMs with ``cudnn_fp8`` attention, the setting of the 1.35-1.39x step in docs/perf);
-- ``lingbot session``: a whole `WorldSessionPipeline` session (tools/bench/lingbot_session_ab.py's helpers, its
+- ``lingbot_world_v2``, session: a whole `WorldSessionPipeline` session (tools/bench/lingbot_session_ab.py's helpers, its
   control trace and image) with ``sage_sm90`` against ``sdpa``: latents' relative L2 and cosine, frames' PSNR.
 
 PASS when every row's cosine is >= --min-cosine (0.99, as for FP8) and, with --min-psnr, the session's PSNR is at
@@ -37,9 +37,13 @@ import torch
 import torch.nn.functional as F
 
 
+MINIMAX, LINGBOT, WAN = "minimax_h3", "lingbot_world_v2", "wan2.2-t2v-a14b"  # the registry names gated here
+GATED = (MINIMAX, LINGBOT, WAN)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", choices=["minimax", "lingbot", "wan"], default=["minimax", "lingbot", "wan"])
+    p.add_argument("--models", nargs="+", choices=GATED, default=list(GATED), help="registry names (default: all)")
     p.add_argument("--min-cosine", type=float, default=0.99)
     p.add_argument("--min-psnr", type=float, default=None, help="also require the LingBot session's frames PSNR")
     p.add_argument("--peak-gain", type=float, default=4.0, help="Q RMSNorm weights times this in the peaky rows")
@@ -252,19 +256,19 @@ def main(argv=None) -> int:
     from telefuser.ops.attention_sage import default_granularity, sage_sm90_available, sage_sm90_build_info
 
     ok, why = sage_sm90_available()
-    needs_sage = "minimax" in args.models or "lingbot" in args.models or "sage_sm90" in args.wan_candidates
+    needs_sage = MINIMAX in args.models or LINGBOT in args.models or "sage_sm90" in args.wan_candidates
     if needs_sage and not ok:
         print(f"sage_quality_gate: sage_sm90 is not usable here: {why}", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {why}; granularity {default_granularity()}")
     rows = []
-    if "minimax" in args.models:
+    if MINIMAX in args.models:
         rows += minimax_rows(args)
-    if "lingbot" in args.models:
+    if LINGBOT in args.models:
         rows += lingbot_chunk_rows(args)
         if args.session_frames:
             rows.append(lingbot_session_row(args))
-    if "wan" in args.models:
+    if WAN in args.models:
         rows += wan_rows(args)
     failed = []
     print(
