@@ -181,11 +181,52 @@ def test_guidance_scale_and_negative_prompt_reach_the_pipeline(client, a14b):
     assert (pipe.calls[-1]["guidance_scale"], pipe.dit_batches) == (1.0, [1, 1])
 
 
+def test_guidance_scale_2_sets_the_low_noise_experts_scale(client, a14b, tmp_path):
+    pipe = a14b._pipe
+    base = {"prompt": "a lighthouse at dusk", "size": "32x32", "seconds": 0.25, "steps": 2}
+    for given, want in (
+        ({"guidance_scale": 5.5, "guidance_scale_2": 2.0}, (5.5, 2.0)),
+        ({"guidance_scale_2": 2.5}, (None, 2.5)),  # the high-noise expert keeps the release's 4.0
+    ):
+        r = client.post("/v1/videos", json={**base, **given})
+        assert r.status_code == 200, r.text
+        assert {k: r.json()[k] for k in given} == given and ("guidance_scale" in r.json()) == (
+            "guidance_scale" in given
+        )
+        done = poll(client, r.json()["id"], timeout=60)
+        assert done["status"] == "completed", done
+        call = pipe.calls[-1]
+        assert (call["guidance_scale"], call["guidance_scale_2"]) == want
+        ran = [4.0 if want[0] is None else want[0], want[1]]
+        record = json.loads((tmp_path / f"{done['id']}.json").read_text())
+        assert record["result"]["metrics"]["guidance_scale"] == ran and record["spec"]["guidance_scale_2"] == want[1]
+
+
+def test_guidance_scale_2_needs_a_second_expert_and_guidance():
+    from telefuser.serving.common.http_errors import RequestError
+    from telefuser.serving.video.request import VideoPolicy, parse_video_request
+
+    body = json.dumps({"prompt": "p", "guidance_scale_2": 3.0}).encode()
+    for policy, message in (
+        (VideoPolicy(model=TI2V, max_seconds=10, guidance=True), "'guidance_scale_2' is the second expert's scale"),
+        (VideoPolicy(model="minimax_h3", max_seconds=10), "'guidance_scale_2' cannot be honoured"),
+    ):
+        with pytest.raises(RequestError, match=message) as refused:
+            parse_video_request("application/json", body, policy)
+        assert refused.value.status == 422
+    two = VideoPolicy(model=A14B, max_seconds=10, guidance=True, experts=2)
+    spec = parse_video_request("application/json", body, two).spec
+    assert (spec.guidance_scale, spec.guidance_scale_2) == (None, 3.0)
+    assert "guidance_scale" not in spec.as_dict() and spec.as_dict()["guidance_scale_2"] == 3.0
+
+
 BAD_GUIDANCE = [
     ({"guidance_scale": 0.5}, "'guidance_scale' must be between 1 and 20 (1: no classifier-free guidance), got 0.5"),
     ({"guidance_scale": 25}, "'guidance_scale' must be between 1 and 20"),
     ({"guidance_scale": "high"}, "'guidance_scale' must be a number, got 'high'"),
     ({"guidance_scale": 1.0, "negative_prompt": "fog"}, "'negative_prompt' has no effect at guidance_scale 1"),
+    ({"guidance_scale": 1.0, "guidance_scale_2": 3}, "'guidance_scale_2' has no effect at guidance_scale 1"),
+    ({"guidance_scale_2": 30}, "'guidance_scale_2' must be between 1 and 20"),
     ({"fps": 24}, "'fps' must be 16 (the model's fixed frame rate)"),
     ({"size": "72x40"}, None),  # off the 16 grid: accepted, generated at 80x48 and resized (below)
     ({"resolution": 40}, "'resolution' 40 must be a positive multiple of 16"),
@@ -206,8 +247,8 @@ def test_bad_values_are_refused_with_a_reason(client, fields, message):
             continue
         assert r.status_code == 422, (r.status_code, r.text)
         assert message in r.json()["detail"], r.json()
-    if "guidance_scale" in fields and fields["guidance_scale"] != "high":
-        param = "negative_prompt" if "negative_prompt" in fields else "guidance_scale"
+    if {"guidance_scale", "guidance_scale_2"} & set(fields) and fields.get("guidance_scale") != "high":
+        param = next(p for p in ("negative_prompt", "guidance_scale_2", "guidance_scale") if p in fields)
         assert r.json()["error"]["param"] == param
 
 

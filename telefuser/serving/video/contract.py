@@ -26,6 +26,9 @@ def _no_stage(stage: str) -> None:
     return None
 
 
+GUIDANCE_FIELDS = ("guidance_scale", "guidance_scale_2", "negative_prompt")  # set only by a model with guidance
+
+
 @dataclass(frozen=True)
 class JobHooks(StepHooks):
     """The pipeline's `StepHooks` plus `stage(name)`, which a runner calls as it enters a stage of `RUN_STAGES` the
@@ -87,13 +90,14 @@ class JobRequest:
     media: tuple[MediaInput, ...] = ()  # keyframes (first, last) or references, in order
     # classifier-free guidance, set only for a runner whose metadata says "guidance": True (None: the model's default)
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None  # the second expert's (Wan 2.2 T2V-A14B); None: guidance_scale's
     negative_prompt: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, without the media's bytes (their summaries only); guidance fields only when set, so a model
         without guidance records what it always did."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("guidance_scale", "negative_prompt"):
+        for name in GUIDANCE_FIELDS:
             if out[name] is None:
                 del out[name]
         out["loras"] = [[name, scale] for name, scale in self.loras]

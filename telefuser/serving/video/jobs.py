@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .canvas import RESIZE_METHOD
+from .contract import GUIDANCE_FIELDS
 
 log = logging.getLogger("telefuser.serving")
 
@@ -124,7 +125,7 @@ class VideoJob:
         }
         if self.spec.get("preset"):
             obj["preset"] = self.spec["preset"]
-        for name in ("guidance_scale", "negative_prompt"):  # set only by a model with guidance, when given
+        for name in GUIDANCE_FIELDS:  # set only by a model with guidance, when given
             if self.spec.get(name) is not None:
                 obj[name] = self.spec[name]
         if self.spec.get("loras"):

@@ -30,8 +30,8 @@ from .media import MediaLimits
 
 FIELDS = (
     "prompt", "model", "size", "resolution", "aspect_ratio", "seconds", "num_frames", "fps", "num_inference_steps",
-    "steps", "seed", "guidance_scale", "negative_prompt", "input_reference", "last_frame", "references", "lora",
-    "preset",
+    "steps", "seed", "guidance_scale", "guidance_scale_2", "negative_prompt", "input_reference", "last_frame",
+    "references", "lora", "preset",
 )  # fmt: skip
 REFUSED = {
     "image": "'image' is not a field here: send the first keyframe as 'input_reference' (or images in 'references')",
@@ -52,6 +52,7 @@ class VideoPolicy:
     max_steps: int = 1000
     guidance: bool = False  # False: the model has no classifier-free guidance (guidance_scale / negative_prompt)
     guidance_range: tuple[float, float] = (1.0, 20.0)  # the guidance_scale a request may give (with guidance)
+    experts: int = 1  # DiTs taking turns (Wan 2.2 T2V-A14B: 2); with 2, guidance_scale_2 sets the second one's scale
     steps_rule: str | None = None  # how the model counts steps (its metadata "steps"), for the refusals
     defaults: dict[str, Any] = field(default_factory=dict)  # size, seconds, steps, seed, aspect_ratio
     max_frames: int | None = None  # an explicit num_frames past this is refused before any arithmetic on it
@@ -84,6 +85,7 @@ class VideoPolicy:
             max_steps=int(max_steps),
             guidance=bool(meta.get("guidance", False)),
             guidance_range=_guidance_range(meta),
+            experts=int(meta.get("experts", 1)),
             steps_rule=meta.get("steps"),
             defaults=dict(meta.get("defaults", {})),
             max_frames=max_frames,
@@ -131,7 +133,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
             422, f"model {short_repr(model)} is not served here; this server serves {policy.model!r}", param="model"
         )
 
-    guidance_scale, negative_prompt = _guidance(given, policy)
+    guidance_scale, guidance_scale_2, negative_prompt = _guidance(given, policy)
     if "fps" in given:
         fps = _number("fps", given["fps"])
         if fps != policy.fps:
@@ -189,6 +191,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         loras=loras,
         media=inputs.media,
         guidance_scale=guidance_scale,
+        guidance_scale_2=guidance_scale_2,
         negative_prompt=negative_prompt,
     )
     fields = {**given, **inputs.described}  # the media as summaries: no megabytes of base64 in the record
@@ -205,30 +208,46 @@ def check_plan(request: VideoRequest, plan) -> None:
         )
 
 
-def _guidance(given: dict[str, Any], policy: VideoPolicy) -> tuple[float | None, str | None]:
-    """(guidance_scale, negative_prompt) for the spec; None where not given (the model's default). A model without
-    guidance takes only the values that change nothing (1.0, an empty negative prompt), and records neither."""
+def _guidance(given: dict[str, Any], policy: VideoPolicy) -> tuple[float | None, float | None, str | None]:
+    """(guidance_scale, guidance_scale_2, negative_prompt) for the spec; None where not given (the model's default;
+    guidance_scale_2, the second expert's, defaults to guidance_scale when that is given). A model without guidance
+    takes only the values that change nothing (1.0, an empty negative prompt), and records none."""
     scale = _number("guidance_scale", given["guidance_scale"]) if "guidance_scale" in given else None
+    scale_2 = _number("guidance_scale_2", given["guidance_scale_2"]) if "guidance_scale_2" in given else None
     negative = given.get("negative_prompt")
     if not policy.guidance:
         why = f"{policy.model} samples without classifier-free guidance (one DiT call per step)"
-        if scale is not None and scale != 1.0:
-            raise RequestError(422, f"'guidance_scale' cannot be honoured: {why}; omit it or send 1.0")
+        for name, value in (("guidance_scale", scale), ("guidance_scale_2", scale_2)):
+            if value is not None and value != 1.0:
+                raise RequestError(422, f"'{name}' cannot be honoured: {why}; omit it or send 1.0", param=name)
         if negative is not None and (not isinstance(negative, str) or negative.strip()):
             raise RequestError(422, f"'negative_prompt' cannot be honoured: {why}; omit it or send an empty string")
-        return None, None
-    low, high = policy.guidance_range
-    if scale is not None and not low <= scale <= high:
+        return None, None, None
+    if scale_2 is not None and policy.experts < 2:
         raise RequestError(
             422,
-            f"'guidance_scale' must be between {low:g} and {high:g} ({low:g}: no classifier-free guidance), "
-            f"got {scale:g}",
-            param="guidance_scale",
+            f"'guidance_scale_2' is the second expert's scale; {policy.model} has one DiT: use 'guidance_scale'",
+            param="guidance_scale_2",
+        )
+    low, high = policy.guidance_range
+    for name, value in (("guidance_scale", scale), ("guidance_scale_2", scale_2)):
+        if value is not None and not low <= value <= high:
+            raise RequestError(
+                422,
+                f"'{name}' must be between {low:g} and {high:g} ({low:g}: no classifier-free guidance), got {value:g}",
+                param=name,
+            )
+    if scale_2 is not None and scale is not None and scale <= 1.0:  # diffusers' WanPipeline decides on the first
+        raise RequestError(
+            422,
+            f"'guidance_scale_2' has no effect at guidance_scale {scale:g}: classifier-free guidance is off for the "
+            "whole request; raise 'guidance_scale' or omit 'guidance_scale_2'",
+            param="guidance_scale_2",
         )
     if negative is not None and not isinstance(negative, str):
         raise RequestError(422, f"'negative_prompt' must be a string, got {type(negative).__name__}")
     if negative is None or not negative.strip():
-        return scale, None
+        return scale, scale_2, None
     if len(negative) > MAX_PROMPT_CHARS:
         raise RequestError(422, f"'negative_prompt' is {len(negative)} characters; the limit is {MAX_PROMPT_CHARS}")
     if scale is not None and scale <= 1.0:  # no unconditional pass for it to steer
@@ -238,7 +257,7 @@ def _guidance(given: dict[str, Any], policy: VideoPolicy) -> tuple[float | None,
             "'guidance_scale' or omit the negative prompt",
             param="negative_prompt",
         )
-    return scale, negative
+    return scale, scale_2, negative
 
 
 def _canvas(

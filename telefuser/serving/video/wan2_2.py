@@ -94,7 +94,9 @@ class Wan22Runner:
                 "default": list(variant.guidance),  # (high-noise expert, low-noise expert)
                 "min": GUIDANCE_RANGE[0],
                 "max": GUIDANCE_RANGE[1],
-                "applies_to": "both experts" if variant.experts == 2 else "the DiT",
+                "applies_to": "both experts unless guidance_scale_2 sets the low-noise one's"
+                if variant.experts == 2
+                else "the DiT",
             },
             "negative_prompt_default": "",
             "experts": variant.experts,
@@ -147,7 +149,7 @@ class Wan22Runner:
                     num_frames=plan.frames,
                     steps=spec.steps,
                     guidance_scale=spec.guidance_scale,  # None: the release's, per expert
-                    guidance_scale_2=spec.guidance_scale,
+                    guidance_scale_2=self._second_scale(spec),
                     seed=spec.seed,
                     hooks=hooks,
                 )
@@ -182,10 +184,16 @@ class Wan22Runner:
             if callable(close):
                 close()  # the Ulysses communicator, where one was opened
 
+    @staticmethod
+    def _second_scale(spec: JobRequest) -> float | None:
+        """The low-noise expert's guidance: guidance_scale_2, else guidance_scale (as diffusers' WanPipeline), else
+        None (the release's)."""
+        return spec.guidance_scale_2 if spec.guidance_scale_2 is not None else spec.guidance_scale
+
     def _metrics(self, spec: JobRequest, dit_calls: int) -> dict[str, Any]:
         release = self._pipe.release
-        scale = spec.guidance_scale
-        guidance = [scale, scale] if scale is not None else list(release.guidance)
+        first, second = spec.guidance_scale, self._second_scale(spec)
+        guidance = [release.guidance[0] if first is None else first, release.guidance[1] if second is None else second]
         return {
             "variant": release.name,
             "dit_calls": dit_calls,
