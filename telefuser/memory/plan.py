@@ -7,8 +7,8 @@ what stays on the device plus the largest stage. A `Placement` says which layers
 
 * ``none``: everything on the device.
 * ``model``: the stacks that run once per request (a text encoder, MiniMax H3's AdaLN projections and VAEs) live in
-  pinned host memory and stream to the device a layer at a time (a VAE: whole) while they run; the DiT stays
-  resident.
+  pinned host memory and stream to the device a layer at a time (a VAE, and Wan 2.2 T2V-A14B's experts, which take
+  turns: whole) while they run; an every-step DiT stays resident.
 * ``block``: the DiT's blocks stream too (`streaming.StreamedLayers`: the next block's copy overlaps the current
   block's compute).
 
