@@ -102,6 +102,29 @@ def test_auto_takes_the_cheapest_tier_that_fits_and_refuses_with_what_would():
         choose(toy, 400, budget_source="x", host_bytes=10)
 
 
+def test_stacks_that_take_turns_are_lent_whole_in_the_model_tier_and_streamed_in_the_block_tier():
+    # two experts that run one after the other (Wan 2.2 T2V-A14B's): fixed 10 + 4 layers of 100 each
+    experts = tuple(
+        Stack(name, fixed=10, layer=100, count=4, per_request=True, fixed_offloads=True, whole_until_block=True)
+        for name in ("high", "low")
+    )
+    load = Workload(
+        "turns",
+        experts,
+        (Stage("high", uses=("high",), transient={"a": 60}), Stage("low", uses=("low",), transient={"a": 60})),
+    )
+    model = MemoryPlan(load, placement_for(load, "model"), None, "")
+    assert model.resident_bytes() == {"high": 0, "low": 0} and model.stage_bytes() == {"high": 470, "low": 470}
+    assert model.host_bytes == 2 * 410 and "high lent whole" in model.summary()
+    block = MemoryPlan(load, placement_for(load, "block"), None, "")
+    assert block.resident_bytes() == {"high": 10, "low": 10}  # the fixed parts stay; the layers stream
+    assert block.stage_bytes() == {"high": 60 + 2 * 100, "low": 60 + 2 * 100} and block.host_bytes == 2 * 400
+    # spare budget keeps layers of a streamed expert resident, never of one lent whole
+    assert plan_tier(load, "model", 10**6, "").placement.resident == {"high": 0, "low": 0}
+    filled = plan_tier(load, "block", 20 + 260 + 100, "")
+    assert filled.placement.resident == {"high": 1, "low": 0} and filled.peak_bytes == 380
+
+
 def test_a_refused_tier_is_never_chosen():
     toy = _toy()
     refused = Workload(toy.title, toy.stacks, toy.stages, toy.held, refused_tiers={"block": "no graphs"})
