@@ -519,3 +519,36 @@ def test_warmup_runs_the_default_shape_then_another_on_every_rank(monkeypatch):
         assert calls == [] and "warmup_s" not in runner.metadata
     finally:
         runner.close()
+
+
+def test_a_finished_job_is_on_disk_before_a_reader_can_see_it_finished(tmp_path, monkeypatch):
+    """While the worker writes a job's final record, a reader asking for that job waits: nobody sees "completed" that
+    a restart would not find (before the fix the record was written after the lock was let go, and the reader's GET
+    came back at once, "completed", with the file still saying in progress)."""
+    import threading
+
+    from telefuser.serving.video.jobs import RecordFiles
+
+    save = RecordFiles.save
+    seen: list[tuple[str, bool]] = []
+    readers: list[threading.Thread] = []
+
+    def watched_save(files, record):
+        if record["status"] == "completed":
+            reader = threading.Thread(target=client.get, args=(f"/v1/videos/{record['id']}",))
+            reader.start()
+            reader.join(0.5)  # a reader that got through now would have seen the ending before it was written
+            seen.append((record["status"], reader.is_alive()))
+            readers.append(reader)
+        return save(files, record)
+
+    monkeypatch.setattr(RecordFiles, "save", watched_save)
+    with TestClient(create_video_app(FakeVideoRunner(), output_dir=tmp_path, max_seconds=2)) as client:
+        r = client.post("/v1/videos", json={"prompt": "p", "seconds": 1})
+        done = poll(client, r.json()["id"], timeout=30)
+        assert done["status"] == "completed"
+        for reader in readers:
+            reader.join(5)
+    assert seen == [("completed", True)]  # the reader was still waiting while the final record was written
+    record = json.loads((tmp_path / f"{done['id']}.json").read_text())
+    assert record["status"] == "completed" and record["result"] is not None

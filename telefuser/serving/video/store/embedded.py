@@ -168,8 +168,9 @@ class EmbeddedJobStore:
             job.expires_at = self.policy.expiry(job.finished_at or time.time())
             job.touch()
             record = job.record()
+            # on disk before any reader can see the ending: a client that saw "completed" finds it after a restart
+            self._persist(record)
             self._cond.notify_all()
-        self._persist(record)
         return record["status"]
 
     def release(self, claim: Claim, stopped_at_step: int | None) -> None:
