@@ -191,15 +191,15 @@ def _dit_bytes(size: str, variant: str, element: int, quantization: str) -> tupl
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         module, _, leaf = name.rpartition(".")
         if keeps_fp32(name):
-            size = 4 * tensor.numel()
+            nbytes = 4 * tensor.numel()
         elif quantization == "fp8" and leaf == "weight" and is_block_linear(module, Wan22DiT.FP8_LINEARS):
-            size = tensor.numel() + 4 * tensor.shape[0]  # e4m3 values and an fp32 scale per output row
+            nbytes = tensor.numel() + 4 * tensor.shape[0]  # e4m3 values and an fp32 scale per output row
         else:
-            size = element * tensor.numel()
+            nbytes = element * tensor.numel()
         if name.startswith("blocks."):
-            blocks[int(name.split(".")[1])] += size
+            blocks[int(name.split(".")[1])] += nbytes
         else:
-            fixed += size
+            fixed += nbytes
     return fixed, max(blocks), len(blocks)
 
 
