@@ -1,11 +1,15 @@
 """Wan 2.2's DiT against diffusers' `WanTransformer3DModel` on tiny random configs (both variants' channel counts),
-read from diffusers' layout; the expert folders of both layouts; the spec in the registry. The original layout's
-round trip, the seeded random build, FP8, compiled regions and Ulysses are the conformance suite's (tests/conformance).
+read from diffusers' layout, with one timestep per sample and with one per token (diffusers' ``timestep`` of shape
+(batch, seq_len), TI2V-5B's image condition); the expert folders of both layouts; the spec in the registry. The
+original layout's round trip, the seeded random build, FP8, compiled regions and Ulysses are the conformance suite's
+(tests/conformance); Ulysses with per-token timesteps is tests/distributed/test_wan2_2_parity.py's.
 
 Tolerance: both models run in fp32 and compute the same function in another order; ours takes the timestep sinusoid
 and the RoPE angles in float64 (as the release), diffusers the sinusoid in float32 (angles t * f up to 1000 rad, so
-up to ~6e-5 rad of rounding on its lowest frequencies). Measured 2.4e-6; the bound is the repo's 1024 fp32 unit
-roundoffs (6.1e-5), and a convention error (RoPE on halves instead of adjacent pairs) must land 800x above it.
+up to ~6e-5 rad of rounding on its lowest frequencies). Measured 1.3e-6 to 3.0e-6 (per-token timesteps alike: ours
+embeds each distinct timestep once, diffusers every token, the same arithmetic per value); the bound is the repo's
+1024 fp32 unit roundoffs (6.1e-5), and a convention error must land 800x above it: RoPE on halves instead of adjacent
+pairs, and for per-token timesteps the t = 0 frame shifted by one, or the sample's t given to every token (0.48).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from telefuser.models.wan2_2.checkpoint import (
     load_wan22_dit,
 )
 from telefuser.models.wan2_2.config import Wan22Config
+from telefuser.ops.compile_stats import count_compiled
+from telefuser.ops.regions import compile_regions_on
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 
 pytestmark = pytest.mark.numerics
@@ -117,6 +123,96 @@ def test_a_rope_convention_error_lands_far_above_the_bound(monkeypatch, tmp_path
     error = relative_error(our_flow(ours, latents, t, text), reference_flow(reference, latents, t, text))
     print(f"negative control (RoPE on halves): max rel {error:.2e}")
     assert error > FAR
+
+
+# -- per-token timesteps (TI2V-5B's image condition) ---------------------------------------------------------------
+GRID = (3, 2, 3)  # the tokens of `inputs`' latents: 3 frames of 2 x 3
+SAMPLE_T = torch.tensor([937.0, 312.0])  # the CFG pair's own timesteps, as in `inputs`
+
+
+def frame_timesteps(zero_frame: int = 0) -> torch.Tensor:
+    """``[2, 18]``: each sample's t on every token but those of latent frame `zero_frame`, which run at 0 (the image
+    condition's pattern, diffusers' ``mask[0][0][:, ::2, ::2] * t`` flattened)."""
+    mask = torch.ones(GRID)
+    mask[zero_frame] = 0
+    return mask.flatten()[None] * SAMPLE_T[:, None]
+
+
+def random_timesteps() -> torch.Tensor:
+    """``[2, 18]``: a different timestep on every token (the general (batch, seq_len) case)."""
+    return torch.rand(2, GRID[0] * GRID[1] * GRID[2], generator=torch.Generator().manual_seed(5)) * 1000.0
+
+
+@pytest.fixture(scope="module")
+def ti2v_pair(tmp_path_factory):
+    """diffusers' DiT at TI2V-5B's 48 channels and ours read from its folder."""
+    reference = diffusers_dit(48, seed=0)
+    folder = write_diffusers(reference, tmp_path_factory.mktemp("ti2v"))
+    return reference, load_wan22_dit(folder, device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("timesteps", [frame_timesteps, random_timesteps], ids=["first-frame-at-0", "every-token"])
+def test_per_token_timesteps_match_diffusers(ti2v_pair, timesteps):
+    reference, ours = ti2v_pair
+    latents, _, text = inputs(48)
+    t = timesteps()
+    error = relative_error(our_flow(ours, latents, t, text), reference_flow(reference, latents, t, text))
+    print(f"Wan 2.2 DiT, per-token timesteps ({timesteps.__name__}) against diffusers: max rel {error:.2e}")
+    assert error <= BOUND
+
+
+@pytest.mark.parametrize("wrong", ["frame shifted by one", "the sample's t on every token"])
+def test_misplaced_per_token_timesteps_land_far_above_the_bound(ti2v_pair, wrong):
+    """Negative controls: the t = 0 tokens one latent frame late, or no per-token timestep at all."""
+    reference, ours = ti2v_pair
+    latents, _, text = inputs(48)
+    expected = reference_flow(reference, latents, frame_timesteps(), text)
+    t = frame_timesteps(zero_frame=1) if wrong == "frame shifted by one" else SAMPLE_T
+    error = relative_error(our_flow(ours, latents, t, text), expected)
+    print(f"negative control ({wrong}): max rel {error:.2e}")
+    assert error > FAR
+
+
+def test_one_timestep_on_every_token_is_the_per_sample_forward_exactly(ti2v_pair):
+    """Each sample's t repeated on its tokens embeds the same distinct values in the same order (ascending, as
+    `torch.unique` sorts them) through the same GEMMs, then copies each row its entry: the per-sample forward's bits."""
+    _, ours = ti2v_pair
+    latents, _, text = inputs(48)
+    ascending = torch.tensor([312.0, 937.0])
+    per_token = ascending[:, None].expand(2, GRID[0] * GRID[1] * GRID[2])
+    assert torch.equal(our_flow(ours, latents, per_token, text), our_flow(ours, latents, ascending, text))
+
+
+def test_per_token_timesteps_trace_into_the_compiled_block_region(ti2v_pair):
+    """The per-token modulation (a table and row indices) passes through the block region whole-graph (aot_eager on
+    the CPU: the tracing, without code generation); fp32, the same ops: within the bound of the eager forward."""
+    _, ours = ti2v_pair
+    latents, _, text = inputs(48)
+    t = frame_timesteps()
+    eager = our_flow(ours, latents, t, text)
+    try:
+        with compile_regions_on("cpu", backend="aot_eager"), count_compiled() as stats:
+            compiled = our_flow(ours, latents, t, text)
+    finally:
+        torch._dynamo.reset()
+    assert stats.calls == len(ours.blocks), stats  # one compiled region call per block
+    assert relative_error(compiled, eager) <= BOUND
+
+
+@pytest.mark.parametrize(
+    ("t", "message"),
+    [
+        (torch.full((2, 17), 500.0), r"t must be \[B=2\] or per token \[B=2, N=18\], got \(2, 17\)"),
+        (torch.full((1, 18), 500.0), r"t must be \[B=2\] or per token \[B=2, N=18\], got \(1, 18\)"),
+        (frame_timesteps() * 2.0, r"t must lie in \[0, 1000\], got values from 0 to 1874"),
+    ],
+    ids=["tokens", "batch", "range"],
+)
+def test_bad_per_token_timesteps_are_refused_by_name(ti2v_pair, t, message):
+    _, ours = ti2v_pair
+    latents, _, text = inputs(48)
+    with pytest.raises(ValueError, match=message):
+        our_flow(ours, latents, t, text)
 
 
 def test_the_experts_are_found_in_both_layouts_and_a_missing_one_is_named(tmp_path):

@@ -1,10 +1,13 @@
 """Token layout, the timestep sinusoid, and the released patch, time and text embeddings applied.
 
 Tokens are raster (f, h, w); patch features are ordered (c, pt, ph, pw), as the Conv3d weight flattens, and output
-patch values (pt, ph, pw, c), as Wan's unpatchify reads them.
+patch values (pt, ph, pw, c), as Wan's unpatchify reads them. A timestep is one per sample (``[B]``) or one per token
+(``[B, N]``, diffusers' ``timestep`` of shape (batch, seq_len): Wan 2.2 TI2V-5B's image condition).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +62,26 @@ def embed_time(
     t_emb = t_emb.float()
     t_mod = run_linear(time_projection[1], F.silu(t_emb)).float()
     return t_emb, t_mod.unflatten(1, (MODULATION_PARAMS, t_emb.shape[1]))
+
+
+class RowModulation(NamedTuple):
+    """A timestep embedding per token row, kept compact: `table` ``[K, ...]`` holds the embedding of each distinct
+    timestep (a few: TI2V's are 0 and t), `index` ``[B, S]`` each row's entry in it. The rows may be a rank's share
+    (`index` is split over the Ulysses group as the tokens are)."""
+
+    table: torch.Tensor
+    index: torch.Tensor
+
+
+def embed_time_per_row(
+    time_embedding: nn.Sequential, time_projection: nn.Sequential, freq_dim: int, t: torch.Tensor
+) -> tuple[RowModulation, RowModulation]:
+    """Timesteps per token ``[B, N]`` -> (t_emb, t_mod) as `RowModulation`s over the N rows: every distinct timestep
+    embedded once (`embed_time`), each row indexing its own. Equal per-row values give equal rows, as embedding
+    every token does; ``torch.unique`` makes one device sync."""
+    distinct, index = torch.unique(t, return_inverse=True)
+    t_emb, t_mod = embed_time(time_embedding, time_projection, freq_dim, distinct)
+    return RowModulation(t_emb, index), RowModulation(t_mod, index)
 
 
 def embed_text(text_embedding: nn.Sequential, text: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,10 @@
     text = dit.text_kv(text_states)            # every block's prompt K/V, once per request (cond and uncond batched)
     flow = dit(latents, t, text)               # [B, out_dim, F, H, W] fp32; B = 2 for CFG (cond, uncond)
 
-Under Ulysses each rank embeds and runs its share of the rows and the output rows are gathered, so every rank
-(called with identical inputs) returns the full prediction. On CUDA every block runs as one compiled region
+t is one timestep per sample ``[B]``, or one per token ``[B, N]`` (TI2V-5B's image condition: the first latent
+frame's tokens at t = 0), as diffusers' `WanTransformer3DModel` takes it. Under Ulysses each rank embeds and runs its
+share of the rows (per-token timesteps split as the tokens) and the output rows are gathered, so every rank (called
+with identical inputs) returns the full prediction. On CUDA every block runs as one compiled region
 (`models.wan.blocks.wan_block_region`); elsewhere as it is.
 """
 
@@ -26,7 +28,15 @@ from ..block_streaming import BlockStreaming
 from ..ulysses_owner import UlyssesOwner
 from ..wan.blocks import WanBlock, WanHead, wan_block_region
 from ..wan.config import MODULATION_PARAMS
-from ..wan.embeddings import embed_patches, embed_text, embed_time, patchify, unpatchify
+from ..wan.embeddings import (
+    RowModulation,
+    embed_patches,
+    embed_text,
+    embed_time,
+    embed_time_per_row,
+    patchify,
+    unpatchify,
+)
 from ..wan.rope import chunk_rope
 from .config import Wan22Config
 
@@ -98,14 +108,15 @@ class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
     @torch.no_grad()
     def forward(self, latents: torch.Tensor, t: torch.Tensor, text: TextKV) -> torch.Tensor:
         """Flow prediction ``[B, out_dim, F, H, W]`` (fp32) for latents ``[B, in_dim, F, H, W]`` at timesteps t
-        ``[B]`` in [0, 1000] (the scheduler's, not rescaled), against the prompt K/V `text` (`text_kv`, batch B)."""
+        in [0, 1000] (the scheduler's, not rescaled), ``[B]`` or per token ``[B, N]`` (N = F*H*W / patch volume, raster
+        (f, h, w) order), against the prompt K/V `text` (`text_kv`, batch B)."""
         grid = self._check(latents, t, text)
         cfg = self.config
         n = grid[0] * grid[1] * grid[2]
         rank, world = self._ulysses_coordinates()
         rows, padded = rank_rows(n, rank, world)
         x = embed_patches(self.patch_embedding, take_rows(patchify(latents, cfg.patch_size), rows, padded))
-        t_emb, t_mod = embed_time(self.time_embedding, self.time_projection, cfg.freq_dim, t.to(latents.device))
+        t_emb, t_mod = self._embed_time(t.to(latents.device), rows, padded)
         rope = self._rope(grid, latents.device)
         exchange = exchange_key(self.communicator) if region_compiles(x) else self.communicator
         for index, block in self._each_block():
@@ -114,6 +125,16 @@ class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
         if world > 1:
             out = gather_rows(out, self.ulysses_group, communicator=self.communicator)
         return unpatchify(out[:, :n], grid, cfg.patch_size).contiguous()
+
+    def _embed_time(self, t: torch.Tensor, rows: slice, padded: int):
+        """(t_emb, t_mod) of timesteps ``[B]`` (``[B, dim]``, ``[B, 6, dim]``), or of per-token ones ``[B, N]``:
+        `RowModulation`s whose row indices are this rank's rows, split as the tokens are."""
+        embedding = (self.time_embedding, self.time_projection, self.config.freq_dim)
+        if t.dim() == 1:
+            return embed_time(*embedding, t)
+        t_emb, t_mod = embed_time_per_row(*embedding, t)
+        index = take_rows(t_emb.index[..., None], rows, padded)[..., 0]  # padding rows take entry 0; they are dropped
+        return RowModulation(t_emb.table, index), RowModulation(t_mod.table, index)
 
     def _rope(self, grid: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE of every row from frame 0; a request's steps share it (computed once per shape)."""
@@ -131,10 +152,12 @@ class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
         pt, ph, pw = cfg.patch_size
         if f % pt or h % ph or w % pw:
             raise ValueError(f"latent grid {(f, h, w)} does not split into {cfg.patch_size} patches")
-        if t.shape != (b,):
-            raise ValueError(f"t must be [B={b}], got {tuple(t.shape)}")
+        tokens = (f // pt) * (h // ph) * (w // pw)
+        if t.shape not in ((b,), (b, tokens)):
+            raise ValueError(f"t must be [B={b}] or per token [B={b}, N={tokens}], got {tuple(t.shape)}")
         if t.device.type == "cpu" and not bool(((t >= 0) & (t <= MAX_TIMESTEP)).all()):  # no device sync
-            raise ValueError(f"t must lie in [0, {MAX_TIMESTEP:g}], got {t.tolist()}")
+            shown = t.tolist() if t.dim() == 1 else f"values from {t.min().item():g} to {t.max().item():g}"
+            raise ValueError(f"t must lie in [0, {MAX_TIMESTEP:g}], got {shown}")
         if len(text) != len(self.blocks) or text[0][0].shape[0] != b:
             raise ValueError(f"text must be this model's text_kv for a batch of {b}")
         return f // pt, h // ph, w // pw
