@@ -50,6 +50,7 @@ class Wan22Release:
     fps: int
     size: tuple[int, int]  # (width, height) of the release's canvas
     frames: int
+    takes_image: bool = False  # a first-frame image condition (TI2V-5B: text + image to video)
 
     @property
     def vae_scale(self) -> int:
@@ -87,6 +88,7 @@ TI2V_5B = Wan22Release(
     fps=24,
     size=(1280, 704),
     frames=121,
+    takes_image=True,
 )
 RELEASES = {release.name: release for release in (T2V_A14B, TI2V_5B)}
 

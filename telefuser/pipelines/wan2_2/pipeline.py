@@ -1,11 +1,13 @@
-"""Wan 2.2 text-to-video: prompt -> umT5 states -> flow-matching UniPC denoise (two experts switched at the boundary
-timestep, CFG batched as one B=2 DiT call) -> one VAE decode.
+"""Wan 2.2 text(+image)-to-video: prompt -> umT5 states -> flow-matching UniPC denoise (two experts switched at the
+boundary timestep, CFG batched as one B=2 DiT call) -> one VAE decode.
 
     pipe = build_wan22_pipeline(variant="t2v-a14b", config="tiny")           # loading.py
     video = pipe("a red fox in the snow", seed=0)                            # Wan22Video: uint8 frames [T, H, W, 3]
+    video = ti2v_pipe("the fox runs", image=Image.open("fox.png"))           # TI2V-5B: the image is the first frame
 
-`denoise` is the loop alone (latents and encoder states in, latents out): what the parity test runs beside diffusers'
-``WanPipeline``. The scheduler is diffusers' ``UniPCMultistepScheduler`` with flow sigmas, as Wan 2.2 samples.
+`denoise` is the loop alone (latents and encoder states in, latents out): what the parity tests run beside diffusers'
+``WanPipeline`` and, with an image condition (image.py), ``WanImageToVideoPipeline(expand_timesteps=True)``. The
+scheduler is diffusers' ``UniPCMultistepScheduler`` with flow sigmas, as Wan 2.2 samples.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ...models.wan2_2.config import Wan22Release
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
 from ..wan.vae import to_uint8_frames
+from .image import first_frame_timesteps, image_pixels, with_first_frame
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -115,20 +118,33 @@ class Wan22Pipeline:
         guidance_scale: float | None = None,
         guidance_scale_2: float | None = None,
         seed: int = 0,
+        image=None,
         hooks: StepHooks = NO_HOOKS,
     ) -> Wan22Video:
         """The release's canvas, frames, steps and guidance where not given. The initial noise comes from one CPU
-        generator seeded with `seed` (the same on every rank and device). `hooks`: ``progress(done, total)`` after
-        each step, ``cancelled()`` before each (`GenerationCancelled`)."""
+        generator seeded with `seed` (the same on every rank and device). `image` (TI2V-5B only; a PIL image): the
+        first frame, stretched onto the canvas. `hooks`: ``progress(done, total)`` after each step, ``cancelled()``
+        before each (`GenerationCancelled`)."""
         release = self.release
+        if image is not None and not release.takes_image:
+            raise ValueError(
+                f"Wan 2.2 {release.name} is text-to-video only: an image conditions TI2V-5B (diffusers' A14B "
+                "image-to-video is another checkpoint, Wan2.2-I2V-A14B, not served here)"
+            )
         width, height = width or release.size[0], height or release.size[1]
         shape = self.latent_shape(width, height, num_frames or release.frames)
+        pixels = image_pixels(image, width, height) if image is not None else None  # a bad image fails before work
         reset_parallel(self.experts[0])  # a request boundary; the experts share one communicator (loading.py)
         timings = {}
         start = time.perf_counter()
         text = self.prompt_encoder(prompt, self.device)
         negative = self.prompt_encoder(negative_prompt, self.device, allow_empty=True)
         timings["text_encode_s"] = time.perf_counter() - start
+        condition = None
+        if pixels is not None:
+            start = time.perf_counter()
+            condition = self.encode_image(pixels)
+            timings["image_encode_s"] = time.perf_counter() - start
         noise = torch.randn(1, *shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
         start = time.perf_counter()
         guidance = (
@@ -136,7 +152,7 @@ class Wan22Pipeline:
             guidance_scale_2 if guidance_scale_2 is not None else release.guidance[1],
         )
         latents, calls = self.denoise(noise.to(self.device), text, negative, steps=steps or release.steps,
-                                      guidance=guidance, hooks=hooks)  # fmt: skip
+                                      guidance=guidance, hooks=hooks, condition=condition)  # fmt: skip
         timings["denoise_s"] = time.perf_counter() - start
         start = time.perf_counter()
         sharding = self._vae_sharding(shape[2])
@@ -157,11 +173,14 @@ class Wan22Pipeline:
         guidance: tuple[float, float],
         hooks: StepHooks = NO_HOOKS,
         boundary_ratio: float | None = None,
+        condition: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """`steps` UniPC steps from `latents` ``[B, C, F, h, w]`` (fp32); returns (latents, DiT calls). Each step
         runs the high-noise expert while ``t >= boundary_ratio * 1000`` (the release's boundary unless given), then
         the low-noise one, with that expert's guidance; with guidance above 1 (the high-noise expert's, as
-        diffusers decides) the conditional and unconditional predictions come from one batched call."""
+        diffusers decides) the conditional and unconditional predictions come from one batched call. `condition`
+        ``[1, C, 1, h, w]`` (`encode_image`): the first latent frame, held at timestep 0 (image.py); the latents
+        returned carry it."""
         release = self.release
         boundary = release.boundary_ratio if boundary_ratio is None else boundary_ratio
         boundary_t = None if boundary is None or len(self.experts) == 1 else boundary * NUM_TRAIN_TIMESTEPS
@@ -185,14 +204,30 @@ class Wan22Pipeline:
                     dit = lent.enter_context(self.expert_on_device(expert))
                     text_kv = dit.text_kv(states.to(dit.compute_dtype))
                     current = expert
-                x = torch.cat([latents, latents]) if cfg else latents
-                flow = dit(x.to(dit.compute_dtype), t.expand(x.shape[0]).to(latents.device), text_kv).float()
+                x = latents if condition is None else with_first_frame(latents, condition)
+                x = torch.cat([x, x]) if cfg else x
+                flow = dit(x.to(dit.compute_dtype), self._timesteps(t, x, condition, dit), text_kv).float()
                 if cfg:
                     cond, uncond = flow.chunk(2)
                     flow = uncond + guidance[expert] * (cond - uncond)
                 latents = scheduler.step(flow, t, latents, return_dict=False)[0]
                 hooks.progress(i + 1, steps)
+        if condition is not None:
+            latents = with_first_frame(latents, condition)
         return latents, steps
+
+    @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The first frame's condition: pixels ``[3, H, W]`` in [-1, 1] (`image.image_pixels`) VAE-encoded as one
+        latent frame (the posterior's mode), normalised: ``[1, C, 1, H/16, W/16]`` fp32 on the pipeline's device."""
+        return self.vae.encode_condition(pixels, 1).to(self.device)
+
+    @staticmethod
+    def _timesteps(t: torch.Tensor, x: torch.Tensor, condition: torch.Tensor | None, dit) -> torch.Tensor:
+        """The DiT's timesteps for the batch `x`: t for every sample, or per token with the condition's frame at 0."""
+        if condition is None:
+            return t.expand(x.shape[0]).to(x.device)
+        return first_frame_timesteps(t, x.shape[0], tuple(x.shape[2:]), dit.config.patch_size).to(x.device)
 
     def expert_on_device(self, index: int):
         """A context holding expert `index` on the device: lent from host memory for the block (its device copy
