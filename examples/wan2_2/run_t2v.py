@@ -1,7 +1,9 @@
-"""Wan 2.2 text -> video, one request, timed.
+"""Wan 2.2 text (+ image, TI2V-5B) -> video, one request, timed.
 
     python examples/wan2_2/run_t2v.py --config tiny --device cpu --dtype float32 --output outputs/wan2_2/tiny.mp4
     python examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --config tiny --device cpu --output outputs/wan2_2/5b.mp4
+    python examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --checkpoint /models/Wan2.2-TI2V-5B-Diffusers \
+        --image first_frame.png --prompt "the fox turns and runs" --output out/fox.mp4
     torchrun --standalone --nproc-per-node=4 examples/wan2_2/run_t2v.py --checkpoint /models/Wan2.2-T2V-A14B \
         --size 1280x720 --output out/wan22.mp4
 
@@ -11,7 +13,8 @@ plan and where the weights came from. The plan comes first (`--offload auto` tak
 is refused before anything loads. Without --checkpoint every weight is random (the log says so): the clip shows noise, which is
 what a plumbing or timing run needs and nothing more. Steps, guidance, size and frames default to the release's
 (T2V-A14B: 40 steps, guidance 4.0 then 3.0, 1280x720, 81 frames at 16 fps; TI2V-5B: 50 steps, 5.0, 1280x704,
-121 frames at 24 fps; tiny: 4 steps, 9 frames).
+121 frames at 24 fps; tiny: 4 steps, 9 frames). `--image` (TI2V-5B) makes the picture the clip's first frame,
+stretched onto the canvas, as diffusers' `WanImageToVideoPipeline` for TI2V-5B does.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import json
 import time
 from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
@@ -49,11 +54,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--guidance-scale", type=float, default=None, help="the high-noise expert's (default: release)")
     p.add_argument("--guidance-scale-2", type=float, default=None, help="the low-noise expert's (default: release)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        help="wan2.2-ti2v-5b only: a PNG/JPEG/WebP picture to start the clip from (its first frame, stretched onto "
+        "--size); the prompt says what happens next. Without it the video comes from the text alone",
+    )
     p.add_argument("--output", type=Path, default=Path("outputs/wan2_2/t2v.mp4"))
     add_runtime_args(p, ulysses_default=None)
     get_spec(model).add_flags(p.add_argument_group(f"{model} flags"))
     args = p.parse_args(argv)
     check_shape(p, args)
+    args.first_frame = read_image(p, args)
     return args
 
 
@@ -72,6 +85,22 @@ def check_shape(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             )
     if args.num_frames is not None and (args.num_frames < 1 or (args.num_frames - 1) % 4):
         p.error(f"--num-frames must be 4n + 1 (1, 5, 9, ..., 81), got {args.num_frames}")
+
+
+def read_image(p: argparse.ArgumentParser, args: argparse.Namespace) -> Image.Image | None:
+    """--image opened as RGB before anything is planned or loaded: a variant without the image condition, a missing
+    file or one that is not a readable image ends the command in one line."""
+    if args.image is None:
+        return None
+    if not release(args.model.removeprefix("wan2.2-")).takes_image:
+        p.error(f"--image: {args.model} is text-to-video only; the image condition is wan2.2-ti2v-5b's")
+    try:
+        with Image.open(args.image) as opened:
+            return opened.convert("RGB")
+    except FileNotFoundError:
+        p.error(f"--image {args.image}: no such file")
+    except (UnidentifiedImageError, OSError) as exc:
+        p.error(f"--image {args.image}: not a readable image ({type(exc).__name__}: {exc})")
 
 
 def main(argv=None) -> int:
@@ -94,6 +123,7 @@ def main(argv=None) -> int:
         guidance_scale=args.guidance_scale,
         guidance_scale_2=args.guidance_scale_2,
         seed=args.seed,
+        image=args.first_frame,
     )
     if runtime.rank == 0:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +131,7 @@ def main(argv=None) -> int:
         variant = release(args.model.removeprefix("wan2.2-"), "official" if args.checkpoint else args.config)
         summary = {
             "model": args.model,
+            "image": str(args.image) if args.image else None,
             "frames": list(video.frames.shape),
             "fps": video.fps,
             "dit_calls": video.dit_calls,
