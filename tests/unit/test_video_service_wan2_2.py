@@ -1,13 +1,16 @@
 """`telefuser serve --model wan2.2-t2v-a14b | wan2.2-ti2v-5b`: Wan 2.2 (text to video, no audio, with classifier-free
-guidance) through the real /v1/videos app on the CPU, tiny random weights.
+guidance; TI2V-5B also from a first frame, `input_reference`) through the real /v1/videos app on the CPU, tiny random
+weights.
 
 The MP4 has a video stream and no audio stream, the job object has no `audio`, `guidance_scale` and
-`negative_prompt` reach the pipeline (a recording wrapper around it, and the DiT's batch: 2 rows when guided), bad
-values are 422s with a reason, and the OpenAI SDK's `create_and_poll` works against it.
+`negative_prompt` reach the pipeline (a recording wrapper around it, and the DiT's batch: 2 rows when guided), a
+TI2V-5B first frame reaches it and is the clip's first latent frame, bad values are 422s with a reason (naming the
+field), and the OpenAI SDK's `create_and_poll` works against it (with an `input_reference` upload for TI2V-5B).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import warnings
@@ -16,7 +19,9 @@ import av
 import httpx
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from telefuser import cli
 from telefuser.media import probe_media
@@ -25,6 +30,7 @@ from telefuser.serving.video.app import create_video_app
 from telefuser.serving.video.canvas import fit_frames
 from tools.harness.server_process import ServerProcess
 from tests.unit.test_video_service import poll, post_form
+from tests.video_media import data_url
 from tests.video_runner_args import tiny_runner_args
 
 A14B, TI2V = "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"
@@ -43,6 +49,7 @@ class RecordingPipeline:
         self._pipe = pipe
         self.calls: list[dict] = []
         self.frames: list[np.ndarray] = []
+        self.latents: list = []
         self.texts: list[str] = []
         self.dit_batches: list[int] = []
         encode = pipe.prompt_encoder
@@ -62,10 +69,11 @@ class RecordingPipeline:
         self.calls.append({"prompt": prompt, **kwargs})
         video = self._pipe(prompt, **kwargs)
         self.frames.append(video.frames)
+        self.latents.append(video.latents)
         return video
 
     def clear(self) -> None:
-        self.calls.clear(), self.frames.clear(), self.texts.clear(), self.dit_batches.clear()
+        self.calls.clear(), self.frames.clear(), self.latents.clear(), self.texts.clear(), self.dit_batches.clear()
 
 
 def wan_args(model: str, **overrides):
@@ -319,6 +327,129 @@ def test_ti2v_5b_warms_up_then_serves_a_resized_clip_without_audio(tmp_path, mon
     made = frames[-1]
     assert made.shape == (5, 64, 96, 3) and made.std() > 5
     assert luma_error(decoded_frames(clip), fit_frames(made, 64, 48)) < LUMA_MEAN_ABS_ERROR
+
+
+# -- TI2V-5B's first frame (input_reference) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ti2v():
+    """The TI2V-5B runner `telefuser serve --model wan2.2-ti2v-5b --config tiny` builds, its pipeline recorded."""
+    from telefuser.serving.video.wan2_2 import build_wan22_runner
+
+    runner = build_wan22_runner(wan_args(TI2V))
+    runner._pipe = RecordingPipeline(runner._pipe)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture
+def ti2v_client(ti2v, tmp_path):
+    ti2v._pipe.clear()
+    with TestClient(create_video_app(ti2v, output_dir=tmp_path)) as c:
+        yield c
+
+
+def first_frame_png(width: int = 96, height: int = 64) -> bytes:
+    """A noise picture (every pixel random, so a wrong resize or a missed condition shows)."""
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(4).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def the_condition(pipe, image, width: int, height: int):
+    """The latent frame `image` makes on a `width` x `height` canvas, as the pipeline encodes it."""
+    from telefuser.pipelines.wan2_2.image import image_pixels
+
+    return pipe.encode_image(image_pixels(image, width, height))
+
+
+def test_a_ti2v_job_starts_from_the_uploaded_first_frame(ti2v_client, ti2v, tmp_path):
+    """A file part (as the OpenAI SDK uploads `input_reference`) with an explicit size: the image is stretched onto
+    the canvas and its latent frame is the clip's first."""
+    pipe, picture = ti2v._pipe, first_frame_png(80, 48)
+    r = ti2v_client.post(
+        "/v1/videos",
+        data={"prompt": "the kite climbs", "size": "64x64", "seconds": "0.2", "steps": "2"},
+        files={"input_reference": ("first.png", picture, "image/png")},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["task"] == "fl2va" and r.json()["inputs"][0]["role"] == "first_frame"
+    done = poll(ti2v_client, r.json()["id"], timeout=60)
+    assert done["status"] == "completed" and "audio" not in done and done["size"] == "64x64", done
+    image = pipe.calls[-1]["image"]
+    assert image.mode == "RGB" and image.size == (80, 48)
+    assert np.array_equal(np.asarray(image), np.asarray(Image.open(io.BytesIO(picture)).convert("RGB")))
+    assert torch.equal(pipe.latents[-1][:, :, :1], the_condition(pipe, image, 64, 64))
+    record = json.loads((tmp_path / f"{done['id']}.json").read_text())
+    assert record["request"]["input_reference"]["file"] == "first.png" and record["result"]["metrics"]["image"]
+
+
+def test_without_a_size_a_ti2v_job_takes_the_first_frames_aspect_ratio(ti2v_client, ti2v):
+    """A data URL in JSON, no size: the keyframe's aspect ratio at the default size's short edge (64: 96x64 for a
+    3:2 picture), as for MiniMax H3's keyframes."""
+    r = ti2v_client.post("/v1/videos", json={"prompt": "a kite", "seconds": 0.2, "steps": 2,
+                                             "input_reference": data_url(first_frame_png(96, 64))})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert (r.json()["size"], r.json()["generated_size"]) == ("96x64", "96x64")
+    done = poll(ti2v_client, r.json()["id"], timeout=60)
+    assert done["status"] == "completed", done
+    call = ti2v._pipe.calls[-1]
+    assert (call["width"], call["height"]) == (96, 64) and call["image"].size == (96, 64)
+    assert torch.equal(ti2v._pipe.latents[-1][:, :, :1], the_condition(ti2v._pipe, call["image"], 96, 64))
+
+
+def test_a_text_only_ti2v_job_passes_no_image(ti2v_client, ti2v):
+    r = ti2v_client.post("/v1/videos", json={"prompt": "a kite", "size": "64x64", "seconds": 0.2, "steps": 2})
+    assert poll(ti2v_client, r.json()["id"], timeout=60)["status"] == "completed"
+    assert ti2v._pipe.calls[-1]["image"] is None and r.json()["task"] == "t2va"
+
+
+def test_what_wan_cannot_use_is_refused_naming_the_field(ti2v_client, client):
+    corrupt = first_frame_png()[:80]  # a PNG header and a cut-off image
+    text_only = "this server's model takes text only; a fl2va request (keyframes) cannot run"
+    for http, fields, param, message in (
+        (client, {"input_reference": data_url(first_frame_png())}, "input_reference", f"'input_reference': {text_only}"),
+        (ti2v_client, {"input_reference": data_url(corrupt)}, "input_reference",
+         "'input_reference' could not be decoded as a PNG image"),
+        (ti2v_client, {"input_reference": data_url(b"GIF89a" + bytes(40), "image/gif")}, "input_reference",
+         "'input_reference' must be a PNG, JPEG or WebP image"),
+        (ti2v_client, {"last_frame": data_url(first_frame_png())}, "last_frame",
+         "'last_frame': Wan 2.2 TI2V-5B takes one image, the first frame ('input_reference')"),
+        (ti2v_client, {"references": [data_url(first_frame_png())]}, "references",
+         "'references': this server's model takes t2va (text only), fl2va (keyframes); a ref2va request"),
+        (ti2v_client, {"input_reference": data_url(first_frame_png(300, 64))}, None,
+         "the keyframe's aspect ratio 300:64 is outside 1:4 .. 4:1, where a canvas is derived from it; give 'size'"),
+    ):  # fmt: skip
+        r = http.post("/v1/videos", json={"prompt": "p", "seconds": 0.25, "steps": 2, **fields})
+        assert r.status_code == 422, (r.status_code, r.text)
+        assert message in r.json()["detail"] and r.json()["error"]["param"] == param, r.json()
+
+
+def test_the_ti2v_metadata_says_it_takes_a_first_frame(ti2v_client, client):
+    model = ti2v_client.get("/v1/service/metadata").json()["model"]
+    assert model["tasks"] == ["t2va", "fl2va"] and model["image_condition"].startswith("'input_reference'")
+    assert "(+ first frame)" in model["runner"]
+    a14b = client.get("/v1/service/metadata").json()["model"]
+    assert a14b["tasks"] == ["t2va"] and "image_condition" not in a14b
+
+
+def test_the_openai_sdk_uploads_a_first_frame_for_ti2v(ti2v, tmp_path):
+    openai = pytest.importorskip("openai", reason="the openai package is in the dev extra")
+    ti2v._pipe.clear()
+    first = tmp_path / "first.png"
+    first.write_bytes(first_frame_png(64, 64))
+    app = create_video_app(ti2v, output_dir=tmp_path / "out")
+    with serve_in_thread(app) as base, warnings.catch_warnings(), first.open("rb") as upload:
+        warnings.simplefilter("ignore", DeprecationWarning)  # the SDK marks its video methods deprecated
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        video = client.videos.create_and_poll(
+            model=TI2V, prompt="the kite climbs", input_reference=upload, size="64x64",  # type: ignore[arg-type]
+            seconds="0.2", extra_body={"num_inference_steps": 2}, poll_interval_ms=50,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert video.status == "completed" and video.model_dump()["task"] == "fl2va", video
+    assert ti2v._pipe.calls[-1]["image"].size == (64, 64)
 
 
 def help_of(capsys, *command: str) -> str:

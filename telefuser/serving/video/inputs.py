@@ -75,13 +75,24 @@ def requested_task(given: dict[str, Any]) -> str:
     return "ref2va" if given.get("references") not in (None, "", []) else "fl2va" if keyframes else "t2va"
 
 
-def check_task(task: str, tasks: tuple[str, ...], partition: str | None) -> None:
-    """422 when this server's model cannot run `task`, saying which server can."""
+def media_fields(given: dict[str, Any]) -> list[str]:
+    """The media fields a request sent, in `MEDIA_FIELDS` order."""
+    return [field for field in MEDIA_FIELDS if given.get(field) not in (None, "", [])]
+
+
+def check_task(task: str, tasks: tuple[str, ...], partition: str | None, fields: list[str] | None = None) -> None:
+    """422 when this server's model cannot run `task`, naming the request's media `fields` (a model without
+    partitions) or saying which server can (MiniMax H3's partitions)."""
     if task in tasks:
         return
     if partition is None:
+        takes = "text only" if tuple(tasks) == ("t2va",) else ", ".join(f"{t} ({TASK_INPUTS[t]})" for t in tasks)
+        named = ", ".join(f"'{field}'" for field in fields or ())
         raise RequestError(
-            422, f"this server's model takes text only; a {task} request ({TASK_INPUTS[task]}) cannot run"
+            422,
+            f"{named + ': ' if named else ''}this server's model takes {takes}; a {task} request "
+            f"({TASK_INPUTS[task]}) cannot run",
+            param=(fields or [None])[0],
         )
     from telefuser.pipelines.minimax_h3.pipeline import partition_for_task
 

@@ -24,7 +24,7 @@ from ..common.request_body import MAX_PROMPT_CHARS, MAX_SEED, check_prompt, shor
 from .canvas import generation_canvas
 from .contract import JobRequest
 from .form import Upload, read_fields
-from .inputs import MEDIA_FIELDS, check_task, read_inputs, requested_task
+from .inputs import MEDIA_FIELDS, check_task, media_fields, read_inputs, requested_task
 from .lora_field import LoraPolicy, parse_loras
 from .media import MediaLimits
 
@@ -172,9 +172,10 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         )
 
     loras = parse_loras(given.get("lora"), policy.loras)
-    check_task(requested_task(given), policy.tasks, policy.partition)  # before any upload is decoded
+    sent = media_fields(given)
+    check_task(requested_task(given), policy.tasks, policy.partition, sent)  # before any upload is decoded
     inputs = read_inputs(given, policy.media)  # last: the only expensive check (it decodes the images)
-    check_task(inputs.task, policy.tasks, policy.partition)
+    check_task(inputs.task, policy.tasks, policy.partition, sent)
     anchor = next(((m.width, m.height) for m in inputs.media if m.role != "reference"), None)
     resolution, aspect_ratio, output_size = _canvas(given, policy, anchor)
 
@@ -325,8 +326,12 @@ def _keyframe_canvas(resolution: Any, anchor: tuple[int, int], policy: VideoPoli
         raise RequestError(422, f"'resolution' {short_edge} must be a positive multiple of {policy.size_multiple}")
     try:
         height, width = keyframe_canvas(*anchor, short_edge, policy.size_multiple)
-    except ValueError as exc:
-        raise RequestError(422, f"the keyframe's aspect ratio: {exc}") from None
+    except ValueError:  # the rule's own message names MiniMax H3; the service applies it to every model
+        raise RequestError(
+            422,
+            f"the keyframe's aspect ratio {anchor[0]}:{anchor[1]} is outside 1:4 .. 4:1, where a canvas is derived "
+            "from it; give 'size' (WIDTHxHEIGHT) to set the canvas",
+        ) from None
     return f"{width}x{height}"
 
 

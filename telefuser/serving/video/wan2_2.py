@@ -1,10 +1,13 @@
-"""The video service's Wan 2.2 runner: text -> video (no audio), with classifier-free guidance, behind `VideoRunner`.
+"""The video service's Wan 2.2 runner: text (+ a first frame, TI2V-5B) -> video (no audio), with classifier-free
+guidance, behind `VideoRunner`.
 
 One runner serves either released variant (`telefuser serve --model wan2.2-t2v-a14b` or `wan2.2-ti2v-5b`) over
 `Wan22Pipeline`. A request's canvas is on the variant's grid (multiples of 16 for T2V-A14B's Wan 2.1 VAE, 32 for
 TI2V-5B's Wan 2.2 VAE), its seconds snap up to 4n+1 frames at the release's frame rate, and one step is one DiT call
 (the guided pair batched). `guidance_scale` applies to both experts, as diffusers' `guidance_scale_2` defaults to it;
-left out, each expert keeps the release's. Text only: no keyframes, references, presets or LoRAs. The memory plan is
+left out, each expert keeps the release's. TI2V-5B takes the first frame as `input_reference` (an `fl2va` job: the
+image is decoded and stretched onto the canvas, then held as the first latent frame); T2V-A14B takes text only. No
+last frames, references, presets or LoRAs. The memory plan is
 made at start-up for the default job (`--offload`, `--gpu-memory-gb`: pipelines/wan2_2/memory.py); each job's
 `memory_estimate` comes from the same workload under the service's placement. Under torchrun every
 rank builds the same runner on its share of the Ulysses mesh and rank 0 replays each job on the others (replay.py),
@@ -24,14 +27,19 @@ from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from telefuser.pipelines.minimax_h3.shapes import ASPECT_RATIOS  # the service's named ratios (PROTOCOL.md)
 
 from ...sizes import parse_size
+from ..common.http_errors import RequestError
 from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 from .canvas import write_clip
 from .contract import JobCancelled, RunOutcome, VideoShape, JobRequest, report_stage
+from .inputs import KEYFRAME_FIELDS
+from .media import MediaLimits, open_image
 
 log = logging.getLogger(__name__)
 FRAME_STEP = 4  # the VAEs' temporal stride: clips are 4n+1 frames (the first frame, then 4 per latent frame)
 GUIDANCE_RANGE = (1.0, 20.0)  # 1.0: no classifier-free guidance; the releases sample at 3 to 5
+FIRST_FRAME = "input_reference"  # the request field of TI2V-5B's image (the first keyframe's, as for MiniMax H3)
+FIELD_OF_ROLE = {**{role: field for field, role in KEYFRAME_FIELDS.items()}, "reference": "references"}
 
 
 def frame_count(seconds: float, fps: int) -> int:
@@ -64,23 +72,28 @@ class Wan22Runner:
         info: dict[str, Any] | None = None,
         memory_plan=None,
         memory=None,
+        media_limits: MediaLimits | None = None,
     ):
         """`pipeline`: a `Wan22Pipeline` (its `release` says the variant and how it samples); `defaults`: size,
         seconds, steps, seed for a request that leaves them out. `memory_plan`: the service's `memory.plan.MemoryPlan`
-        (its placement); `memory(request)`: the model's workload of one request, for each job's estimate."""
+        (its placement); `memory(request)`: the model's workload of one request, for each job's estimate.
+        `media_limits`: the bounds a first frame is decoded within (TI2V-5B)."""
         from telefuser.models.wan2_2.config import release as official
 
         self._pipe = pipeline
         self._memory_plan, self._memory = memory_plan, memory
+        self.media_limits = media_limits or MediaLimits()
         self._lock = threading.Lock()  # one job at a time: a pipeline call is not reentrant
         self.model = model
         self.defaults = dict(defaults)
         variant = pipeline.release
         self.size_multiple = variant.vae_scale * 2  # the VAE's stride times the DiT's 2x2 patch
         native = official(variant.name).size  # the limits follow the release's canvas, also for tiny weights
+        takes_image = variant.takes_image
         self.metadata = {
             "model": model,
-            "runner": f"Wan 2.2 {variant.name.upper()} text to video (no audio)",
+            "runner": f"Wan 2.2 {variant.name.upper()} text {'(+ first frame) ' if takes_image else ''}to video "
+            "(no audio)",
             "weights": pipeline.weights.get("summary", ""),
             "native_size": f"{native[0]}x{native[1]}",
             **(info or {}),
@@ -103,13 +116,15 @@ class Wan22Runner:
             "boundary_ratio": variant.boundary_ratio,
             "flow_shift": variant.flow_shift,
             "defaults": dict(self.defaults),
+            "tasks": ["t2va", "fl2va"] if takes_image else ["t2va"],  # fl2va: the first frame (input_reference)
             "loras_enabled": False,
         }
+        if takes_image:
+            self.metadata["image_condition"] = f"'{FIRST_FRAME}': the first frame, stretched onto the canvas"
 
     def plan(self, spec: JobRequest) -> VideoShape:
         """ValueError (a 422 at submission) for a canvas off the variant's grid, or what only MiniMax H3 takes."""
-        if spec.task != "t2va" or spec.media:
-            raise ValueError("Wan 2.2 takes text only: no keyframes or references")
+        self._check_media(spec)
         if spec.preset is not None or spec.loras:
             raise ValueError("Wan 2.2 has no presets or LoRAs here")
         if not spec.seconds > 0:
@@ -118,7 +133,22 @@ class Wan22Runner:
         fps = self._pipe.release.fps
         frames = frame_count(spec.seconds, fps)
         self._pipe.latent_shape(width, height, frames)  # the pipeline's own size rules
-        return VideoShape(width, height, frames, fps, frames / fps, spec.steps)
+        return VideoShape(width, height, frames, fps, frames / fps, spec.steps, task=spec.task)
+
+    def _check_media(self, spec: JobRequest) -> None:
+        """TI2V-5B takes one first frame; a last frame or references (MiniMax H3's) are refused, naming the field."""
+        variant = self._pipe.release
+        for media in spec.media:
+            if media.role == "first_frame" and variant.takes_image:
+                continue
+            takes = (
+                f"one image, the first frame ('{FIRST_FRAME}')"
+                if variant.takes_image
+                else "text only (the image condition is TI2V-5B's)"
+            )
+            raise ValueError(
+                f"'{FIELD_OF_ROLE.get(media.role, media.role)}': Wan 2.2 {variant.name.upper()} takes {takes}"
+            )
 
     def memory_estimate(self, plan: VideoShape) -> dict[str, int]:
         """Bytes one job needs on this rank beyond what stays resident: what it holds throughout and its largest
@@ -136,6 +166,7 @@ class Wan22Runner:
         from telefuser.profiling.timing import peak_memory, reset_peak_memory
 
         plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
+        image = self._first_frame(spec)
         device = self._pipe.device
         with self._lock:
             reset_peak_memory(device)
@@ -151,6 +182,7 @@ class Wan22Runner:
                     guidance_scale=spec.guidance_scale,  # None: the release's, per expert
                     guidance_scale_2=self._second_scale(spec),
                     seed=spec.seed,
+                    image=image,
                     hooks=hooks,
                 )
             except GenerationCancelled as exc:
@@ -178,6 +210,19 @@ class Wan22Runner:
             metrics=self._metrics(spec, video.dit_calls),
         )
 
+    def _first_frame(self, spec: JobRequest):
+        """The job's first frame as an RGB PIL image (EXIF-rotated), or None; ValueError (the job fails) when the bytes
+        read back do not decode (they passed the checks at submission)."""
+        media = next((m for m in spec.media if m.role == "first_frame"), None)
+        if media is None:
+            return None
+        if media.data is None:
+            raise ValueError(f"'{FIRST_FRAME}': the job's media were not loaded")
+        try:
+            return open_image(media.data, f"'{FIRST_FRAME}'", self.media_limits)
+        except RequestError as exc:
+            raise ValueError(exc.detail) from None
+
     def close(self) -> None:
         for expert in self._pipe.experts:
             close = getattr(expert, "close", None)
@@ -200,6 +245,7 @@ class Wan22Runner:
             "guidance_scale": guidance,  # as each expert (high noise, low noise) ran
             "classifier_free_guidance": guidance[0] > 1.0,
             "negative_prompt": bool(spec.negative_prompt),
+            "image": any(m.role == "first_frame" for m in spec.media),
         }
 
 
@@ -257,6 +303,9 @@ def build_wan22_runner(args: argparse.Namespace) -> Wan22Runner:
         info=info,
         memory_plan=memory_plan,
         memory=functools.partial(spec.memory_workload, args, runtime.parallel, runtime.dtype),
+        media_limits=MediaLimits(
+            max_image_pixels=getattr(args, "max_image_pixels", None) or MediaLimits.max_image_pixels
+        ),
     )
 
 
@@ -265,7 +314,7 @@ def _refuse_minimax_options(args: argparse.Namespace, name: str) -> None:
     if getattr(args, "lora_dir", None) is not None:
         raise StartupError(f"--lora-dir: {name} takes no LoRAs here (MiniMax H3 does)")
     if getattr(args, "task_partition", "FL2VA") != "FL2VA":
-        raise StartupError(f"--task-partition is MiniMax H3's; {name} runs text-to-video only")
+        raise StartupError(f"--task-partition is MiniMax H3's; {name} has one DiT for every request")
     if getattr(args, "tp_degree", 1) != 1:
         raise StartupError(f"{name} runs Ulysses only: leave --tp-degree at 1 and set --ulysses-degree")
 
