@@ -1,4 +1,4 @@
-"""Wan 2.2 text (+ image, TI2V-5B) -> video, one request, timed.
+r"""Wan 2.2 text (+ image, TI2V-5B) -> video, one request, timed.
 
     python examples/wan2_2/run_t2v.py --config tiny --device cpu --dtype float32 --output outputs/wan2_2/tiny.mp4
     python examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --config tiny --device cpu --output outputs/wan2_2/5b.mp4

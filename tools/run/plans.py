@@ -755,6 +755,17 @@ WAN_STEP_PLAN = Plan(
             "load, text, denoise, decode and peak memory",
             skip_if=WAN_STEP_ABSENT,
         ),
+        Step(
+            "wan_5b_image",
+            420,
+            command(
+                "{py} examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --config official --steps 4 "
+                "--image examples/lingbot_world_v2/assets/reference.png --output {out}/wan_5b_image/ti2v.mp4"
+            ),
+            "the same request from a first-frame image (TI2V: the image's latent frame at t = 0, per-token "
+            "timesteps): its denoise seconds and peak against wan_5b_request's",
+            skip_if=WAN_STEP_ABSENT,
+        ),
         *(
             Step(
                 f"wan_a14b_{label}",
