@@ -745,6 +745,17 @@ WAN_STEP_PLAN = Plan(
             skip_if=WAN_STEP_ABSENT,
         ),
         Step(
+            "wan_720p_fp8_gemm",
+            420,
+            module(
+                f"{WAN_STEP} --resolutions 720p --warmup 1 --iters 2 --quantization fp8 --attn-impl sdpa "
+                "--output {out}/wan_step_720p_fp8_gemm.json"
+            ),
+            "the 720p step with FP8 GEMMs and cuDNN bf16 attention (the FP8 setting that passes wan_fp8_gate) "
+            "against diffusers at its best, both in one process",
+            skip_if=WAN_STEP_ABSENT,
+        ),
+        Step(
             "wan_5b_request",
             420,
             command(
@@ -796,10 +807,11 @@ WAN_STEP_PLAN = Plan(
             "wan_fp8_gate",
             420,
             module(
-                "tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --wan-candidates fp8 --output {out}/wan_fp8_gate.json"
+                "tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --wan-candidates fp8 fp8_gemm "
+                "--output {out}/wan_fp8_gate.json"
             ),
-            "the quality gate of the FP8 Wan step (FP8 GEMMs, cuDNN FP8 attention) against bf16, random and peaky "
-            "weights: the setting behind the 1.35-1.39x step",
+            "the quality gates of the FP8 Wan steps against bf16, random and peaky weights: FP8 GEMMs with cuDNN FP8 "
+            "attention (the 1.35-1.39x step) and FP8 GEMMs alone",
             skip_if=WAN_STEP_ABSENT,
         ),
         COMPARE_COMMIT.step("lingbot_official"),
