@@ -28,11 +28,12 @@ from ...ops.fp8 import is_block_linear
 # prompt K/V (`text_kv`, counted apart) to the A14B expert's peaks above its weights at 480p and 720p (81 frames, CFG
 # batch 2, bf16, H100): the two points fit a line in rows whose intercept is that K/V (docs/perf/2026-12-06, call 6).
 ACTIVATION_ROW_FACTOR = 8
-# The VAE decode, per latent frame: DECODE_MAPS maps of the decoder's last-stage width at its last-stage resolution,
-# four frames each, in the VAE's dtype, beside the clip in float32 (two copies) and uint8. Calibrated to TI2V-5B's
-# 1280x704x121 request, whose decode made the peak (docs/perf/2026-12-06). T2V-A14B's Wan 2.1 VAE decode is not
-# measured yet: the same count of its (wider, full-resolution) maps is taken, an estimate that errs high.
-DECODE_MAPS = 21
+# The VAE decode, per latent frame: DECODE_MAPS[vae] maps of the decoder's last-stage width at its last-stage
+# resolution, four frames each, in the VAE's dtype, beside the clip in float32 (two copies) and uint8. Calibrated to
+# the reserved peaks of the decodes that made a request's peak (H100): TI2V-5B's Wan 2.2 VAE at 1280x704x121
+# (48.7 to 50.1 GiB reserved over three runs, docs/perf/2026-12-06 and 2026-12-07), T2V-A14B's Wan 2.1 VAE at
+# 832x480x81 within 24 GiB (22.2 GiB reserved, the estimate 3% under, 2026-12-07).
+DECODE_MAPS = {"wan2.1": 21, "wan2.2": 28}
 LATENT_COPIES = 6  # fp32 latents alive at once: state, noise, the CFG pair, the flow, the scheduler's history
 TEXT_TOKENS = 512  # umT5's text_len: every prompt is padded to it
 
@@ -68,7 +69,7 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
     expert_fixed, block, blocks = _dit_bytes(size, variant, element, quantization)
     text = _text_encoder_bytes(size, int(config.text_dim), element)
     vae_bytes, decoder_width, decoder_stride = _vae_terms(release.vae, size)
-    maps = DECODE_MAPS * (width // decoder_stride) * (height // decoder_stride) * decoder_width * 4 * 4
+    maps = DECODE_MAPS[release.vae] * (width // decoder_stride) * (height // decoder_stride) * decoder_width * 4 * 4
     if release.vae == "wan2.1":
         maps = -(-maps // ulysses)  # its decode is split in bands of rows over the Ulysses group
     decode = frames * width * height * 3 * (2 * 4 + 1) + maps
