@@ -61,7 +61,7 @@ def offload_flag() -> Flag:
             "anything loads); none: all on the GPU; model: what runs once per request (the text encoder, MiniMax "
             "H3's AdaLN projections) streams from pinned host memory a layer at a time, and Wan 2.2 T2V-A14B keeps "
             "only its running expert on the GPU; block: the DiT's blocks stream too, each block's copy overlapping "
-            "the previous block's compute (not Wan 2.2). Leftover memory keeps leading layers resident. "
+            "the previous block's compute. Leftover memory keeps leading layers resident. "
             "`telefuser plan` shows the plan",
         },
     )
