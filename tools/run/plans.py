@@ -429,9 +429,12 @@ H200_SAGE = Plan(
         Step(
             "sage_gate_wan",
             420,
-            module("tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --output {out}/sage_gate_wan.json"),
-            "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch): sage_sm90 and FP8 against bf16, "
-            "random weights and peaky",
+            module(
+                "tools.validation.sage_quality_gate --models wan2.2-t2v-a14b --wan-candidates sage_sm90 fp8_sage "
+                "--output {out}/sage_gate_wan.json"
+            ),
+            "the quality gate of a Wan 2.2 T2V-A14B step (480p, 81 frames, CFG batch): sage_sm90 with bf16 and with FP8 "
+            "GEMMs against bf16, random weights and peaky (the FP8 candidates without sage: wan-step's wan_fp8_gate)",
         ),
         Step(
             "wan_720p_sage",
@@ -443,11 +446,21 @@ H200_SAGE = Plan(
             "the Wan 2.2 step at 1280x720 with sage_sm90 attention and bf16 GEMMs against diffusers at its best "
             "(compile_repeated_blocks, _native_cudnn), both in one process: the setting sage_gate_wan gates",
         ),
+        Step(
+            "wan_720p_fp8_sage",
+            420,
+            module(
+                "tools.bench.wan2_2_step_bench --resolutions 720p --warmup 1 --iters 2 --quantization fp8 "
+                "--attn-impl sage_sm90 --output {out}/wan_720p_fp8_sage.json"
+            ),
+            "the same with FP8 GEMMs (sage_gate_wan's fp8_sage) against diffusers at its best, both in one process",
+        ),
     ),
     calls=(
         "setup_wheels,sage_build,sage_info,sage_tests,sage_bench,lingbot_ab",
         "setup_wheels,sage_build,sage_gate",
         "setup_wheels,sage_build,sage_gate_wan,wan_720p_sage",
+        "setup_wheels,sage_build,wan_720p_fp8_sage",
     ),
 )
 

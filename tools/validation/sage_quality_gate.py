@@ -15,7 +15,8 @@ quantization error in the scores, so every model row also runs "peaky": the Q RM
   ``sdpa`` one: every chunk's prediction compared, the worst chunk reported (the last ones read a full window);
 - ``wan2.2-t2v-a14b``: one Wan 2.2 T2V-A14B expert's denoising step at --resolution (the CFG batch of two, --wan-frames frames,
   blocks as compiled regions) with each of --wan-candidates against bf16 GEMMs with ``sdpa``: ``sage_sm90`` (bf16
-  GEMMs), and ``fp8`` (FP8 GEMMs with ``cudnn_fp8`` attention, the setting of the 1.35-1.39x step in docs/perf);
+  GEMMs), ``fp8`` (FP8 GEMMs with ``cudnn_fp8`` attention), ``fp8_gemm`` (FP8 GEMMs with ``sdpa``) and ``fp8_sage``
+  (FP8 GEMMs with ``sage_sm90``); the FP8 candidates share one quantized model;
 - ``lingbot_world_v2``, session: a whole `WorldSessionPipeline` session (tools/bench/lingbot_session_ab.py's helpers, its
   control trace and image) with ``sage_sm90`` against ``sdpa``: latents' relative L2 and cosine, frames' PSNR.
 
@@ -124,6 +125,7 @@ WAN_CANDIDATES = {  # name -> (quantization, attention, what the row says)
     "sage_sm90": ("none", "sage_sm90", "bf16 GEMMs, sage_sm90"),
     "fp8": ("fp8", "cudnn_fp8", "FP8 GEMMs, cuDNN FP8 attention"),
     "fp8_gemm": ("fp8", "sdpa", "FP8 GEMMs, cuDNN bf16 attention"),
+    "fp8_sage": ("fp8", "sage_sm90", "FP8 GEMMs, sage_sm90"),
 }
 
 
