@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dtypes import DTYPE_NAMES
 from ..ops.attention_registry import AUTO, offered_names
 from .spec import Flag
 
@@ -78,3 +79,8 @@ def gpu_memory_flag() -> Flag:
             "of it and the process is held to it (torch.cuda.set_per_process_memory_fraction)",
         },
     )
+
+
+def vae_dtype_flag(help: str) -> Flag:
+    """--vae-dtype: the Wan VAE's dtype (float32 by default, as the references run it)."""
+    return Flag(("--vae-dtype",), {"choices": DTYPE_NAMES, "default": "float32", "help": help})

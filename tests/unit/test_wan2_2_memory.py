@@ -97,7 +97,7 @@ def test_official_a14b_needs_the_model_tier_on_an_80_gb_card():
     assert 26.9 < load.stack("high_noise").total / GIB < 27.1
     tiers = {card: choose(load, int(0.9 * card * GIB)).placement.tier for card in (141, 80, 48)}
     assert tiers == {141: "none", 80: "model", 48: "model"}
-    with pytest.raises(MemoryPlanError, match="what would fit: --ulysses-degree 2"):
+    with pytest.raises(MemoryPlanError, match=r"what would fit: --vae-dtype bfloat16 .*; --ulysses-degree 2 "):
         choose(load, int(0.9 * 32 * GIB), alternatives=memory.t2v_a14b_alternatives(
             _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}))  # fmt: skip
 
@@ -169,3 +169,50 @@ def test_plan_command_for_the_official_sizes(gb, size, tier, capsys):
     assert f"chosen: --offload {tier}:" in out and f"of {0.9 * gb:.1f} GiB" in out
     assert main([*argv, "--size", size]) == 0  # the spelling run_t2v.py and the plan's alternatives use
     assert capsys.readouterr().out == out
+
+
+OFFICIAL_5B = {"size": "1280x704", "num_frames": 121}  # TI2V-5B's release canvas and length
+
+
+def _official_5b(**kw):
+    return memory.workload("ti2v-5b", _args(config="official", **kw), ParallelConfig(), torch.bfloat16, OFFICIAL_5B)
+
+
+def _decode_bytes(load) -> int:
+    (decode,) = [stage for stage in load.stages if stage.name == "decode"]
+    return decode.transient["decode"]
+
+
+def test_a_bfloat16_vae_halves_its_weights_and_the_decode_maps():
+    """The decode term is the clip (float32 twice and uint8, whatever the VAE's dtype) plus the decoder's maps in the
+    VAE's dtype: --vae-dtype bfloat16 halves the maps and every VAE tensor, nothing else."""
+    full, half = _official_5b(), _official_5b(vae_dtype="bfloat16")
+    clip = 121 * 1280 * 704 * 3 * (2 * 4 + 1)
+    assert _decode_bytes(half) - clip == (_decode_bytes(full) - clip) // 2 > 0
+    assert half.stack("vae").total * 2 == full.stack("vae").total
+    assert [s.total for s in half.stacks if s.name != "vae"] == [s.total for s in full.stacks if s.name != "vae"]
+    assert "bfloat16 VAE" in half.title and "VAE" not in full.title
+
+
+def test_a_bfloat16_vae_adds_up_to_the_built_one():
+    runtime = Runtime.one_rank("cpu", torch.float32)
+    pipe = build_wan22_pipeline(variant="ti2v-5b", config="tiny", runtime=runtime, vae_dtype=torch.bfloat16)
+    load = memory.workload(
+        "ti2v-5b", _args(vae_dtype="bfloat16"), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9}
+    )
+    assert {t.dtype for t in layer_tensors(pipe.vae.model)} == {torch.bfloat16}
+    assert load.stack("vae").total == _bytes(layer_tensors(pipe.vae.model)) > 0
+
+
+def test_the_official_ti2v_5b_on_32_and_24_gb_cards_is_refused_naming_a_bfloat16_vae():
+    """Its float32 decode alone is most of a 32 GB card; the refusal names the flags that fit, a bfloat16 VAE first,
+    and with it the plan picks a tier on both cards."""
+    for card, tier in ((32, "model"), (24, "block")):
+        budget = int(0.9 * card * GIB)
+        alternatives = memory.ti2v_5b_alternatives(
+            _args(config="official"), ParallelConfig(), torch.bfloat16, OFFICIAL_5B
+        )
+        with pytest.raises(MemoryPlanError, match="what would fit: --vae-dtype bfloat16 --offload " + tier):
+            choose(_official_5b(), budget, alternatives=alternatives)
+        plan = choose(_official_5b(vae_dtype="bfloat16"), budget)
+        assert plan.placement.tier == tier and plan.peak_bytes <= budget

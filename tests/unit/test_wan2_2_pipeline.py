@@ -267,3 +267,31 @@ def test_the_example_makes_a_clip_from_an_image(tmp_path, capsys):
     summary = json.loads(output.with_suffix(".json").read_text())
     assert summary["image"] == str(png) and summary["frames"] == [5, 64, 128, 3] and output.stat().st_size > 0
     assert "image_encode_s" in summary["timings"] and summary["dit_calls"] == 2
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 10 * np.log10(255**2 / mse)
+
+
+def test_vae_dtype_bfloat16_decodes_the_same_latents_within_48_db():
+    """--vae-dtype bfloat16 reaches the VAE from the flags (the memory plan's decode lever) and touches nothing before
+    the decode: the latents are bit-equal to the float32 VAE's. The frames agree within 48 dB PSNR. Why 48: bf16 keeps
+    8 significant bits per op, and the tiny VAE's decode measured 52.7 dB against float32; the negative controls, the
+    same latents scaled by 1.05 and shifted by one latent column, land at 44.9 and 16.3 dB."""
+    import argparse
+
+    from telefuser.pipelines.wan.vae import to_uint8_frames
+    from telefuser.pipelines.wan2_2.loading import ti2v_5b_from_args
+
+    runtime = Runtime.one_rank("cpu", torch.float32)
+    flags = {"config": "tiny", "checkpoint": None, "attn_impl": "sdpa", "offload": "auto", "gpu_memory_gb": None}
+    full = ti2v_5b_from_args(argparse.Namespace(**flags), runtime)
+    half = ti2v_5b_from_args(argparse.Namespace(**flags, vae_dtype="bfloat16"), runtime)
+    assert full.vae.dtype == torch.float32 and half.vae.dtype == torch.bfloat16
+    want, got = full("a red fox", seed=1), half("a red fox", seed=1)
+    assert want.frames.std() > 0 and torch.equal(got.latents, want.latents)
+    assert _psnr(got.frames, want.frames) >= 48.0
+    scaled = to_uint8_frames(full.vae.decode(want.latents * 1.05)).numpy()
+    shifted = to_uint8_frames(full.vae.decode(torch.roll(want.latents, 1, dims=-1))).numpy()
+    assert _psnr(scaled, want.frames) < 47.0 and _psnr(shifted, want.frames) < 20.0

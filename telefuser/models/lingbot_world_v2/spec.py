@@ -6,7 +6,6 @@ Importing this module imports no torch: the plan and the loaders import the mode
 
 from __future__ import annotations
 
-from ...dtypes import DTYPE_NAMES
 from ..flags import (
     ATTENTION_IMPLS,
     QUANTIZATIONS,
@@ -17,6 +16,7 @@ from ..flags import (
     gpu_memory_flag,
     offload_flag,
     quantization_flag,
+    vae_dtype_flag,
 )
 from ..spec import Flag, ModelSpec
 
@@ -47,14 +47,9 @@ LINGBOT_WORLD_V2 = ModelSpec(
         ),
         attn_impl_flag(),
         quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
-        Flag(
-            ("--vae-dtype",),
-            {
-                "choices": DTYPE_NAMES,
-                "default": "float32",
-                "help": "the VAE's dtype for the condition encode and the decode (float32, as the reference; "
-                "bfloat16 is faster, see docs/perf)",
-            },
+        vae_dtype_flag(
+            "the VAE's dtype for the condition encode and the decode (float32, as the reference; bfloat16 is faster, "
+            "see docs/perf)"
         ),
         Flag(
             ("--vae-fast",),

@@ -17,6 +17,7 @@ from ..flags import (
     gpu_memory_flag,
     offload_flag,
     quantization_flag,
+    vae_dtype_flag,
 )
 from ..spec import ModelSpec
 
@@ -53,6 +54,10 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
             quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
             offload_flag(),  # model: T2V-A14B keeps only the running expert on the GPU; block: the blocks stream
             gpu_memory_flag(),
+            vae_dtype_flag(
+                "the VAE's dtype for the decode (and TI2V-5B's image encode): float32, as diffusers' and the "
+                "release's pipelines run it; bfloat16 halves the decode's memory (not yet measured on released weights)"
+            ),
         ),
         attention_impls=ATTENTION_IMPLS,
         quantizations=QUANTIZATIONS,

@@ -19,6 +19,7 @@ from ...models.wan2_2 import checkpoint as dit_checkpoint
 from ...models.wan2_2.config import Wan22Release, release
 from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
 from ...ops.fp8 import QUANTIZATIONS
+from ...dtypes import torch_dtype
 from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
 from ..wan.text_encoder import PromptEncoder
@@ -144,6 +145,7 @@ def pipeline_from_args(variant: str, args: argparse.Namespace, runtime, **overri
     names them (`attn_impl`, `placement`)."""
     spec = SPECS[variant]
     options = spec.options(args, "config", "checkpoint", "quantization")
+    options["vae_dtype"] = torch_dtype(spec.option(args, "vae_dtype"))
     if "attn_impl" not in overrides:
         options["attn_impl"] = spec.attention_impl(args, runtime)
     if "placement" not in overrides:

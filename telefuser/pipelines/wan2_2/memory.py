@@ -68,8 +68,11 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
 
     expert_fixed, block, blocks = _dit_bytes(size, variant, element, quantization)
     text = _text_encoder_bytes(size, int(config.text_dim), element)
-    vae_bytes, decoder_width, decoder_stride = _vae_terms(release.vae, size)
-    maps = DECODE_MAPS[release.vae] * (width // decoder_stride) * (height // decoder_stride) * decoder_width * 4 * 4
+    vae_dtype = getattr(args, "vae_dtype", None) or "float32"
+    vae_element = torch.empty((), dtype=getattr(torch, vae_dtype)).element_size()
+    vae_bytes, decoder_width, decoder_stride = _vae_terms(release.vae, size, vae_element)
+    maps = DECODE_MAPS[release.vae] * (width // decoder_stride) * (height // decoder_stride) * decoder_width * 4
+    maps *= vae_element
     if release.vae == "wan2.1":
         maps = -(-maps // ulysses)  # its decode is split in bands of rows over the Ulysses group
     decode = frames * width * height * 3 * (2 * 4 + 1) + maps
@@ -95,9 +98,10 @@ def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping)
         dits = (Stack("dit", fixed=expert_fixed, layer=block, count=blocks),)
         denoising = (Stage("denoise", uses=("dit",), transient=denoise),)
     fp8 = ", fp8 GEMMs" if quantization == "fp8" else ""
+    vae = "" if vae_dtype == "float32" else f", {vae_dtype} VAE"
     title = (
         f"Wan 2.2 {variant.upper()} {width}x{height} {frames} frames"
-        f" ({size}, {str(dtype).removeprefix('torch.')}{fp8}, ulysses {ulysses})"
+        f" ({size}, {str(dtype).removeprefix('torch.')}{fp8}{vae}, ulysses {ulysses})"
     )
     return Workload(
         title=title,
@@ -135,8 +139,8 @@ def ti2v_5b_request(args) -> dict:
 
 
 def alternatives(variant: str, args, parallel, dtype: torch.dtype, request: Mapping) -> list[tuple[str, Workload]]:
-    """What a refusal may suggest: FP8 GEMMs (half the experts' bytes), twice the Ulysses degree (it splits the
-    activations, not the weights), the 832x480 canvas, half the frames."""
+    """What a refusal may suggest: FP8 GEMMs (half the experts' bytes), a bfloat16 VAE (half the decode's maps), twice
+    the Ulysses degree (it splits the activations, not the weights), the 832x480 canvas, half the frames."""
     import argparse
 
     from ...distributed.mesh import ParallelConfig
@@ -145,6 +149,9 @@ def alternatives(variant: str, args, parallel, dtype: torch.dtype, request: Mapp
     if getattr(args, "quantization", "none") != "fp8":
         fp8 = argparse.Namespace(**{**vars(args), "quantization": "fp8"})
         out.append(("--quantization fp8", workload(variant, fp8, parallel, dtype, request)))
+    if (getattr(args, "vae_dtype", None) or "float32") == "float32":
+        half = argparse.Namespace(**{**vars(args), "vae_dtype": "bfloat16"})
+        out.append(("--vae-dtype bfloat16", workload(variant, half, parallel, dtype, request)))
     heads = _release(variant, _size(args)).dit.num_heads
     ulysses = parallel.ulysses_degree * 2
     if heads % ulysses == 0:
@@ -229,8 +236,9 @@ def _prompt_bytes(text: Mapping[str, int], element: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _vae_terms(kind: str, size: str) -> tuple[int, int, int]:
-    """(the VAE's bytes in float32, its decoder's last-stage width, that stage's stride in pixels)."""
+def _vae_terms(kind: str, size: str, element: int) -> tuple[int, int, int]:
+    """(the VAE's bytes with its floating tensors at `element` bytes, its decoder's last-stage width, that stage's
+    stride in pixels)."""
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKLWan
 
@@ -239,7 +247,7 @@ def _vae_terms(kind: str, size: str) -> tuple[int, int, int]:
     config = VAE_CONFIGS[kind, size]
     with init_empty_weights():
         model = AutoencoderKLWan(**config)
-    weights = sum(p.numel() for p in model.parameters()) * 4
-    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    tensors = [*model.parameters(), *model.buffers()]
+    weights = sum(t.numel() * (element if t.is_floating_point() else t.element_size()) for t in tensors)
     width = int(config.get("decoder_base_dim") or config["base_dim"])
     return weights, width, int(config.get("patch_size") or 1)

@@ -288,6 +288,7 @@ def build_wan22_runner(args: argparse.Namespace) -> Wan22Runner:
         "attn_impl": attn_impl,
         "attn_impl_requested": spec.option(args, "attn_impl"),
         "quantization": spec.option(args, "quantization"),
+        "vae_dtype": spec.option(args, "vae_dtype"),
         "world_size": runtime.world_size,
         "ulysses_degree": runtime.parallel.ulysses_degree,
         "tp_degree": runtime.parallel.tp_degree,
