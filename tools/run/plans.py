@@ -799,6 +799,20 @@ WAN_STEP_PLAN = Plan(
         ),
         *(
             Step(
+                f"wan_5b_bf16_vae_{gib}",
+                420,
+                command(
+                    "{py} examples/wan2_2/run_t2v.py --model wan2.2-ti2v-5b --config official --steps 4 "
+                    f"--vae-dtype bfloat16 --gpu-memory-gb {gib} --output {{out}}/wan_5b_bf16_vae_{gib}/t2v.mp4"
+                ),
+                f"the TI2V-5B request with a bfloat16 VAE within {gib} GiB: the tier the plan picks, its estimate "
+                "against the measured peak, the decode's seconds against wan_5b_request's",
+                skip_if=WAN_STEP_ABSENT,
+            )
+            for gib in (32, 24)
+        ),
+        *(
+            Step(
                 f"wan_a14b_{label}",
                 420,
                 command(
