@@ -25,10 +25,6 @@ from .cli_help import OneLineErrorParser
 from .startup import StartupError, bind_failure, check_attention, check_device, check_port, explain_build_error, run_cli
 
 log = logging.getLogger("telefuser.serving")
-WS_MAX_BYTES = 64 << 10  # a larger client frame closes the connection (1009) before the app reads it
-# No permessage-deflate: the server's WebSocket messages are JPEG/PNG frames, which deflate shrinks by 0.2% at tens
-# of milliseconds of CPU a chunk on each side, all of it on the way from the model to the screen.
-WS_DEFLATE = False
 
 
 def add_server_args(group, *, port: int) -> None:
@@ -118,21 +114,10 @@ def serve_until_stopped(app, args: argparse.Namespace, *, describe: str, command
 
 
 def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -> None:
-    import uvicorn
-
     from .auth import RedactTokens
-    from .local_server import make_server
+    from .uvicorn_server import server_for
 
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=5,
-        lifespan="on",
-        ws_max_size=WS_MAX_BYTES,
-        ws_per_message_deflate=WS_DEFLATE,
-    )
+    server = server_for(app, host=host, port=port, log_level=log_level)
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactTokens())
     keys = getattr(getattr(app, "state", None), "api_keys", None)
@@ -142,7 +127,6 @@ def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -
             "TELEFUSER_API_KEY (or --api-key) and put TLS in front (see the README)",
             host,
         )
-    server = make_server(config)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -152,7 +136,7 @@ def _serve_socket(app, *, host: str, port: int, log_level: str, describe: str) -
         except OSError as exc:  # taken since the early check (startup.check_port)
             sock.close()
             raise StartupError(bind_failure(host, port, exc)) from None
-        sock.listen(config.backlog)  # connections queue from now on, so the logged URL is usable at once
+        sock.listen(server.config.backlog)  # connections queue from now on, so the logged URL is usable at once
         shown = f"[{host}]" if ":" in host else host
         log.info("serving on http://%s:%d (%s)", shown, sock.getsockname()[1], describe)
         # SIGTERM asks the server to stop: before uvicorn installs its own handlers (a signal right after the line

@@ -2,7 +2,7 @@
 
 The routes, their answers and who may call them are in PROTOCOL.md; they live in routes/ as routers and share one
 `StreamService` (service.py) on `app.state.service`. All session state lives in its `SessionRegistry`, also on
-`app.state.stream` for the server's shutdown drain (common/local_server.py); the lifespan starts the registry's reaper
+`app.state.stream` for the server's shutdown drain (common/uvicorn_server.py); the lifespan starts the registry's reaper
 and closes every session on shutdown.
 """
 
