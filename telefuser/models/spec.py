@@ -135,8 +135,8 @@ class ModelSpec:
 
     def attention_impl(self, args: argparse.Namespace, runtime=None) -> str:
         """The attention backend --attn-impl in `args` names, checked to be installed and to take the model's
-        `head_dim` (when the flags tell it); "auto" resolved to the first of `auto_attention` usable here (on
-        `runtime`'s device when given, for the model's `head_dim`). With a `runtime` of several ranks, agreed by all
+        `head_dim` (when the flags tell it) and `runtime`'s dtype; "auto" resolved to the first of `auto_attention`
+        usable here (on `runtime`'s device and dtype when given, for the model's `head_dim`). With a `runtime` of several ranks, agreed by all
         of them: every rank raises the same error when one cannot run it or they resolved differently. Call it once,
         after the process group exists, and pass the result on."""
         from ..ops.attention_registry import resolve_backend
@@ -146,7 +146,7 @@ class ModelSpec:
         head_dim = resolve(self.head_dim)(args) if self.head_dim else None
 
         def decide() -> str:
-            return resolve_backend(requested, self.auto_attention, device, head_dim)
+            return resolve_backend(requested, self.auto_attention, device, head_dim, getattr(runtime, "dtype", None))
 
         if runtime is None or runtime.world_size == 1:
             return decide()

@@ -15,7 +15,8 @@ check of a name (known, usable here, takes the model's head dim) and the resolut
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,10 +118,11 @@ def available_names() -> list[str]:
     return [name for name in backend_names() if get_backend(name).available()[0]]
 
 
-def check_backend(name: str, *, head_dim: int | None = None) -> str:
+def check_backend(name: str, *, head_dim: int | None = None, dtype: Any = None) -> str:
     """`name`, checked: a known backend (ValueError), usable here (RuntimeError, with its reason) and, when
-    `head_dim` is given, one that takes it (ValueError naming the backends that do). Models call it with their
-    config's head dim; `auto` is refused (an entry point resolves it, `resolve_backend`)."""
+    `head_dim` or `dtype` is given, one that takes them (ValueError naming the backends that do). Models call it with
+    their config's head dim, entry points with the run's dtype too; `auto` is refused (an entry point resolves it,
+    `resolve_backend`)."""
     if name == AUTO:
         raise ValueError(
             f"attention implementation {AUTO!r} is resolved by a model's entry point (resolve_backend with the "
@@ -130,28 +132,34 @@ def check_backend(name: str, *, head_dim: int | None = None) -> str:
     ok, why = backend.available()
     if not ok:
         raise RuntimeError(f"attention implementation {name!r} was asked for but {why}")
-    if head_dim is not None:
-        ok, why = backend.takes(head_dim=head_dim)
-        if not ok:
-            takers = [other for other in offered_names() if get_backend(other).takes(head_dim=head_dim)[0]]
-            raise ValueError(
-                f"attention implementation {name!r} does not take head dim {head_dim} ({why}); implementations "
-                f"that take it: {', '.join(takers)}"
-            )
+    ok, why = backend.takes(head_dim=head_dim, dtype=dtype)
+    if not ok:
+        asked = ", ".join(
+            what for what in (head_dim and f"head dim {head_dim}", dtype is not None and _dtype_name(dtype)) if what
+        )
+        takers = [other for other in offered_names() if get_backend(other).takes(head_dim=head_dim, dtype=dtype)[0]]
+        raise ValueError(
+            f"attention implementation {name!r} does not take {asked} ({why}); implementations that take it: "
+            f"{', '.join(takers)}"
+        )
     return name
 
 
-def resolve_backend(requested: str, preference: Sequence[str], device: Any = None, head_dim: int | None = None) -> str:
-    """The backend to run: `requested` itself, checked (`check_backend`, with `head_dim`), or for ``auto`` the
-    first of `preference` that is usable here: available, taking host tensors when `device` is given and is not a
-    CUDA device, and taking `head_dim` when given. A local decision: ranks that resolve it separately agree on the
-    result (`ModelSpec.attention_impl`)."""
+def resolve_backend(
+    requested: str, preference: Sequence[str], device: Any = None, head_dim: int | None = None, dtype: Any = None
+) -> str:
+    """The backend to run: `requested` itself, checked (`check_backend`, with `head_dim` and `dtype`), or for
+    ``auto`` the first of `preference` that is usable here: available, taking host tensors when `device` is given and
+    is not a CUDA device, and taking `head_dim` and `dtype` when given. A local decision: ranks that resolve it
+    separately agree on the result (`ModelSpec.attention_impl`)."""
     if requested != AUTO:
-        return check_backend(requested, head_dim=head_dim)
+        return check_backend(requested, head_dim=head_dim, dtype=dtype)
     known = backend_names()
     if not preference or any(name not in known for name in preference):
         raise ValueError(f"{AUTO!r} needs a preference of known attention implementations, got {list(preference)}")
-    usable = [name for name in available_names() if get_backend(name).takes(head_dim=head_dim, device=device)[0]]
+    usable = [
+        name for name in available_names() if get_backend(name).takes(head_dim=head_dim, device=device, dtype=dtype)[0]
+    ]
     for name in preference:
         if name in usable:
             return name
@@ -159,6 +167,19 @@ def resolve_backend(requested: str, preference: Sequence[str], device: Any = Non
         f"attention implementation {AUTO!r} found none of {', '.join(preference)} usable here "
         f"(usable: {', '.join(usable)})"
     )
+
+
+def warn_failed_gate(model: str, name: str, failed: Mapping[str, str]) -> None:
+    """Log a warning when backend `name` failed a quality gate on `model` (`failed`: backend -> where the gate's
+    result is written): it still runs, as asked, but the user is told to check the quality."""
+    if name in failed:
+        logging.getLogger("telefuser.attention").warning(
+            "%s with %s attention failed the quality gate against bf16 attention (cosine below 0.99 on random "
+            "weights; %s); check the quality",
+            model,
+            name,
+            failed[name],
+        )
 
 
 def _device_type(device: Any) -> str:

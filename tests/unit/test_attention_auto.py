@@ -83,6 +83,44 @@ def test_auto_skips_the_kernel_for_head_dims_it_does_not_take(monkeypatch):
     assert get_backend("sdpa").takes(16)[0] and not get_backend("sage_sm90").takes(16)[0]
 
 
+def test_the_run_dtype_is_checked_at_the_entry_point_and_auto_skips_what_does_not_take_it(monkeypatch):
+    """sage_sm90 runs bf16 and fp16: --dtype float32 with it is refused before any weight loads, naming the
+    implementations that take float32, and `auto` falls back to SDPA for a float32 run."""
+    _with_sage_sm90(monkeypatch)
+    assert check_backend("sage_sm90", head_dim=128, dtype=torch.bfloat16) == "sage_sm90"
+    with pytest.raises(ValueError, match=r"'sage_sm90' does not take head dim 128, float32 \(it runs bfloat16, "
+                       r"float16, not float32\); implementations that take it: sdpa"):  # fmt: skip
+        check_backend("sage_sm90", head_dim=128, dtype=torch.float32)
+    assert resolve_backend(AUTO, MINIMAX_AUTO, CUDA, 128, torch.float32) == "sdpa"
+    assert resolve_backend(AUTO, MINIMAX_AUTO, CUDA, 128, torch.bfloat16) == "sage_sm90"
+    official = argparse.Namespace(attn_impl="sage_sm90", config="official")
+    assert MINIMAX_H3.attention_impl(official, Runtime(None, CUDA, torch.bfloat16)) == "sage_sm90"
+    with pytest.raises(ValueError, match="does not take head dim 128, float32"):
+        MINIMAX_H3.attention_impl(official, Runtime(None, CUDA, torch.float32))
+    auto = argparse.Namespace(attn_impl="auto", config="official")
+    assert MINIMAX_H3.attention_impl(auto, Runtime(None, CUDA, torch.float32)) == "sdpa"
+
+
+def test_a_dit_warns_when_its_backend_failed_the_quality_gate(monkeypatch, caplog):
+    """A backend that failed a model's quality gate still runs as asked, with a warning naming where the result is;
+    the others run without one."""
+    from telefuser.models.wan2_2 import dit as wan_dit
+    from telefuser.models.wan2_2.config import release
+
+    config = release("t2v-a14b", "tiny").dit
+    with caplog.at_level("WARNING", logger="telefuser.attention"):
+        wan_dit.Wan22DiT(config, attn_impl="sdpa")
+    assert not caplog.records and wan_dit.FAILED_ATTENTION_GATES == {"cudnn_fp8": "docs/perf/2026-12-07"}
+    monkeypatch.setattr(wan_dit, "FAILED_ATTENTION_GATES", {"sdpa": "docs/perf/somewhere"})
+    with caplog.at_level("WARNING", logger="telefuser.attention"):
+        model = wan_dit.Wan22DiT(config, attn_impl="sdpa")
+    assert model.attn_impl == "sdpa"
+    assert [r.getMessage() for r in caplog.records] == [
+        "Wan 2.2 with sdpa attention failed the quality gate against bf16 attention (cosine below 0.99 on random "
+        "weights; docs/perf/somewhere); check the quality"
+    ]
+
+
 def test_a_minimax_dit_refuses_sage_sm90_at_a_head_dim_the_kernel_does_not_take(monkeypatch):
     from telefuser.models.minimax_h3 import dit as dit_module
     from telefuser.models.minimax_h3.config import MiniMaxH3Config

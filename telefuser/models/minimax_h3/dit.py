@@ -9,7 +9,6 @@ On CUDA each joint block runs as one compiled region (`blocks.block_region`).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -23,7 +22,7 @@ from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows
 from ...memory.host import layer_tensors, to_host
 from ...memory.streaming import StreamedLayers
-from ...ops.attention_registry import check_backend
+from ...ops.attention_registry import check_backend, warn_failed_gate
 from ...ops.fp8 import quantize_blocks, quantize_linears
 from ...ops.regions import region_compiles
 from ..ulysses_owner import UlyssesOwner
@@ -44,7 +43,8 @@ from .packing import (
 )
 from .tp import TensorParallelState
 
-logger = logging.getLogger(__name__)
+# Attention backends that failed the quality gate on this DiT (backend -> where the result is written)
+FAILED_ATTENTION_GATES = {"cudnn_fp8": "docs/perf/2026-12-02"}
 
 # Parameters the released checkpoint stores, and the model runs, in fp32 whatever the compute dtype.
 FP32_PARAMETER_NAMES = frozenset(
@@ -87,11 +87,7 @@ class MiniMaxH3DiT(UlyssesOwner, nn.Module):
         self.final_layer = FinalLayer(config)
 
         self.attn_impl = check_backend(attn_impl, head_dim=config.attention_head_dim)
-        if self.attn_impl == "cudnn_fp8":
-            logger.warning(
-                "MiniMax H3 with FP8 attention (cudnn_fp8) failed the quality gate against bf16 attention "
-                "(cosine below 0.99 on random weights; docs/perf/2026-12-02); check the quality"
-            )
+        warn_failed_gate("MiniMax H3", self.attn_impl, FAILED_ATTENTION_GATES)
         self.sequence_alignment = sequence_alignment
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block

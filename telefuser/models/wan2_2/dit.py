@@ -21,7 +21,7 @@ from ...distributed.ulysses import UlyssesCommunicator
 from ...distributed.ulysses.compiled_ops import exchange_key
 from ...distributed.ulysses.sequence import gather_rows, rank_rows, take_rows
 from ...memory.streaming import StreamedLayers
-from ...ops.attention_registry import check_backend
+from ...ops.attention_registry import check_backend, warn_failed_gate
 from ...ops.fp8 import linear_dtype, quantize_blocks
 from ...ops.regions import region_compiles
 from ..block_streaming import BlockStreaming
@@ -42,6 +42,8 @@ from .config import Wan22Config
 
 TextKV = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per block: the prompt's cross-attention K, V [B, L, H, D]
 MAX_TIMESTEP = 1000.0
+# Attention backends that failed the quality gate on this DiT (backend -> where the result is written)
+FAILED_ATTENTION_GATES = {"cudnn_fp8": "docs/perf/2026-12-07"}
 
 
 class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
@@ -72,6 +74,7 @@ class Wan22DiT(UlyssesOwner, BlockStreaming, nn.Module):
         self.head = WanHead(config)
 
         self.attn_impl = check_backend(attn_impl, head_dim=config.head_dim)
+        warn_failed_gate("Wan 2.2", self.attn_impl, FAILED_ATTENTION_GATES)
         self.weights_source = "constructed (default init)"
         self.communicator: UlyssesCommunicator | None = None  # owned by the model, shared by every block
         self.ulysses_group: dist.ProcessGroup | None = None
