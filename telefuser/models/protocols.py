@@ -1,4 +1,5 @@
-"""`DiT`: what every registered model's DiT offers the pipelines, tools and tests, whatever its forward looks like.
+"""`DiT`: what every registered model's DiT offers the pipelines, tools and tests, whatever its forward looks like;
+`PromptEncoder`: what a pipeline's text side offers (umT5 for the Wan family, Qwen3-VL for MiniMax H3).
 
 A structural protocol (torchtitan's `BaseModel`, without a base class): the config it was built from, its attention
 implementation, where its weights came from, the block linears its FP8 path quantizes, its blocks, and the Ulysses
@@ -27,3 +28,15 @@ class DiT(Protocol):
     def reset_parallel(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PromptEncoder(Protocol):
+    """A tokenizer and text encoder behind one call: a prompt to the DiT's text conditioning ``[1, L, hidden_size]``
+    on `device` (pipelines/wan/text_encoder.py `UMT5PromptEncoder`, pipelines/minimax_h3/text_encoder.py
+    `Qwen3VLPromptEncoder`)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def __call__(self, prompt: str, device) -> Any: ...

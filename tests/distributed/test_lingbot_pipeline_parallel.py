@@ -52,13 +52,13 @@ def _session_frames(ctx, parallel: bool):
     from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline
     from telefuser.pipelines.wan.text_encoder import (
         ByteFallbackTokenizer,
-        PromptEncoder,
+        UMT5PromptEncoder,
         build_umt5_encoder,
         tiny_umt5_config,
     )
     from tests.toy_dit import ToyCausalDiT, ToyDiTConfig
 
-    encoder = PromptEncoder(ByteFallbackTokenizer(), build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
+    encoder = UMT5PromptEncoder(ByteFallbackTokenizer(), build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
     dit = ToyCausalDiT(ToyDiTConfig(text_dim=32, text_len=16))
     pipe = WorldSessionPipeline(dit, encoder, _vae(), vae_group=ctx.group if parallel else None)
     rgb = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)

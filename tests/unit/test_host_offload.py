@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from telefuser.memory.host import HostResident
-from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, PromptEncoder, tiny_text_config
+from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, Qwen3VLPromptEncoder, tiny_text_config
 from telefuser.pipelines.minimax_h3.tokenizer import load_tokenizer
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 
@@ -20,8 +20,8 @@ def _encoders(streamed_from: int):
     config = tiny_text_config(hidden_size=64)
     resident = MiniMaxH3TextEncoder.random(config, num_layers=2, seed=3)
     offloaded = MiniMaxH3TextEncoder.random(config, num_layers=2, seed=3, host_from=streamed_from)
-    streamed = PromptEncoder(load_tokenizer(None), offloaded, streamed_from=streamed_from, device="cpu")
-    return PromptEncoder(load_tokenizer(None), resident), streamed
+    streamed = Qwen3VLPromptEncoder(load_tokenizer(None), offloaded, streamed_from=streamed_from, device="cpu")
+    return Qwen3VLPromptEncoder(load_tokenizer(None), resident), streamed
 
 
 # The lent encoder computes with copies of the same weights at other addresses, which may steer the kernels to
@@ -36,7 +36,7 @@ def _bound(dtype: torch.dtype) -> float:
 def test_streamed_prompt_encoder_gives_the_resident_encoders_conditioning(streamed_from):
     resident, offloaded = _encoders(streamed_from)
     assert offloaded.offload and not resident.offload
-    other = PromptEncoder(
+    other = Qwen3VLPromptEncoder(
         load_tokenizer(None), MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=64), num_layers=2, seed=4)
     )
     for prompt in ("a red fox in snow", "waves on a pebble beach at night"):
@@ -88,11 +88,11 @@ def test_buffers_travel_with_the_parameters():
 def test_streamed_encoder_holds_at_most_two_layers_on_the_gpu_while_it_encodes():
     device = torch.device("cuda")
     config = tiny_text_config(hidden_size=256, num_layers=4)
-    resident = PromptEncoder(
+    resident = Qwen3VLPromptEncoder(
         load_tokenizer(None),
         MiniMaxH3TextEncoder.random(config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16),
     )
-    offloaded = PromptEncoder(
+    offloaded = Qwen3VLPromptEncoder(
         load_tokenizer(None),
         MiniMaxH3TextEncoder.random(config, num_layers=4, seed=1, device=device, dtype=torch.bfloat16, host_from=0),
         streamed_from=0,

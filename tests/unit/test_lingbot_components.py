@@ -23,7 +23,7 @@ from telefuser.pipelines.lingbot_world_v2 import (
 from telefuser.pipelines.lingbot_world_v2.image import image_to_canvas, load_reference_image
 from telefuser.pipelines.wan.text_encoder import (
     ByteFallbackTokenizer,
-    PromptEncoder,
+    UMT5PromptEncoder,
     build_umt5_encoder,
     clean_prompt,
     load_official_umt5,
@@ -420,7 +420,7 @@ def test_prompt_encoder_pads_with_zero_rows():
     tokenizer = ByteFallbackTokenizer()
     assert tokenizer.encode("ab", 8) == [ord("a") + 3, ord("b") + 3, 1]  # EOS appended
     assert len(tokenizer.encode("x" * 100, 8)) == 8 and tokenizer.encode("x" * 100, 8)[-1] == 1
-    encoder = PromptEncoder(tokenizer, build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
+    encoder = UMT5PromptEncoder(tokenizer, build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
     out = encoder("  a  &amp;  b ", "cpu")  # cleaned to "a & b": 5 bytes + EOS
     assert out.shape == (1, 16, 32)
     assert out[0, :6].abs().sum(dim=-1).gt(0).all() and torch.count_nonzero(out[0, 6:]) == 0

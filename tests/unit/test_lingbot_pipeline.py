@@ -15,7 +15,7 @@ from telefuser.media import probe_media
 from telefuser.pipelines.lingbot_world_v2 import DenoisingSchedule, WorldSessionPipeline
 from telefuser.pipelines.wan.text_encoder import (
     ByteFallbackTokenizer,
-    PromptEncoder,
+    UMT5PromptEncoder,
     build_umt5_encoder,
     tiny_umt5_config,
 )
@@ -31,7 +31,7 @@ RES = (32, 16)  # latent 4 x 2: 2 DiT tokens per latent frame (keeps the VAE che
 @pytest.fixture(scope="module")
 def parts():
     vae = WanVideoVAE.random("tiny", seed=0)
-    encoder = PromptEncoder(ByteFallbackTokenizer(), build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
+    encoder = UMT5PromptEncoder(ByteFallbackTokenizer(), build_umt5_encoder(tiny_umt5_config(32)), text_len=16)
     return vae, encoder
 
 

@@ -24,7 +24,7 @@ from telefuser.pipelines.minimax_h3.shapes import (
     frame_count_from_latent_t,
     video_latent_t,
 )
-from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, PromptEncoder, tiny_text_config
+from telefuser.pipelines.minimax_h3.text_encoder import MiniMaxH3TextEncoder, Qwen3VLPromptEncoder, tiny_text_config
 from telefuser.pipelines.minimax_h3.tokenizer import ByteFallbackTokenizer, load_tokenizer
 from telefuser.pipelines.minimax_h3.vae import AudioDecoder, VideoDecoder, random_audio_vae, random_video_vae
 
@@ -109,7 +109,7 @@ def make_pipeline(dit: StubDiT | None = None, *, decode: bool = True) -> MiniMax
     encoder = MiniMaxH3TextEncoder.random(tiny_text_config(hidden_size=TEXT_DIM), num_layers=2, seed=0)
     video, audio = _decoders() if decode else (Silence(_silent_video), Silence(_silent_audio))
     return MiniMaxH3Pipeline(
-        dit or StubDiT(), PromptEncoder(load_tokenizer(None), encoder), video, audio, show_progress=False
+        dit or StubDiT(), Qwen3VLPromptEncoder(load_tokenizer(None), encoder), video, audio, show_progress=False
     )
 
 

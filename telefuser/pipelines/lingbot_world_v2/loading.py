@@ -20,7 +20,7 @@ from ...ops.fp8 import QUANTIZATIONS
 from ...runtime import Runtime
 from ..wan.components import DIFFUSERS_SUBDIRS as WAN_DIFFUSERS_SUBDIRS
 from ..wan.components import component_paths, is_diffusers_layout, text_and_vae
-from ..wan.text_encoder import TEXT_LEN, PromptEncoder
+from ..wan.text_encoder import TEXT_LEN, UMT5PromptEncoder
 from .camera_control import CameraFactory, lingbot_camera
 from .session import WorldSessionPipeline
 
@@ -120,7 +120,7 @@ def build_lingbot_pipeline(
     the command line); a warm-up session then captures them all.
     `placement` (a `memory.plan.Placement`; None: everything on the device) says which layers of the ``text_encoder``
     and ``dit`` stacks stay on the device; the others go to pinned host memory as they load, one tensor or block
-    at a time, and stream while they run (`PromptEncoder`, `LingBotWorldV2DiT.stream_blocks`; not with CUDA graphs).
+    at a time, and stream while they run (`UMT5PromptEncoder`, `LingBotWorldV2DiT.stream_blocks`; not with CUDA graphs).
     """
     if runtime is None:
         runtime = Runtime.one_rank("cpu", torch.bfloat16)
@@ -180,7 +180,7 @@ def build_lingbot_pipeline(
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return WorldSessionPipeline(
         model,
-        PromptEncoder(tokenizer, encoder, text_len=text_len, streamed_from=text_resident, device=device),
+        UMT5PromptEncoder(tokenizer, encoder, text_len=text_len, streamed_from=text_resident, device=device),
         vae,
         device=device,
         dit_dtype=dtype,

@@ -26,7 +26,7 @@ from .shapes import OFFICIAL_SHORT_EDGE
 from .text_encoder import (
     SELECTED_LAYER,
     MiniMaxH3TextEncoder,
-    PromptEncoder,
+    Qwen3VLPromptEncoder,
     official_text_config,
     tiny_text_config,
 )
@@ -93,7 +93,7 @@ def build_minimax_h3_pipeline(
     the DiT is parallelized over (`Runtime.parallelize` with this model's spec: TP, then Ulysses).
     `placement` (a `memory.plan.Placement`; None: everything on the device) says which layers of the ``text_encoder``,
     ``adaln`` and ``dit`` stacks stay on the device; the others are put in pinned host memory as they load, one
-    tensor or block at a time, and stream while they run (`PromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
+    tensor or block at a time, and stream while they run (`Qwen3VLPromptEncoder`, `MiniMaxH3DiT.offload_adaln`,
     `MiniMaxH3DiT.stream_blocks`). `qkv_layout` is passed to the DiT loader (for re-exported single files).
     `quantization` "fp8" runs the joint blocks' GEMMs in FP8, each block quantized on the device as soon as it is
     loaded (after TP: each rank quantizes its slices).
@@ -293,7 +293,7 @@ def _build(
     tokenizer = load_tokenizer(None)
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
+        Qwen3VLPromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
         VideoDecoder(
             video_vae,
             f"{video_vae.weights_source}: AutoencoderKLMiniMaxH3 (diffusers)",
@@ -357,7 +357,7 @@ def _from_checkpoint(
     patch_size = tuple(getattr(config, "patch_size", (1, 2, 2)))
     return MiniMaxH3Pipeline(
         dit,
-        PromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
+        Qwen3VLPromptEncoder(tokenizer, encoder, streamed_from=where.text_encoder, device=device),
         VideoDecoder(video_vae, video_vae.weights_source, lend_to=where.lend_vae_to(device)),
         AudioDecoder(audio_vae, audio_vae.weights_source, lend_to=where.lend_vae_to(device)),
         device=device,

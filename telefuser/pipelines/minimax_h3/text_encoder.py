@@ -107,7 +107,7 @@ class MiniMaxH3TextEncoder(nn.Module):
     ) -> MiniMaxH3TextEncoder:
         """Deterministic random weights, drawn on `device` one tensor at a time (no host copy of a large model).
         `host_from`: the token embedding and layers ``host_from:`` go to host memory as they are drawn (the
-        encoder then streams them: `PromptEncoder(streamed_from=...)`)."""
+        encoder then streams them: `Qwen3VLPromptEncoder(streamed_from=...)`)."""
         from accelerate import init_empty_weights
 
         with init_empty_weights():
@@ -226,7 +226,7 @@ def _detect_prefix(shards: list[Path]) -> str:
     )
 
 
-class PromptEncoder:
+class Qwen3VLPromptEncoder:
     """Tokenizer + text encoder: a prompt to the DiT's text conditioning [1, L, text_dim].
 
     `streamed_from`: layers ``streamed_from:`` live in pinned host memory and stream to the device one at a time

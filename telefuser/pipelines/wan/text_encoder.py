@@ -105,7 +105,7 @@ def load_tokenizer(path: str | Path | None):
 def build_umt5_encoder(config: dict, *, seed: int = 0, device="cpu", dtype=torch.float32, host_from: int | None = None):
     """A `UMT5EncoderModel` with deterministic random weights, drawn on `device` one tensor at a time. `host_from`:
     the token embedding and blocks ``host_from:`` go to host memory as they are drawn (the encoder then streams
-    them: `PromptEncoder(streamed_from=...)`)."""
+    them: `UMT5PromptEncoder(streamed_from=...)`)."""
     from accelerate import init_empty_weights
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -221,7 +221,7 @@ def load_pretrained_umt5(path: str | Path, *, device="cpu", dtype=torch.bfloat16
     return place_umt5(model, device, host_from).eval().requires_grad_(False)
 
 
-class PromptEncoder:
+class UMT5PromptEncoder:
     """Tokenizer + umT5 encoder: prompt -> ``[1, text_len, d_model]`` (real rows, then zeros).
 
     `streamed_from`: blocks ``streamed_from:`` live in pinned host memory and stream to `device` one at a time while

@@ -22,7 +22,7 @@ from ...ops.fp8 import QUANTIZATIONS
 from ...dtypes import torch_dtype
 from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
-from ..wan.text_encoder import PromptEncoder
+from ..wan.text_encoder import UMT5PromptEncoder
 from .pipeline import Wan22Pipeline
 
 VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
@@ -62,7 +62,7 @@ def build_wan22_pipeline(
     `memory.plan.Placement`; None: everything on the device): an offloaded expert goes to pinned host memory: in the
     model tier (T2V-A14B) whole once loaded, lent to the device while its steps run (`HostResident`); in the block
     tier all but the plan's resident blocks as they load, each streamed to the device while it computes
-    (`Wan22DiT.stream_blocks`). An offloaded umT5 streams its blocks while it encodes (`PromptEncoder`)."""
+    (`Wan22DiT.stream_blocks`). An offloaded umT5 streams its blocks while it encodes (`UMT5PromptEncoder`)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if runtime is None:
@@ -129,7 +129,9 @@ def build_wan22_pipeline(
     vae_group = mesh.ulysses_group if mesh is not None and mesh.config.ulysses_degree > 1 else None
     return Wan22Pipeline(
         experts,
-        PromptEncoder(tokenizer, encoder, text_len=variant_info.dit.text_len, streamed_from=text_from, device=device),
+        UMT5PromptEncoder(
+            tokenizer, encoder, text_len=variant_info.dit.text_len, streamed_from=text_from, device=device
+        ),
         vae,
         variant_info,
         device=device,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..common.http_errors import RequestError
 from ..common.request_body import parse_json
-from .contract import normalize_keys
+from .contract import check_client_keys
 from .session import SessionRuntime, StateError
 
 MAX_MESSAGE_BYTES = 4096  # a control with every key is ~150 bytes
@@ -84,7 +84,7 @@ def handle_client_message(runtime: SessionRuntime, text: str, *, playout_reports
     try:
         if kind == "control":
             try:
-                keys = normalize_keys(msg.get("keys"), runtime.settings.keys)
+                keys = check_client_keys(msg.get("keys"), runtime.settings.keys)
                 seq = _count(msg, "seq", required=False)
             except ValueError as exc:
                 runtime.client_error(f"control rejected: {exc}")

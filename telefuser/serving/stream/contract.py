@@ -101,7 +101,7 @@ def key_bindings(metadata: dict[str, Any] | None) -> dict[str, str]:
     return dict((metadata or {}).get("key_bindings") or {})
 
 
-def normalize_keys(keys: Any, allowed: Sequence[str]) -> list[str]:
+def check_client_keys(keys: Any, allowed: Sequence[str]) -> list[str]:
     """Validate a control message's keys against the model's `allowed` keys; letters are case-insensitive. Returns
     them in the model's order, de-duplicated."""
     if not isinstance(keys, list):

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from ...common.http_errors import RequestError
 from ...common.request_body import json_object, read_body
 from ..client_messages import MAX_COUNT
-from ..contract import normalize_keys
+from ..contract import check_client_keys
 from ..request import parse_create_request
 from ..service import Service
 from ..session import StateError
@@ -82,7 +82,7 @@ async def control(session_id: str, request: Request, service: Service) -> dict[s
     runtime = service.lookup(session_id)
     try:
         message = await _json_body(request)
-        keys = normalize_keys(message.get("keys"), service.registry.settings.keys)
+        keys = check_client_keys(message.get("keys"), service.registry.settings.keys)
         seq = message.get("seq")
         if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_COUNT):
             raise ValueError(f"'seq' must be an integer in [0, 2**53), got {repr(seq)[:40]}")
