@@ -151,7 +151,7 @@ def case_replays_exact_with_delayed_ranks(ctx, transport, device, replays):
         if bad:
             wrong[it] = bad
     # No Python ran for the replays: the backend issued no group since the capture.
-    return comm.backend_name, wrong, comm.scatter_backend.groups - groups_after_capture
+    return comm.transport, wrong, comm.scatter_backend.groups - groups_after_capture
 
 
 def case_eager_replay_and_new_session_interleaved(ctx, transport, device):
@@ -180,7 +180,7 @@ def case_eager_replay_and_new_session_interleaved(ctx, transport, device):
             rec.replay()
         if fwd.check(inputs):
             wrong.append((it, what, fwd.check(inputs)))
-    return comm.backend_name, wrong
+    return comm.transport, wrong
 
 
 def case_capture_refusals(ctx, transport, device):

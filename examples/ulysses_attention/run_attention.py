@@ -95,7 +95,7 @@ def main() -> None:
     if rank == 0:
         metrics = {
             "world_size": world,
-            "backend": comm.backend_name,
+            "backend": comm.transport,
             "seq_len": args.seq_len,
             "dim": args.dim,
             "heads": args.heads,
@@ -109,7 +109,7 @@ def main() -> None:
         path = args.output / f"ulysses_attention_w{world}.json"
         path.write_text(json.dumps(metrics, indent=2) + "\n")
         print(
-            f"Ulysses{world} ({comm.backend_name}, gloo CPU) seq={args.seq_len} dim={args.dim} heads={args.heads}: "
+            f"Ulysses{world} ({comm.transport}, gloo CPU) seq={args.seq_len} dim={args.dim} heads={args.heads}: "
             f"ulysses {ulysses_s * 1e3:.2f} ms/call | dense (one process) {dense_s * 1e3:.2f} ms/call | "
             f"max |err| vs dense {max_err:.2e} -> {path}"
         )

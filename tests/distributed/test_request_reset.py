@@ -31,10 +31,10 @@ def _two_sessions(ctx):
             failed = None
         except UlyssesTransportError as exc:
             failed = str(exc)
-        refused_on = pipe.dit.communicator.backend_name
+        refused_on = pipe.dit.communicator.transport
         with pipe.start(rgb, "a road", seed=1, resolution=(32, 32), num_frames=13) as second:
             frames = second.next_chunk().frames
-        return failed, first.closed, refused_on, pipe.dit.communicator.backend_name, frames
+        return failed, first.closed, refused_on, pipe.dit.communicator.transport, frames
     finally:
         pipe.close()
 
@@ -69,9 +69,9 @@ def _two_wan_requests(ctx):
             failed = None
         except UlyssesTransportError as exc:
             failed = str(exc)
-        refused_on = failing.backend_name
+        refused_on = failing.transport
         video = pipe("a red fox", seed=1, steps=2)
-        return failed, refused_on, failing.backend_name, video.frames
+        return failed, refused_on, failing.transport, video.frames
     finally:
         failing.close()
 

@@ -34,7 +34,7 @@ def main(mode: str) -> None:
         comm.scatter_heads(x, tag="v", barrier=False)
         comm.scatter_heads(x, tag="k").wait()
     torch.cuda.synchronize()
-    assert comm.backend_name == TRANSPORT, (comm.backend_name, comm.fallback_reasons)
+    assert comm.transport == TRANSPORT, (comm.transport, comm.fallback_reasons)
     if mode == "missing-peer":
         comm.scatter_heads(x, tag="v", barrier=False)
         if rank == world - 1:

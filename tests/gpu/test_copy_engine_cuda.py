@@ -147,7 +147,7 @@ def _auto_selection(ctx, hide_tf_kernel):
         xs = cases.inputs_for(1, ctx.world_size, (1, 4, 2 * ctx.world_size, 8), torch.bfloat16, DEV)
         out = comm.scatter_heads(xs[ctx.rank]).wait()
         assert torch.equal(out.cpu(), cases.expected_scatter([x.cpu() for x in xs], ctx.rank))
-        name, reasons = comm.backend_name, dict(comm.fallback_reasons)
+        name, reasons = comm.transport, dict(comm.fallback_reasons)
         comm.close()
         return name, reasons
     finally:

@@ -74,7 +74,7 @@ def _each_transport(ctx, name: str, device: str, engine: str):
     ):
         model = spec.parallelize(copy.deepcopy(dense), mesh, communicator_factory=factory)
         outputs = spec.example_forward(model).run()
-        runs[label] = ([o.cpu() for o in outputs], model.communicator.backend_name)
+        runs[label] = ([o.cpu() for o in outputs], model.communicator.transport)
         model.close()
     expected = [e.cpu() for e in expected]
     engine_out, portable_out = runs["engine"][0], runs["portable"][0]
@@ -119,7 +119,7 @@ def _wan_requests(ctx, transport: str, device: str = "cuda"):
         WAN22_T2V_A14B.parallelize(second, mesh, communicator_factory=lambda group: first.communicator)
     try:
         videos = [pipe("a red fox", seed=1, steps=2).frames for _ in range(2)]
-        return second.communicator is first.communicator, first.communicator.backend_name, videos
+        return second.communicator is first.communicator, first.communicator.transport, videos
     finally:
         first.communicator.close()
 

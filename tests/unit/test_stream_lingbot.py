@@ -95,13 +95,13 @@ def test_metadata_reports_the_transport_the_communicator_chose_after_start_up():
 
     from telefuser.serving.stream.lingbot import LingBotSessionFactory
 
-    communicator = SimpleNamespace(backend_name="portable")
+    communicator = SimpleNamespace(transport="portable")
     pipeline = SimpleNamespace(dit=SimpleNamespace(communicator=communicator))
     factory = LingBotSessionFactory(
         pipeline, defaults={"resolution": "64x48", "fps": 16}, max_sessions=1, weights="random (no checkpoint)"
     )
     assert factory.metadata["ulysses_transport"] == "portable"
-    communicator.backend_name = "ce-ipc"  # what the first exchange on a shared GPU selects
+    communicator.transport = "ce-ipc"  # what the first exchange on a shared GPU selects
     factory.warmup_s = 1.5
     assert factory.metadata["ulysses_transport"] == "ce-ipc" and factory.metadata["warmup_s"] == 1.5
 

@@ -125,7 +125,7 @@ def main():
         pass
     if comm.rank == 0:
         print(
-            f"\nCPU cost per call {args.label}, {comm.backend_name}, world {w}, fused V/Q/K views "
+            f"\nCPU cost per call {args.label}, {comm.transport}, world {w}, fused V/Q/K views "
             f"[1, 1024, {8 * w}, 128] bf16 (median, us)"
         )
         for name, label in (("v", "scatter_heads(v, barrier=False)"), ("q", "scatter_heads(q, barrier=False)"),

@@ -79,7 +79,7 @@ class TransportSwitch:
 
     def runs_on(self, name: str) -> str:
         comm = self.communicators.get(name)
-        return comm.backend_name if comm is not None else "none (one rank)"
+        return comm.transport if comm is not None else "none (one rank)"
 
     def fallback_reasons(self, name: str) -> dict[str, str]:
         comm = self.communicators.get(name)

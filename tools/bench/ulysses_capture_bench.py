@@ -123,7 +123,7 @@ def main() -> None:
     comm = UlyssesCommunicator(transport="auto")
     forward = Forward(comm, args.layers, device)
     forward()  # selects the transport and allocates every target
-    if comm.backend_name == "portable":
+    if comm.transport == "portable":
         raise SystemExit(f"the copy engine is not available here: {comm.fallback_reasons}")
     eager_host, eager_device = timed(forward, args.repeats)
     eager = {name: out.clone() for name, out in forward.results.items()}
@@ -146,7 +146,7 @@ def main() -> None:
         "world_size": w,
         "layers": args.layers,
         "shape_global": SHAPE,
-        "transport": comm.backend_name,
+        "transport": comm.transport,
         "eager": {"host_ms": max_over_ranks(eager_host), "device_ms": max_over_ranks(eager_device)},
         "graph": {
             "host_ms": max_over_ranks(graph_host),

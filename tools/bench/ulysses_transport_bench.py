@@ -210,7 +210,7 @@ def main() -> int:
     global CPU_GROUP
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--backends", default="portable,ce-ipc,ce-symm," + ",".join(ABLATIONS))
+    p.add_argument("--transports", default="portable,ce-ipc,ce-symm," + ",".join(ABLATIONS))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--output", default=None, help="JSON file for the rows")
@@ -237,7 +237,7 @@ def main() -> int:
         torch.manual_seed(rank)
         fused = torch.randn(b, local[1], 3, h, d, device="cuda", dtype=torch.bfloat16)
         bytes_moved = 3 * fused[:, :, 0].numel() * fused.element_size()
-        for name in args.backends.split(","):
+        for name in args.transports.split(","):
             transport = "ce-ipc" if name in ABLATIONS else name
             if name in ABLATIONS and "ce-symm" in (r.ran_on for r in rows if r.shape == shape_name):
                 transport = "ce-symm"  # ablate the preferred transport where it runs
@@ -254,8 +254,8 @@ def main() -> int:
             options = CopyEngineOptions(**ABLATIONS.get(name, {}))
             comm = UlyssesCommunicator(transport=transport, options=options)
             comm.scatter_heads(fused[:, :, 2], tag="v").wait()  # selects the transport (agreed) before any timing
-            row.ran_on = comm.backend_name
-            if transport != "portable" and comm.backend_name != transport:
+            row.ran_on = comm.transport
+            if transport != "portable" and comm.transport != transport:
                 row.note = f"skipped: {comm.fallback_reasons.get(transport, 'unavailable')}"
                 comm.close()
                 rows.append(row)

@@ -92,7 +92,7 @@ def cell_bad_input_new(ctx: RankCtx) -> dict:
     x = ctx.inputs(1)[ctx.rank]
     ctx.start()
     comm.scatter_heads(x.double() if ctx.rank == FAULT_RANK else x).wait()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def cell_bad_input_repeated(ctx: RankCtx) -> dict:
@@ -103,7 +103,7 @@ def cell_bad_input_repeated(ctx: RankCtx) -> dict:
     ctx.start()
     comm.scatter_heads(x.double() if ctx.rank == FAULT_RANK else x).wait()
     ctx.sync()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def cell_layout_one_rank(ctx: RankCtx) -> dict:
@@ -115,7 +115,7 @@ def cell_layout_one_rank(ctx: RankCtx) -> dict:
     if ctx.rank == FAULT_RANK:  # the same values, heads strided within each row: the copy cannot read it as it lies
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     out = comm.scatter_heads(x).wait()
-    return {"backend": comm.backend_name, "exact": first and _exact(out, xs, ctx.rank)}
+    return {"backend": comm.transport, "exact": first and _exact(out, xs, ctx.rank)}
 
 
 def cell_transport_mismatch(ctx: RankCtx) -> dict:
@@ -124,7 +124,7 @@ def cell_transport_mismatch(ctx: RankCtx) -> dict:
     comm = ctx.comm(transport=None)
     ctx.start()
     comm.scatter_heads(ctx.inputs(4)[ctx.rank]).wait()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def cell_option_mismatch(ctx: RankCtx) -> dict:
@@ -134,7 +134,7 @@ def cell_option_mismatch(ctx: RankCtx) -> dict:
     comm = ctx.comm(options=CopyEngineOptions(timeout_s=ctx.timeout_s, flag_bits=bits))
     ctx.start()
     comm.scatter_heads(ctx.inputs(5)[ctx.rank]).wait()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def cell_oom_at_target(ctx: RankCtx) -> dict:
@@ -150,7 +150,7 @@ def cell_oom_at_target(ctx: RankCtx) -> dict:
     xs = ctx.inputs(6)
     ctx.start()
     out = comm.scatter_heads(xs[ctx.rank], tag="v").wait()
-    return {"backend": comm.backend_name, "exact": _exact(out, xs, ctx.rank), "reasons": dict(comm.fallback_reasons)}
+    return {"backend": comm.transport, "exact": _exact(out, xs, ctx.rank), "reasons": dict(comm.fallback_reasons)}
 
 
 def _fault_between_v_and_k(ctx: RankCtx, seed: int, fault: Callable[[], None]) -> dict:
@@ -164,7 +164,7 @@ def _fault_between_v_and_k(ctx: RankCtx, seed: int, fault: Callable[[], None]) -
         fault()
     comm.scatter_heads(x, tag="k").wait()
     ctx.sync()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def _raise() -> None:
@@ -195,7 +195,7 @@ def cell_forward_error(ctx: RankCtx) -> dict:
         raise RuntimeError("injected: rank 1's forward raised between groups")
     _group(comm, x)
     ctx.sync()
-    return {"backend": comm.backend_name}
+    return {"backend": comm.transport}
 
 
 def cell_reset_after_failure(ctx: RankCtx) -> dict:

@@ -50,7 +50,7 @@ def case_exact_scatter_and_views(ctx, transport, device, dtype):
         assert torch.equal(out.cpu(), expected_scatter([v.cpu() for v in views], r)), which
     ys = inputs_for(2, w, (2, 4 * w, 2, 8), dtype, device)
     assert torch.equal(comm.gather_heads(ys[r]).wait().cpu(), expected_gather([y.cpu() for y in ys], r))
-    name = comm.backend_name
+    name = comm.transport
     comm.close()
     return name
 
@@ -79,7 +79,7 @@ def case_layouts_packed_locally(ctx, transport, device):
     ys = inputs_for(901, w, (1, 2 * w, 2, 8), torch.float32, device)
     y_strided = [y.transpose(2, 3).contiguous().transpose(2, 3) for y in ys]  # channels strided
     assert torch.equal(comm.gather_heads(y_strided[r]).wait().cpu(), expected_gather([y.cpu() for y in ys], r))
-    name = comm.backend_name
+    name = comm.transport
     comm.close()
     return name
 
@@ -124,7 +124,7 @@ def case_options_exact(ctx, transport, device, options):
     for it in range(3):
         exact_vqk_group(comm, inputs_for(800 + it, w, (2, 5, 3, 2 * w, 8), torch.bfloat16, device), r)
     backend = comm.scatter_backend
-    result = (comm.backend_name, backend.groups - PROBE_GROUPS, backend.allocations)
+    result = (comm.transport, backend.groups - PROBE_GROUPS, backend.allocations)
     comm.close()
     return result
 
@@ -255,7 +255,7 @@ def case_agreed_fallback(ctx, transport, device, fail_call):
         hk = comm.scatter_heads(xs[r] + 1, tag="k")
         assert torch.equal(hv.wait().cpu(), expected_scatter([x.cpu() for x in xs], r))
         assert torch.equal(hk.wait().cpu(), expected_scatter([(x + 1).cpu() for x in xs], r))
-    name, reasons = comm.backend_name, dict(comm.fallback_reasons)
+    name, reasons = comm.transport, dict(comm.fallback_reasons)
     comm.close()
     return name, reasons
 
@@ -273,7 +273,7 @@ def _request_failing_mid_group(comm, x) -> tuple[str, str, str]:
         message = str(exc)
     else:
         raise AssertionError("no error after group start")
-    backend_after = comm.backend_name
+    backend_after = comm.transport
     try:
         comm.scatter_heads(x, tag="k")
     except UlyssesTransportError as exc:
@@ -302,7 +302,7 @@ def case_reset_reopens_copy_engine(ctx, transport, device):
     did_reset = comm.reset()
     healthy_again = comm.reset()  # nothing failed since: a no-op everywhere
     exact_vqk_group(comm, inputs_for(511, w, (1, 3, 3, 2 * w, 8), torch.float32, device), r)
-    request2 = comm.backend_name
+    request2 = comm.transport
     comm.close()
     return failed_on, refused, did_reset, healthy_again, request2
 
@@ -313,10 +313,10 @@ def case_reset_after_fallback(ctx, transport, device):
     comm = _failing_comm(ctx, transport, fail_call=FIRST_TARGET_CALL)
     xs = inputs_for(520, w, (1, 3, 2 * w, 8), torch.float32, device)
     assert torch.equal(comm.scatter_heads(xs[r], tag="v").wait().cpu(), expected_scatter([x.cpu() for x in xs], r))
-    after_fallback = comm.backend_name
+    after_fallback = comm.transport
     did_reset = comm.reset()
     assert torch.equal(comm.scatter_heads(xs[r], tag="v").wait().cpu(), expected_scatter([x.cpu() for x in xs], r))
-    result = (after_fallback, did_reset, comm.backend_name)
+    result = (after_fallback, did_reset, comm.transport)
     comm.close()
     return result
 
@@ -354,7 +354,7 @@ def _one_scatter_with_wrapped_mapping(ctx, transport, device, wrap_rank, wrap, s
     comm = UlyssesCommunicator(ctx.group, transport=transport, options=CopyEngineOptions(), mapping_factory=factory)
     xs = inputs_for(seed, w, (1, 3, 2 * w, 8), torch.float32, device)
     exact = torch.equal(comm.scatter_heads(xs[r], tag="v").wait().cpu(), expected_scatter([x.cpu() for x in xs], r))
-    result = (comm.backend_name, dict(comm.fallback_reasons), exact)
+    result = (comm.transport, dict(comm.fallback_reasons), exact)
     comm.close()
     return result
 

@@ -509,7 +509,7 @@ def multi_gpu(gpus: int) -> Plan:
             540,
             torchrun(
                 gpus,
-                f"tools.bench.ulysses_transport_bench --backends {backends} --repeats 5 --output {{out}}/ab_bench.json",
+                f"tools.bench.ulysses_transport_bench --transports {backends} --repeats 5 --output {{out}}/ab_bench.json",
             ),
             "grouped scatter per layer, every backend and ablation, seed shapes + Wan-720p",
         ),
@@ -519,7 +519,7 @@ def multi_gpu(gpus: int) -> Plan:
             240,
             torchrun(
                 gpus,
-                "tools.bench.ulysses_transport_bench --backends portable,nccl-zero-cta --repeats 3 "
+                "tools.bench.ulysses_transport_bench --transports portable,nccl-zero-cta --repeats 3 "
                 "--output {out}/ab_bench_nccl_zero_cta.json",
             ),
             "NCCL zero-CTA copy-engine all-to-all on symmetric buffers, if this torch/NCCL allows it",

@@ -295,7 +295,7 @@ def run_case(case: Case, runtime: Runtime, args) -> dict:
         parallel, _ = run(model, inputs)
         sync(device)
         result["parallel_s"] = time.perf_counter() - start
-        result["transport"] = model.communicator.backend_name
+        result["transport"] = model.communicator.transport
         result["fallback_reasons"] = dict(model.communicator.fallback_reasons)
         model.close()
         del model

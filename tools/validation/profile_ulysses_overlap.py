@@ -260,7 +260,7 @@ def main(argv=None) -> int:
             for _ in range(args.iters):
                 layer(x)
             sync()
-    backend = comm.backend_name
+    backend = comm.transport
     comm.close()
     if rank == 0:
         args.output.mkdir(parents=True, exist_ok=True)

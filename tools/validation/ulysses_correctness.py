@@ -57,7 +57,7 @@ def check_transport(transport: str, dtype: torch.dtype, device, world: int, rank
         for handle, idx in ((hq, 0), (hk, 1), (hv, 2)):
             if not torch.equal(handle.wait().cpu(), expected_scatter([f[:, :, idx] for f in fused], rank)):
                 failures.append(f"group {it} tag {handle.tag}")
-    name, reasons = comm.backend_name, dict(comm.fallback_reasons)
+    name, reasons = comm.transport, dict(comm.fallback_reasons)
     comm.close()
     return {"backend": name, "failures": failures, "reasons": reasons}
 

@@ -116,7 +116,7 @@ class UlyssesCommunicator:
         transport = transport or os.environ.get("TELEFUSER_ULYSSES_TRANSPORT", "auto")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        self.transport = transport
+        self.requested_transport = transport
         self.options = options or CopyEngineOptions()
         self._config = {"transport": transport, "verify": verify, **self.options.protocol()}
         self._channel = ControlChannel(self.group, self.options.timeout_s)
@@ -137,7 +137,7 @@ class UlyssesCommunicator:
 
     # -- public surface ------------------------------------------------------------------------------------------
     @property
-    def backend_name(self) -> str:
+    def transport(self) -> str:
         """The transport used for scatter_heads ("portable" until a copy-engine transport has been set up)."""
         return (self._scatter_backend or self._portable).name
 
@@ -386,7 +386,9 @@ class UlyssesCommunicator:
         return self._portable  # an ineligible call; the transport stays selected for eligible ones
 
     def _select(self, device: torch.device):
-        candidates, excluded = agreed_candidates(self.transport, device, self._channel, self.options.flag_bits)
+        candidates, excluded = agreed_candidates(
+            self.requested_transport, device, self._channel, self.options.flag_bits
+        )
         self.fallback_reasons.update(excluded)
         for name in candidates:
             try:
@@ -394,9 +396,11 @@ class UlyssesCommunicator:
             except CopyEngineSetupError as exc:  # raised on every rank together
                 self.fallback_reasons[name] = str(exc)
                 log.warning("Ulysses transport %s unavailable, trying the next one: %s", name, exc)
-        if self.transport not in ("auto", "portable"):
+        if self.requested_transport not in ("auto", "portable"):
             log.warning(
-                "Ulysses transport %s was asked for but is unavailable: %s", self.transport, self.fallback_reasons
+                "Ulysses transport %s was asked for but is unavailable: %s",
+                self.requested_transport,
+                self.fallback_reasons,
             )
         return self._portable
 

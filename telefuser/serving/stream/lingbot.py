@@ -45,7 +45,7 @@ class _LockedSession:
 
 def _transport_name(pipeline) -> str:
     communicator = getattr(getattr(pipeline, "dit", None), "communicator", None)
-    return communicator.backend_name if communicator is not None else "none (one rank)"
+    return communicator.transport if communicator is not None else "none (one rank)"
 
 
 class LingBotSessionFactory:
