@@ -80,7 +80,7 @@ def lingbot_call(config_name: str, layers: int | None, device, dtype):
 
     from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 
-    config = LingBotWorldV2Config() if config_name == "official" else LingBotWorldV2Config.tiny()
+    config = LingBotWorldV2Config() if config_name == "official" else LingBotWorldV2Config.tiny_session()
     config = replace(config, num_layers=layers) if layers else config
     model = build_random_lingbot_dit(config, 0, device, dtype, init_on_device=device.type == "cuda").eval()
     grid = (60, 104) if config_name == "official" else (4, 6)  # 832x480 latents: 1,560 tokens per frame

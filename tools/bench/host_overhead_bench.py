@@ -105,7 +105,7 @@ def path_of(name: str):
 # -- LingBot ----------------------------------------------------------------------------------------------------------
 def lingbot_model(args, variant: str, runtime: Runtime):
     device, dtype = runtime.device, runtime.dtype
-    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny(local_attn_size=10)
+    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
     if args.layers:
         config = replace(config, num_layers=args.layers)
     quantization, attn_impl = VARIANTS[variant]

@@ -49,7 +49,7 @@ def build(args, device, dtype):
     from telefuser.pipelines.wan.vae import WanVideoVAE
     from telefuser.pipelines.wan.vae_fusion import optimize_vae
 
-    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny()
+    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
     config = replace(config, num_layers=args.layers) if args.layers else config
     dit = build_random_lingbot_dit(
         config, 0, device, dtype, attn_impl=args.attn_impl, init_on_device=device.type == "cuda"

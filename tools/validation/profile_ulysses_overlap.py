@@ -73,7 +73,7 @@ _GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 def lingbot_config(cfg: dict):
     from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 
-    return LingBotWorldV2Config() if cfg["config"] == "official" else LingBotWorldV2Config.tiny()
+    return LingBotWorldV2Config() if cfg["config"] == "official" else LingBotWorldV2Config.tiny_session()
 
 
 def local_shape(preset: str, rank: int, world: int) -> dict:

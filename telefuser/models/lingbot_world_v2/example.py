@@ -17,8 +17,9 @@ from .config import LingBotWorldV2Config
 
 
 def dit_config(size: str) -> LingBotWorldV2Config:
-    """tiny: CPU-sized, with a 4-frame window (1 sink frame); official: the released 14B DiT and the v2 window."""
-    return LingBotWorldV2Config.tiny() if size == "tiny" else LingBotWorldV2Config()
+    """tiny: CPU-sized, with the tiny session's 10-frame window (2 sink frames), as `--config tiny` runs it; official:
+    the released 14B DiT and the v2 window."""
+    return LingBotWorldV2Config.tiny_session() if size == "tiny" else LingBotWorldV2Config()
 
 
 def example(model, *, seed: int = 0, batch: int = 1, frames: int = 2, height: int = 6, width: int = 6, text_rows=5):
