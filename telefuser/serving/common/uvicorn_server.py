@@ -26,7 +26,8 @@ def server_for(app, **options):
 
 
 def make_server(config):
-    """A uvicorn.Server that ends the app's streams (closed events, sessions freed) before it closes connections.
+    """A uvicorn.Server that awaits the app's ``state.drain_on_shutdown()`` (where the app sets one: the stream
+    service ends its sessions, closed events sent, before it closes connections).
 
     Without this, uvicorn's shutdown cuts WebSockets with 1012 and waits on open SSE responses until its timeout.
     """
@@ -34,9 +35,9 @@ def make_server(config):
 
     class StreamServer(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
-            registry = getattr(getattr(config.app, "state", None), "stream", None)
-            if registry is not None:
-                await registry.drain_for_shutdown()
+            drain = getattr(getattr(config.app, "state", None), "drain_on_shutdown", None)
+            if drain is not None:
+                await drain()
             await super().shutdown(sockets)
 
     return StreamServer(config)

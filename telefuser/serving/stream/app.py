@@ -1,9 +1,9 @@
 """The streaming service as a FastAPI app: HTTP session API, per-session WebSocket and SSE, metrics, web page.
 
 The routes, their answers and who may call them are in PROTOCOL.md; they live in routes/ as routers and share one
-`StreamService` (service.py) on `app.state.service`. All session state lives in its `SessionRegistry`, also on
-`app.state.stream` for the server's shutdown drain (common/uvicorn_server.py); the lifespan starts the registry's reaper
-and closes every session on shutdown.
+`StreamService` (service.py) on `app.state.service`. All session state lives in its `SessionRegistry`, whose drain
+is `app.state.drain_on_shutdown`: the server awaits it before it closes connections (common/uvicorn_server.py). The
+lifespan starts the registry's reaper and closes every session on shutdown.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def create_stream_app(
         query_token_ok=service.stream_token_ok,
         inner_middleware=((ReplicaRouting, {"identity": identity}),),  # a 421 for another replica's session first
     )
-    app.state.stream = service.registry
+    app.state.drain_on_shutdown = service.registry.drain_for_shutdown
     app.include_router(service_routes.router)
     app.include_router(sessions.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
