@@ -73,7 +73,11 @@ def test_auto_picks_sage_sm90_where_it_is_usable(monkeypatch):
     # an explicit name is what runs, and LingBot's auto prefers SDPA alone
     assert MINIMAX_H3.attention_impl(argparse.Namespace(attn_impl="sdpa"), runtime) == "sdpa"
     assert LINGBOT_WORLD_V2.attention_impl(argparse.Namespace(attn_impl="auto"), runtime) == "sdpa"
-    assert LINGBOT_WORLD_V2.attention_impl(argparse.Namespace(attn_impl="sage_sm90"), runtime) == "sage_sm90"
+    official = argparse.Namespace(attn_impl="sage_sm90", config="official")
+    assert LINGBOT_WORLD_V2.attention_impl(official, runtime) == "sage_sm90"
+    # LingBot's tiny heads (16 channels) are refused at the entry point, before anything is built
+    with pytest.raises(ValueError, match="'sage_sm90' does not take head dim 16"):
+        LINGBOT_WORLD_V2.attention_impl(argparse.Namespace(attn_impl="sage_sm90", config="tiny"), runtime)
 
 
 def test_auto_skips_the_kernel_for_head_dims_it_does_not_take(monkeypatch):

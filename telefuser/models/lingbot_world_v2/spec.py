@@ -24,6 +24,14 @@ CUDA_GRAPHS = ("auto", "on", "off")
 EXAMPLE = "telefuser.models.lingbot_world_v2.example"
 
 
+def head_dim(args) -> int | None:
+    """The DiT's attention head dim that the flags in `args` describe: the random sizes' (tiny 16, official 128);
+    None for a checkpoint, whose config is read only when it loads."""
+    if LINGBOT_WORLD_V2.option(args, "checkpoint") is not None:
+        return None
+    return LINGBOT_WORLD_V2.config_of(LINGBOT_WORLD_V2.option(args, "config")).head_dim
+
+
 def parallelize(model, mesh, *, communicator_factory=None):
     """Ulysses over `mesh.ulysses_group` with one communicator for all blocks; LingBot has no TP plan. KV windows made
     before this call hold the wrong heads and are refused; make new ones."""
@@ -39,6 +47,7 @@ LINGBOT_WORLD_V2 = ModelSpec(
     name="lingbot_world_v2",
     title="LingBot-World v2 image-to-video world sessions",
     model_class="telefuser.models.lingbot_world_v2.dit:LingBotWorldV2DiT",
+    head_dim="telefuser.models.lingbot_world_v2.spec:head_dim",
     flags=(
         config_flag(),
         checkpoint_flag(
