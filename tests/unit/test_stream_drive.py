@@ -18,7 +18,7 @@ from telefuser.serving.common.local_server import serve_in_thread
 from telefuser.serving.stream.app import create_stream_app
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.events import ChunkItem
-from telefuser.serving.stream.session import SessionRuntime
+from telefuser.serving.stream.session import StreamSessionState
 
 REPO = Path(__file__).resolve().parents[2]
 CI_BENCH = REPO / "tools" / "aiperf" / "configs" / "stream_lingbot_world_v2_ci.yaml"
@@ -108,7 +108,7 @@ def _stalling_events(original):
     ],
 )
 def test_a_faulty_service_fails_the_drive_with_the_reason(tmp_path, monkeypatch, fault, patch, expected):
-    monkeypatch.setattr(SessionRuntime, "events", patch(SessionRuntime.events))
+    monkeypatch.setattr(StreamSessionState, "events", patch(StreamSessionState.events))
     app = create_stream_app(FakeSessionFactory(delay_s=0.0), max_sessions=1, ack_timeout_s=2.0)
     with serve_in_thread(app) as base:
         proc, summary, seconds = run_tool(

@@ -16,7 +16,7 @@ from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
 from telefuser.serving.stream.playout import LEAD_MARGIN_S, PlayoutGate
 from telefuser.serving.stream.events import ChunkItem, DoneItem
-from telefuser.serving.stream.session import SessionRuntime
+from telefuser.serving.stream.session import StreamSessionState
 from telefuser.serving.stream.settings import StreamSettings
 
 FPS, CHUNK, BUFFER_CHUNKS = 64, 16, 3  # a fast clock keeps the test short; the rules do not depend on it
@@ -83,7 +83,7 @@ def test_the_just_in_time_lead_is_one_compute_plus_the_margin():
 class Viewer:
     """Plays the session's frames at FPS and reports every other frame, as the page does (about every 100 ms)."""
 
-    def __init__(self, runtime: SessionRuntime):
+    def __init__(self, runtime: StreamSessionState):
         self.runtime = runtime
         self.buffer = 0
         self.played = 0
@@ -118,7 +118,7 @@ def _session(mode: str, *, chunks: int, delay_s: float):
     model = fake.create(np.zeros((8, 8, 3), np.uint8), "p", config)
     pool = ThreadPoolExecutor(2)
     loop = asyncio.get_running_loop()
-    runtime = SessionRuntime(
+    runtime = StreamSessionState(
         "s",
         model,
         prompt="p",

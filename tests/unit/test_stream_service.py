@@ -30,7 +30,7 @@ from telefuser.serving.stream.envelope import decode_frames, unpack
 from telefuser.serving.stream.fake import FakeSessionFactory
 from telefuser.serving.stream.metrics import StreamMetrics
 from telefuser.serving.stream.events import DoneItem
-from telefuser.serving.stream.session import SessionRuntime
+from telefuser.serving.stream.session import StreamSessionState
 from telefuser.serving.stream.settings import StreamSettings
 from tests import hostile_values as hv
 from tools.harness.server_process import ServerProcess
@@ -554,7 +554,7 @@ def test_sse_with_frames_and_status_events():
 
 # ---- delivery modes at the session level ----------------------------------------------------------------------------
 def _run_unconsumed(mode: str, buffer_chunks: int):
-    """Drive a SessionRuntime with a consumer that does not read until generation has had time to finish."""
+    """Drive a StreamSessionState with a consumer that does not read until generation has had time to finish."""
     from concurrent.futures import ThreadPoolExecutor
 
     async def main():
@@ -565,7 +565,7 @@ def _run_unconsumed(mode: str, buffer_chunks: int):
         metrics = StreamMetrics()
         pool = ThreadPoolExecutor(2)
         loop = asyncio.get_running_loop()
-        rt = SessionRuntime(
+        rt = StreamSessionState(
             "s",
             model,
             prompt="p",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ..common.http_errors import RequestError
 from ..common.request_body import parse_json
 from .contract import check_client_keys
-from .session import SessionRuntime, StateError
+from .session import StreamSessionState, StateError
 
 MAX_MESSAGE_BYTES = 4096  # a control with every key is ~150 bytes
 RATE, BURST = 30.0, 60  # messages per second, and at once (the page reports playout at most 10 times a second)
@@ -50,72 +50,72 @@ class MessageBudget:
 
 
 def receive_client_message(
-    runtime: SessionRuntime, message: dict, budget: MessageBudget, *, playout_reports: bool = True
+    state: StreamSessionState, message: dict, budget: MessageBudget, *, playout_reports: bool = True
 ) -> None:
     """One ASGI websocket.receive message (text or bytes) from the client; `playout_reports=False` refuses `playout`
     (WebRTC, where the server's video track is the playout clock)."""
     if not budget.take():
-        runtime.metrics.inc("client_messages_dropped_total")
+        state.metrics.inc("client_messages_dropped_total")
         if budget.should_warn():
-            runtime.client_error(
+            state.client_error(
                 f"too many messages: at most {RATE:g} a second ({BURST} at once); the excess is dropped unread"
             )
         return
     text = message.get("text")
     if text is None:
-        runtime.client_error("binary messages are not accepted; send JSON text")
+        state.client_error("binary messages are not accepted; send JSON text")
         return
     if len(text) > MAX_MESSAGE_BYTES:  # characters; the server's frame limit bounds the bytes
-        runtime.client_error(f"message of {len(text)} characters ignored; the limit is {MAX_MESSAGE_BYTES}")
+        state.client_error(f"message of {len(text)} characters ignored; the limit is {MAX_MESSAGE_BYTES}")
         return
-    handle_client_message(runtime, text, playout_reports=playout_reports)
+    handle_client_message(state, text, playout_reports=playout_reports)
 
 
-def handle_client_message(runtime: SessionRuntime, text: str, *, playout_reports: bool = True) -> None:
+def handle_client_message(state: StreamSessionState, text: str, *, playout_reports: bool = True) -> None:
     try:
         msg = parse_json(text, what="JSON message")
     except RequestError as exc:
-        runtime.client_error(exc.detail)
+        state.client_error(exc.detail)
         return
     if not isinstance(msg, dict):
-        runtime.client_error(f"a message must be a JSON object, got {type(msg).__name__}")
+        state.client_error(f"a message must be a JSON object, got {type(msg).__name__}")
         return
     kind = msg.get("type")
     try:
         if kind == "control":
             try:
-                keys = check_client_keys(msg.get("keys"), runtime.settings.keys)
+                keys = check_client_keys(msg.get("keys"), state.settings.keys)
                 seq = _count(msg, "seq", required=False)
             except ValueError as exc:
-                runtime.client_error(f"control rejected: {exc}")
+                state.client_error(f"control rejected: {exc}")
                 return
-            runtime.set_controls(keys, seq)
+            state.set_controls(keys, seq)
         elif kind == "playout" and not playout_reports:
-            runtime.client_error("playout reports are not taken here: the server's video track is the playout clock")
+            state.client_error("playout reports are not taken here: the server's video track is the playout clock")
         elif kind == "playout":
             try:
                 played = _count(msg, "frames_played", required=True)
                 buffered = _count(msg, "frames_buffered", required=False)
             except ValueError as exc:
-                runtime.client_error(f"playout report rejected: {exc}")
+                state.client_error(f"playout report rejected: {exc}")
                 return
-            runtime.record_playout(played, buffered)
+            state.record_playout(played, buffered)
         elif kind == "delivery_ack":
             frames = msg.get("published_frames")
             if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
-                runtime.client_error(
+                state.client_error(
                     f"delivery_ack needs a non-negative integer 'published_frames', got {repr(frames)[:40]}"
                 )
                 return
-            runtime.record_ack(frames)
+            state.record_ack(frames)
         elif kind == "stop":
-            runtime.request_stop()
+            state.request_stop()
         else:
-            runtime.client_error(
+            state.client_error(
                 f"unknown message type {repr(kind)[:40]}; expected 'control', 'playout', 'delivery_ack' or 'stop'"
             )
     except StateError as exc:
-        runtime.client_error(str(exc))
+        state.client_error(str(exc))
 
 
 def _count(msg: dict, name: str, *, required: bool) -> int | None:

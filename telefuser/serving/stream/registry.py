@@ -32,7 +32,7 @@ from .contract import SessionFactory
 from .limits import POOL, check_stream_config, delivery_bytes
 from .metrics import StreamMetrics
 from .request import CreateRequest
-from .session import SessionRuntime
+from .session import StreamSessionState
 from .settings import StreamSettings
 
 log = logging.getLogger("telefuser.serving")
@@ -52,8 +52,8 @@ class SessionRegistry:
         self.new_id = new_id
         # Model calls block (GPU work, or the followers' broadcast): one thread per session slot plus create/validate.
         self.executor = ThreadPoolExecutor(max_workers=settings.max_sessions + 2, thread_name_prefix="tf-stream")
-        self.live: dict[str, SessionRuntime] = {}
-        self.finished: OrderedDict[str, SessionRuntime] = OrderedDict()
+        self.live: dict[str, StreamSessionState] = {}
+        self.finished: OrderedDict[str, StreamSessionState] = OrderedDict()
         self._holding: set[str] = set()  # sessions whose model slot is not yet released
         self._reserved = 0  # creates in progress
         self._estimates: dict[str, int] = {}  # the memory estimate of each session in `_holding`
@@ -88,14 +88,14 @@ class SessionRegistry:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def get(self, session_id: str) -> SessionRuntime | None:
+    def get(self, session_id: str) -> StreamSessionState | None:
         return self.live.get(session_id) or self.finished.get(session_id)
 
     # ---- create --------------------------------------------------------------------------------------------------
     def effective_config(self, config: dict[str, Any]) -> dict[str, Any]:
         return {**(getattr(self.factory, "metadata", {}) or {}).get("defaults", {}), **config}
 
-    async def create(self, request: CreateRequest) -> SessionRuntime:
+    async def create(self, request: CreateRequest) -> StreamSessionState:
         if self.shutting_down:
             raise RequestError(503, "the service is shutting down")
         config = self.effective_config(request.config)
@@ -147,7 +147,7 @@ class SessionRegistry:
             f"hold {size_text(in_use)} of the {size_text(budget)} memory budget ({POOL}); retry when a session ends",
         )
 
-    async def _create(self, request: CreateRequest, config: dict[str, Any], need: int) -> SessionRuntime:
+    async def _create(self, request: CreateRequest, config: dict[str, Any], need: int) -> StreamSessionState:
         model, out_of_memory = None, None
         try:
             model = await self.run_blocking(self.factory.create, request.image, request.prompt, config)
@@ -167,7 +167,7 @@ class SessionRegistry:
             self.metrics.inc("sessions_rejected_total", reason="out_of_memory")
             await self.run_blocking(free_cached_memory)
             raise RequestError(503, out_of_memory)  # answered with Retry-After
-        runtime = SessionRuntime(
+        state = StreamSessionState(
             self.new_id(),
             model,
             prompt=request.prompt,
@@ -180,25 +180,25 @@ class SessionRegistry:
             on_closed=self._closed,
             chunk_frames=self.chunk_frames,
         )
-        runtime.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
-        self.live[runtime.id] = runtime
-        self._holding.add(runtime.id)
-        self._estimates[runtime.id] = need
+        state.stream_token = secrets.token_urlsafe(24)  # opens this session's WebSocket / SSE when keys are on
+        self.live[state.id] = state
+        self._holding.add(state.id)
+        self._estimates[state.id] = need
         self.metrics.inc("sessions_created_total")
         if self.shutting_down:
-            await runtime.aclose("shutdown")
+            await state.aclose("shutdown")
             raise RequestError(503, "the service is shutting down")
-        return runtime
+        return state
 
-    def _released(self, runtime: SessionRuntime) -> None:
-        self._holding.discard(runtime.id)
-        self._estimates.pop(runtime.id, None)
+    def _released(self, state: StreamSessionState) -> None:
+        self._holding.discard(state.id)
+        self._estimates.pop(state.id, None)
 
-    def _closed(self, runtime: SessionRuntime) -> None:
-        if runtime.close_reason == "shutdown":
+    def _closed(self, state: StreamSessionState) -> None:
+        if state.close_reason == "shutdown":
             self.closed_at_shutdown += 1
-        self.live.pop(runtime.id, None)
-        self.finished[runtime.id] = runtime
+        self.live.pop(state.id, None)
+        self.finished[state.id] = state
         while len(self.finished) > self.settings.finished_history:
             self.finished.popitem(last=False)
 
@@ -211,10 +211,10 @@ class SessionRegistry:
         while True:
             await asyncio.sleep(min(1.0, idle / 4))
             now = time.monotonic()
-            for runtime in list(self.live.values()):
-                if runtime.consumer is None and now - runtime.created_at > idle:
-                    log.info("session %s: nobody attached within %.0fs, closing", runtime.id, idle)
-                    self.spawn(runtime.aclose("idle"))
+            for state in list(self.live.values()):
+                if state.consumer is None and now - state.created_at > idle:
+                    log.info("session %s: nobody attached within %.0fs, closing", state.id, idle)
+                    self.spawn(state.aclose("idle"))
 
     async def drain_for_shutdown(self, timeout_s: float = 5.0) -> None:
         """Before the server closes connections: refuse new sessions, end every stream with a `closed` event and wait

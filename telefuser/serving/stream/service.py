@@ -21,7 +21,7 @@ from ..common.auth import ApiKeys
 from ..common.http_errors import RequestError
 from .registry import SessionRegistry
 from .replica import ReplicaIdentity
-from .session import SessionRuntime
+from .session import StreamSessionState
 from .webrtc.settings import WebRtcSettings
 
 _STREAM_PATH = re.compile(r"^/v1/stream/sessions/([^/]+)/(ws|events|webrtc)$")
@@ -37,11 +37,11 @@ class StreamService:
     models: Sequence[str] = ()  # the models this service's CLI can serve (/v1/service/metadata)
     webrtc: WebRtcSettings | None = None  # None: WebRTC delivery is off (serve-stream without --webrtc)
 
-    def lookup(self, session_id: str, *, live_only: bool = True) -> SessionRuntime:
-        runtime = self.registry.live.get(session_id) if live_only else self.registry.get(session_id)
-        if runtime is None:
+    def lookup(self, session_id: str, *, live_only: bool = True) -> StreamSessionState:
+        state = self.registry.live.get(session_id) if live_only else self.registry.get(session_id)
+        if state is None:
             raise RequestError(404, f"unknown or closed session {session_id!r}")
-        return runtime
+        return state
 
     def stream_token_ok(self, path: str, token: str) -> bool:
         """A session's WebSocket, event stream and WebRTC offer also take that session's own token in the query (a
@@ -51,17 +51,17 @@ class StreamService:
             return False
         if self.keys.matches(token):
             return True
-        runtime = self.registry.get(match.group(1))
-        expected = runtime.stream_token if runtime is not None else None
+        state = self.registry.get(match.group(1))
+        expected = state.stream_token if state is not None else None
         return expected is not None and hmac.compare_digest(expected.encode(), token.encode("utf-8", "surrogatepass"))
 
-    def urls(self, request: Request, runtime: SessionRuntime) -> dict[str, str]:
+    def urls(self, request: Request, state: StreamSessionState) -> dict[str, str]:
         """Reply URLs: from --public-url when set (the proxy's address for this replica), else from the request."""
         base = self.replica.base_url or str(request.base_url).rstrip("/")
         ws_base = ("wss" + base[5:]) if base.startswith("https") else ("ws" + base[4:])
         prefix = urlsplit(base).path.rstrip("/")  # "/r/<replica>" behind the shipped proxy, else ""
-        path = f"/v1/stream/sessions/{runtime.id}"
-        query = f"?token={runtime.stream_token}" if self.keys.enabled else ""
+        path = f"/v1/stream/sessions/{state.id}"
+        query = f"?token={state.stream_token}" if self.keys.enabled else ""
         urls = {
             "ws_url": f"{ws_base}{path}/ws{query}",
             "sse_url": f"{base}{path}/events{query}",

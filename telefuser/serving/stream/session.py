@@ -37,7 +37,7 @@ class StateError(Exception):
     """An operation that the session's state does not allow (second consumer, closed session...)."""
 
 
-class SessionRuntime:
+class StreamSessionState:
     def __init__(
         self,
         session_id: str,
@@ -49,8 +49,8 @@ class SessionRuntime:
         settings: StreamSettings,
         metrics: StreamMetrics,
         run_blocking: Callable[..., asyncio.Future],
-        on_released: Callable[[SessionRuntime], None],
-        on_closed: Callable[[SessionRuntime], None],
+        on_released: Callable[[StreamSessionState], None],
+        on_closed: Callable[[StreamSessionState], None],
         chunk_frames: int = 16,
     ):
         self.id, self.model, self.prompt, self.config, self.codec = session_id, model, prompt, config, codec

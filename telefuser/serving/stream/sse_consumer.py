@@ -14,7 +14,7 @@ from typing import Any
 
 from .registry import SessionRegistry
 from .events import KEEPALIVE, ChunkItem, DoneItem, Notice
-from .session import SessionRuntime
+from .session import StreamSessionState
 
 
 def sse_event(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
@@ -23,28 +23,28 @@ def sse_event(event: str, data: dict[str, Any], event_id: int | None = None) -> 
 
 
 async def sse_stream(
-    runtime: SessionRuntime, registry: SessionRegistry, *, frames: bool, status: bool, keepalive_s: float
+    state: StreamSessionState, registry: SessionRegistry, *, frames: bool, status: bool, keepalive_s: float
 ) -> AsyncIterator[str]:
     finished = False
     registry.consumers += 1
     try:
-        yield f": telefuser stream session={runtime.id}\n\n"
+        yield f": telefuser stream session={state.id}\n\n"
         if status:
-            yield sse_event("status", runtime.ready_payload())
-        async with contextlib.aclosing(runtime.events(keepalive_s)) as events:
+            yield sse_event("status", state.ready_payload())
+        async with contextlib.aclosing(state.events(keepalive_s)) as events:
             async for event in events:
                 if event is KEEPALIVE:
                     yield ": keep-alive\n\n"
                 elif isinstance(event, ChunkItem):
                     images = event.images or []
-                    data = {"type": "chunk", **runtime.mark_sent(event, sum(map(len, images)))}
+                    data = {"type": "chunk", **state.mark_sent(event, sum(map(len, images)))}
                     if frames:
                         data["codec"] = event.codec
                         data["images"] = [base64.b64encode(b).decode("ascii") for b in images]
                     yield sse_event("chunk", data, event.index)
                 elif isinstance(event, DoneItem):
                     finished = True
-                    yield sse_event("done", {**runtime.done_payload(event), "type": "done"})
+                    yield sse_event("done", {**state.done_payload(event), "type": "done"})
                 elif isinstance(event, Notice):
                     stage = event.payload.get("stage")
                     if stage in ("error", "closed"):
@@ -54,4 +54,4 @@ async def sse_stream(
     finally:
         # May run inside a cancelled scope (client gone): no awaits here, hand the teardown to a task.
         registry.consumers -= 1
-        registry.spawn(runtime.finish_after_ack() if finished else runtime.aclose("disconnect"))
+        registry.spawn(state.finish_after_ack() if finished else state.aclose("disconnect"))

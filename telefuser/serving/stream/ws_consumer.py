@@ -17,7 +17,7 @@ from ..common.http_errors import request_id_of
 from .client_messages import MessageBudget, receive_client_message
 from .registry import SessionRegistry
 from .events import ChunkItem, DoneItem, Notice
-from .session import SessionRuntime, StateError
+from .session import StreamSessionState, StateError
 
 log = logging.getLogger("telefuser.serving")
 CLOSE_CODES = {"completed": 1000, "stopped": 1000, "deleted": 1000, "idle": 1000, "shutdown": 1001, "error": 1011}
@@ -25,48 +25,48 @@ CLOSE_CODES = {"completed": 1000, "stopped": 1000, "deleted": 1000, "idle": 1000
 
 async def serve_websocket(websocket: WebSocket, registry: SessionRegistry, session_id: str) -> None:
     await websocket.accept()
-    runtime = registry.live.get(session_id)
-    if runtime is None:
+    state = registry.live.get(session_id)
+    if state is None:
         await _refuse(websocket, f"unknown or closed session {session_id!r}", 4404)
         return
     try:
-        runtime.attach("websocket", images=True)
+        state.attach("websocket", images=True)
     except StateError as exc:
         await _refuse(websocket, str(exc), 4409)
         return
-    reader = asyncio.create_task(_read(websocket, runtime, registry))
+    reader = asyncio.create_task(_read(websocket, state, registry))
     reason = "disconnect"
     registry.consumers += 1
     try:
-        await websocket.send_json(runtime.ready_payload())
-        async with contextlib.aclosing(runtime.events()) as events:
+        await websocket.send_json(state.ready_payload())
+        async with contextlib.aclosing(state.events()) as events:
             async for event in events:
                 if isinstance(event, ChunkItem):
-                    data = event.envelope(runtime.fps)
+                    data = event.envelope(state.fps)
                     await websocket.send_bytes(data)
                     await websocket.send_json(
-                        {"type": "status", "stage": "chunk_sent", **runtime.mark_sent(event, len(data))}
+                        {"type": "status", "stage": "chunk_sent", **state.mark_sent(event, len(data))}
                     )
                 elif isinstance(event, DoneItem):
-                    await websocket.send_json(runtime.done_payload(event))
+                    await websocket.send_json(state.done_payload(event))
                     reason = "completed"
                 elif isinstance(event, Notice):
                     await websocket.send_json(event.payload)
                     if event.final:
                         reason = event.payload.get("reason") or "error"
         if reason == "completed":
-            await runtime.finish_after_ack()
-            await websocket.send_json(runtime.ack_payload())
+            await state.finish_after_ack()
+            await websocket.send_json(state.ack_payload())
         await websocket.close(CLOSE_CODES.get(reason, 1000))
     except Exception as exc:  # the client went away mid-send: a disconnect, not a server error
-        log.debug("session %s: websocket ended: %r", runtime.id, exc)
+        log.debug("session %s: websocket ended: %r", state.id, exc)
     finally:
         registry.consumers -= 1
         reader.cancel()
-        registry.spawn(runtime.aclose(reason))
+        registry.spawn(state.aclose(reason))
 
 
-async def _read(websocket: WebSocket, runtime: SessionRuntime, registry: SessionRegistry) -> None:
+async def _read(websocket: WebSocket, state: StreamSessionState, registry: SessionRegistry) -> None:
     budget = MessageBudget()
     try:
         while True:
@@ -74,16 +74,16 @@ async def _read(websocket: WebSocket, runtime: SessionRuntime, registry: Session
             if message["type"] == "websocket.disconnect":
                 break
             try:
-                receive_client_message(runtime, message, budget)
+                receive_client_message(state, message, budget)
             except Exception:  # our fault, not the client's: log it, tell the client, keep streaming
                 request_id = request_id_of(websocket.scope)
-                log.exception("session %s: request %s: handling a client message failed", runtime.id, request_id)
-                runtime.client_error(f"internal error handling that message (request id {request_id})")
+                log.exception("session %s: request %s: handling a client message failed", state.id, request_id)
+                state.client_error(f"internal error handling that message (request id {request_id})")
     except Exception as exc:
-        log.debug("session %s: websocket reader ended: %r", runtime.id, exc)
+        log.debug("session %s: websocket reader ended: %r", state.id, exc)
     finally:
-        if not runtime.closed:
-            registry.spawn(runtime.aclose("disconnect"))
+        if not state.closed:
+            registry.spawn(state.aclose("disconnect"))
 
 
 async def _refuse(websocket: WebSocket, message: str, code: int) -> None:

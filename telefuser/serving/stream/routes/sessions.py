@@ -36,17 +36,17 @@ async def create_session(request: Request, service: Service) -> JSONResponse:
     image_pixels = registry.limits["max_image_pixels"]
     content_type = request.headers.get("content-type", "")
     parsed = await run_in_threadpool(parse_create_request, content_type, body, image_pixels, service.config_keys)
-    runtime = await registry.create(parsed)
+    state = await registry.create(parsed)
     return JSONResponse(
         {
-            "session_id": runtime.id,
-            **service.urls(request, runtime),
-            "total_chunks": runtime.total_chunks,
-            "total_frames": runtime.total_frames,
-            "fps": runtime.fps,
-            "resolution": runtime.resolution,
-            "config": runtime.config,
-            "codec": runtime.codec,
+            "session_id": state.id,
+            **service.urls(request, state),
+            "total_chunks": state.total_chunks,
+            "total_frames": state.total_frames,
+            "fps": state.fps,
+            "resolution": state.resolution,
+            "config": state.config,
+            "codec": state.codec,
             "delivery_mode": settings.delivery_mode,
             "buffer_chunks": settings.buffer_chunks,
             "keys": list(settings.keys),
@@ -72,23 +72,23 @@ async def session_status(session_id: str, service: Service) -> dict[str, Any]:
 async def delete_session(session_id: str, service: Service) -> Response:
     if session_id in service.registry.finished:
         return Response(status_code=204)  # already ended: the slot is free, which is what DELETE asks
-    runtime = service.lookup(session_id)
-    await asyncio.shield(service.registry.spawn(runtime.aclose("deleted")))
+    state = service.lookup(session_id)
+    await asyncio.shield(service.registry.spawn(state.aclose("deleted")))
     return Response(status_code=204)
 
 
 @router.post("/v1/stream/sessions/{session_id}/control")
 async def control(session_id: str, request: Request, service: Service) -> dict[str, Any]:
-    runtime = service.lookup(session_id)
+    state = service.lookup(session_id)
     try:
         message = await _json_body(request)
         keys = check_client_keys(message.get("keys"), service.registry.settings.keys)
         seq = message.get("seq")
         if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_COUNT):
             raise ValueError(f"'seq' must be an integer in [0, 2**53), got {repr(seq)[:40]}")
-        return runtime.set_controls(keys, seq)
+        return state.set_controls(keys, seq)
     except ValueError as exc:
-        runtime.metrics.inc("control_errors_total")
+        state.metrics.inc("control_errors_total")
         raise RequestError(422, f"control rejected: {exc}") from None
     except StateError as exc:
         raise RequestError(409, str(exc)) from None
@@ -102,15 +102,15 @@ async def stop(session_id: str, service: Service) -> dict[str, Any]:
 
 @router.post("/v1/stream/sessions/{session_id}/ack")
 async def ack(session_id: str, request: Request, service: Service) -> dict[str, Any]:
-    runtime = service.lookup(session_id, live_only=False)
+    state = service.lookup(session_id, live_only=False)
     frames = (await _json_body(request)).get("published_frames")
     if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
         raise RequestError(422, f"'published_frames' must be a non-negative integer, got {frames!r}")
     try:
-        runtime.record_ack(frames)
+        state.record_ack(frames)
     except StateError as exc:
         raise RequestError(409, str(exc)) from None
-    return runtime.ack_payload()
+    return state.ack_payload()
 
 
 @router.websocket("/v1/stream/sessions/{session_id}/ws")
@@ -123,18 +123,18 @@ async def webrtc_offer(session_id: str, request: Request, service: Service) -> d
     """The browser's SDP offer -> the answer; the session then streams over that peer connection."""
     if service.webrtc is None:
         raise RequestError(404, "WebRTC delivery is off on this server (start it with serve-stream --webrtc)")
-    runtime = service.lookup(session_id)
+    state = service.lookup(session_id)
     offer = json_object(await read_body(request, SMALL_BODY_BYTES), '{"type": "offer", "sdp": "v=0..."}')
     if offer.get("type") != "offer" or not isinstance(offer.get("sdp"), str):
         raise RequestError(422, 'the body must be {"type": "offer", "sdp": <the SDP text>}')
-    if runtime.consumer is not None or runtime.closed:
+    if state.consumer is not None or state.closed:
         raise RequestError(409, f"session {session_id} already has a consumer or is closed; one stream per session")
     from ..webrtc.peer import OfferError, PeerSession
 
-    peer = PeerSession(runtime, service.registry, service.webrtc)
+    peer = PeerSession(state, service.registry, service.webrtc)
     try:
         answer = await peer.answer(offer["sdp"])
-        runtime.attach("webrtc", images=False, pixels=True)
+        state.attach("webrtc", images=False, pixels=True)
     except (OfferError, StateError) as exc:
         await peer.close()
         raise RequestError(409 if isinstance(exc, StateError) else 422, str(exc)) from None
@@ -147,14 +147,14 @@ async def webrtc_offer(session_id: str, request: Request, service: Service) -> d
 
 @router.get("/v1/stream/sessions/{session_id}/events")
 async def events(session_id: str, service: Service, frames: int = 0, status: int = 0) -> StreamingResponse:
-    runtime = service.lookup(session_id)
+    state = service.lookup(session_id)
     try:
-        runtime.attach("sse", images=bool(frames))
+        state.attach("sse", images=bool(frames))
     except StateError as exc:
         raise RequestError(409, str(exc)) from None
     return StreamingResponse(
         sse_stream(
-            runtime,
+            state,
             service.registry,
             frames=bool(frames),
             status=bool(status),

@@ -22,7 +22,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSend
 from ..client_messages import MessageBudget, receive_client_message
 from ..registry import SessionRegistry
 from ..events import ChunkItem, DoneItem, Notice
-from ..session import SessionRuntime
+from ..session import StreamSessionState
 from .encoder import ChunkEncoder
 from .settings import WebRtcSettings
 from .track import PacedVideoTrack
@@ -36,17 +36,17 @@ class OfferError(ValueError):
 
 
 class PeerSession:
-    def __init__(self, runtime: SessionRuntime, registry: SessionRegistry, settings: WebRtcSettings):
-        self.runtime, self.registry, self.settings = runtime, registry, settings
+    def __init__(self, state: StreamSessionState, registry: SessionRegistry, settings: WebRtcSettings):
+        self.state, self.registry, self.settings = state, registry, settings
         config = RTCConfiguration(iceServers=[RTCIceServer(**server) for server in settings.ice_servers])
         self.pc = RTCPeerConnection(config)  # an empty list: host candidates only, no STUN lookup
-        self.track = PacedVideoTrack(runtime.fps or 16, on_sent=self._track_sent, on_chunk_start=self._chunk_start)
+        self.track = PacedVideoTrack(state.fps or 16, on_sent=self._track_sent, on_chunk_start=self._chunk_start)
         self.channel = None
         self.opened = asyncio.Event()
         self.ended = asyncio.Event()  # the channel or the connection went away
         self.budget = MessageBudget()
         self.encoder: ChunkEncoder | None = None
-        self.encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tf-webrtc-{runtime.id[:8]}")
+        self.encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tf-webrtc-{state.id[:8]}")
         self.pc.on("datachannel", self._datachannel)
         self.pc.on("connectionstatechange", self._connection_state)
 
@@ -91,49 +91,49 @@ class PeerSession:
 
     # ---- the stream ----------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        runtime, reason = self.runtime, "disconnect"
-        runtime.playout.expect_reports()
+        state, reason = self.state, "disconnect"
+        state.playout.expect_reports()
         self.registry.consumers += 1
         watcher = asyncio.ensure_future(self._watch())
         try:
             await asyncio.wait_for(self.opened.wait(), self.settings.connect_timeout_s)
-            self._send({**runtime.ready_payload(), "transport": "webrtc", "video_codec": self.settings.codec})
-            async with contextlib.aclosing(runtime.events()) as events:
+            self._send({**state.ready_payload(), "transport": "webrtc", "video_codec": self.settings.codec})
+            async with contextlib.aclosing(state.events()) as events:
                 async for event in events:
                     if isinstance(event, ChunkItem):
                         await self._deliver(event)
                     elif isinstance(event, DoneItem):
                         await self.track.drained(timeout_s=10 + self.track.queued * self.track.interval)
-                        self._send(runtime.done_payload(event))
+                        self._send(state.done_payload(event))
                         reason = "completed"
                     elif isinstance(event, Notice):
                         self._send(event.payload)
                         if event.final:
                             reason = event.payload.get("reason") or "error"
             if reason == "completed":
-                await runtime.finish_after_ack()
-                self._send(runtime.ack_payload())
+                await state.finish_after_ack()
+                self._send(state.ack_payload())
                 await asyncio.sleep(0.1)  # let the ack leave before the connection closes
         except asyncio.TimeoutError:
             log.info(
                 "session %s: the WebRTC data channel did not open within %gs",
-                runtime.id,
+                state.id,
                 self.settings.connect_timeout_s,
             )
         except Exception as exc:  # noqa: BLE001 - the peer went away mid-send: a disconnect, not a server error
-            log.debug("session %s: WebRTC stream ended: %r", runtime.id, exc)
+            log.debug("session %s: WebRTC stream ended: %r", state.id, exc)
         finally:
             self.registry.consumers -= 1
             watcher.cancel()
             await self.close()
-            self.registry.spawn(runtime.aclose(reason))
+            self.registry.spawn(state.aclose(reason))
 
     async def _watch(self) -> None:
         """A closed channel or a failed connection ends the session at once, even while nothing is being sent."""
         await self.ended.wait()
-        if not self.runtime.closed:
-            log.info("session %s: WebRTC peer went away (%s)", self.runtime.id, self.pc.connectionState)
-            self.registry.spawn(self.runtime.aclose("disconnect"))
+        if not self.state.closed:
+            log.info("session %s: WebRTC peer went away (%s)", self.state.id, self.pc.connectionState)
+            self.registry.spawn(self.state.aclose("disconnect"))
 
     async def _deliver(self, item: ChunkItem) -> None:
         """Encode the chunk frame by frame in the session's thread; each frame joins the track as it is encoded."""
@@ -147,9 +147,9 @@ class PeerSession:
             self.track.waiting = 0
         item.encode_seconds += seconds
         item.pixels = None
-        self.runtime.metrics.inc("encode_seconds_total", seconds)
-        self.runtime.playout.on_encoded(first_s)  # what delays the chunk's first frame
-        payload = self.runtime.mark_sent(item, nbytes)
+        self.state.metrics.inc("encode_seconds_total", seconds)
+        self.state.playout.on_encoded(first_s)  # what delays the chunk's first frame
+        payload = self.state.mark_sent(item, nbytes)
         self._send({"type": "status", "stage": "chunk_sent", **payload})
 
     def _encode(
@@ -161,7 +161,7 @@ class PeerSession:
                 self.settings.codec,
                 width=item.width,
                 height=item.height,
-                fps=self.runtime.fps or 16,
+                fps=self.state.fps or 16,
                 max_bitrate=self.settings.max_bitrate,
                 keyframe_interval_s=self.settings.keyframe_interval_s,
             )
@@ -178,7 +178,7 @@ class PeerSession:
         self.track.push(packet, chunk)
 
     def _track_sent(self, sent: int, queued: int) -> None:
-        self.runtime.playout.on_track_sent(sent, queued)  # the track is the viewer's playout clock
+        self.state.playout.on_track_sent(sent, queued)  # the track is the viewer's playout clock
 
     def _chunk_start(self, info: dict[str, Any]) -> None:
         self._send({"type": "status", "stage": "chunk_playout", **info})
@@ -187,10 +187,10 @@ class PeerSession:
         received = {"text": message} if isinstance(message, str) else {"bytes": message}
         try:
             # the track is the playout clock here: a client's own report could run the generator ahead of it
-            receive_client_message(self.runtime, received, self.budget, playout_reports=False)
+            receive_client_message(self.state, received, self.budget, playout_reports=False)
         except Exception:  # noqa: BLE001 - our fault, not the client's: log it, tell the client, keep streaming
-            log.exception("session %s: handling a data channel message failed", self.runtime.id)
-            self.runtime.client_error("internal error handling that message")
+            log.exception("session %s: handling a data channel message failed", self.state.id)
+            self.state.client_error("internal error handling that message")
 
     def _send(self, payload: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":
