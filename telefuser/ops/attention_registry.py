@@ -42,6 +42,10 @@ WINDOW_SAGE_SM90 = "sage_sm90"  # INT8 keys and transposed e4m3 values, laid out
 Verdict = tuple[bool, str]  # (yes or no, why): what `available` and `takes` answer
 
 
+class AttentionBackendError(ValueError):
+    """An --attn-impl this model or run cannot take (its head dim, its dtype): a start-up mistake, not a fault."""
+
+
 @dataclass(frozen=True)
 class AttentionBackend:
     name: str
@@ -138,7 +142,7 @@ def check_backend(name: str, *, head_dim: int | None = None, dtype: Any = None) 
             what for what in (head_dim and f"head dim {head_dim}", dtype is not None and _dtype_name(dtype)) if what
         )
         takers = [other for other in offered_names() if get_backend(other).takes(head_dim=head_dim, dtype=dtype)[0]]
-        raise ValueError(
+        raise AttentionBackendError(
             f"attention implementation {name!r} does not take {asked} ({why}); implementations that take it: "
             f"{', '.join(takers)}"
         )

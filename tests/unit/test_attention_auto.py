@@ -314,3 +314,16 @@ def test_serve_reports_the_resolved_and_the_requested_attention(tmp_path):
         assert (model["attn_impl"], model["attn_impl_requested"]) == ("sdpa", "auto")
     finally:
         runner.close()
+
+
+def test_a_backend_the_run_cannot_take_ends_a_service_start_in_one_line(monkeypatch):
+    from telefuser.ops.attention_registry import AttentionBackendError
+    from telefuser.serving.common.startup import explain_build_error
+
+    _with_sage_sm90(monkeypatch)
+    with pytest.raises(AttentionBackendError) as refused:
+        check_backend("sage_sm90", head_dim=16, dtype=torch.float32)
+    mistake = explain_build_error(refused.value)
+    assert mistake is not None and str(mistake.code).endswith(
+        "pass one of the implementations named, or --attn-impl auto"
+    )

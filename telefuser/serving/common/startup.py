@@ -34,6 +34,7 @@ _BUILD_MISTAKES = {
     "MemoryPlanError": "see `telefuser plan --help` for what fits",
     "ParallelConfigError": "--ulysses-degree x --tp-degree must equal the ranks torchrun starts (--nproc-per-node)",
     "DiffusersVersionError": "install the diffusers version pyproject.toml names (pip install -e .)",
+    "AttentionBackendError": "pass one of the implementations named, or --attn-impl auto",
 }
 
 
