@@ -269,11 +269,7 @@ def test_the_example_makes_a_clip_from_an_image(tmp_path, capsys):
     assert "image_encode_s" in summary["timings"] and summary["dit_calls"] == 2
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return 10 * np.log10(255**2 / mse)
-
-
+@pytest.mark.numerics
 def test_vae_dtype_bfloat16_decodes_the_same_latents_within_48_db():
     """--vae-dtype bfloat16 reaches the VAE from the flags (the memory plan's decode lever) and touches nothing before
     the decode: the latents are bit-equal to the float32 VAE's. The frames agree within 48 dB PSNR. Why 48: bf16 keeps
@@ -283,6 +279,7 @@ def test_vae_dtype_bfloat16_decodes_the_same_latents_within_48_db():
 
     from telefuser.pipelines.wan.vae import to_uint8_frames
     from telefuser.pipelines.wan2_2.loading import ti2v_5b_from_args
+    from tools.bench.lingbot_session_ab import psnr as _psnr
 
     runtime = Runtime.one_rank("cpu", torch.float32)
     flags = {"config": "tiny", "checkpoint": None, "attn_impl": "sdpa", "offload": "auto", "gpu_memory_gb": None}
