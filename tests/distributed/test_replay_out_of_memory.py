@@ -36,16 +36,16 @@ def _video_runner(rank: int, oom_ranks: tuple[int, ...]):
     class OomRunner(FakeVideoRunner):
         """Runs out of memory at the second denoising step of the TOO_BIG job, on the ranks in `oom_ranks`."""
 
-        def run(self, spec, output, hooks):
-            if spec.prompt != TOO_BIG or rank not in oom_ranks:
-                return super().run(spec, output, hooks)
+        def run(self, job_request, output, hooks):
+            if job_request.prompt != TOO_BIG or rank not in oom_ranks:
+                return super().run(job_request, output, hooks)
 
             def cancelled() -> bool:
                 if self.steps_run[-1] >= 1:
                     raise torch.OutOfMemoryError(OOM)
                 return hooks.cancelled()
 
-            return super().run(spec, output, StepHooks(progress=hooks.progress, cancelled=cancelled))
+            return super().run(job_request, output, StepHooks(progress=hooks.progress, cancelled=cancelled))
 
     return OomRunner(step_delay_s=0.01)
 

@@ -1,4 +1,4 @@
-"""Multi-rank video serving: rank 0 serves and runs the queue, the follower replays every job with the same spec.
+"""Multi-rank video serving: rank 0 serves and runs the queue, the follower replays every job with the same request.
 
 On 2 gloo ranks: the follower runs exactly rank 0's jobs (same arguments, same order), a cancelled job stops at the
 same step on both ranks (the cancel decision is broadcast), bad requests never reach the follower, only rank 0

@@ -73,7 +73,7 @@ def test_one_log_line_per_job_start_and_end_with_its_shape_and_stage_timings(tmp
 
 
 class _Exploding(FakeVideoRunner):
-    def run(self, spec, output, hooks):
+    def run(self, job_request, output, hooks):
         hooks.cancelled()
         hooks.progress(1, 3)
         raise RuntimeError("the model exploded")

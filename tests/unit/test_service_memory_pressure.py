@@ -43,16 +43,16 @@ def cache_frees(monkeypatch) -> list[str]:
 class OomVideoRunner(FakeVideoRunner):
     """Runs out of memory at the second denoising step of a job whose prompt is TOO_BIG."""
 
-    def run(self, spec, output, hooks):
-        if spec.prompt != TOO_BIG:
-            return super().run(spec, output, hooks)
+    def run(self, job_request, output, hooks):
+        if job_request.prompt != TOO_BIG:
+            return super().run(job_request, output, hooks)
 
         def cancelled() -> bool:
             if self.steps_run[-1] >= 1:
                 raise torch.OutOfMemoryError(OOM)
             return hooks.cancelled()
 
-        return super().run(spec, output, StepHooks(progress=hooks.progress, cancelled=cancelled))
+        return super().run(job_request, output, StepHooks(progress=hooks.progress, cancelled=cancelled))
 
 
 def test_an_out_of_memory_job_fails_with_what_ran_out_and_the_next_job_completes(tmp_path, cache_frees):
@@ -76,7 +76,7 @@ def test_an_out_of_memory_job_fails_with_what_ran_out_and_the_next_job_completes
 
 def test_other_failures_keep_their_code_and_free_nothing(tmp_path, cache_frees):
     class Broken(FakeVideoRunner):
-        def run(self, spec, output, hooks):
+        def run(self, job_request, output, hooks):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     with TestClient(create_video_app(Broken(), output_dir=tmp_path)) as client:
@@ -230,10 +230,10 @@ def test_memory_admission_422_when_it_never_fits_503_while_open_sessions_hold_th
 class AllocatingRunner(FakeVideoRunner):
     """Allocates `gib` GiB on the GPU per job (the prompt says how many), as a model's activations would."""
 
-    def run(self, spec, output, hooks):
-        held = torch.empty(int(float(spec.prompt) * 2**30), dtype=torch.uint8, device="cuda")
+    def run(self, job_request, output, hooks):
+        held = torch.empty(int(float(job_request.prompt) * 2**30), dtype=torch.uint8, device="cuda")
         try:
-            return super().run(spec, output, hooks)
+            return super().run(job_request, output, hooks)
         finally:
             del held
 

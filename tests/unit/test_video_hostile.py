@@ -85,7 +85,7 @@ def _record(prompt="p", **changes) -> dict:
         model="MiniMax-H3",
         prompt=prompt,
         request={"prompt": prompt},
-        spec=JobRequest(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
+        job_request=JobRequest(prompt, "64x64", "16:9", 0.2, 4, 0).as_dict(),
         plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
         status="cancelled",
         finished_at=time.time(),
@@ -128,7 +128,7 @@ def test_nothing_unencodable_is_queued_or_written(tmp_path):
 
 
 class _SurrogateError(FakeVideoRunner):
-    def run(self, spec, output, hooks):
+    def run(self, job_request, output, hooks):
         raise RuntimeError("tokenizer choked on \udcff")
 
 
@@ -212,10 +212,10 @@ def test_an_oversized_chunked_body_is_413(tmp_path):
 
 
 class _PlanFault(FakeVideoRunner):
-    def plan(self, spec):
-        if spec.prompt == "fault":
+    def plan(self, job_request):
+        if job_request.prompt == "fault":
             raise KeyError("internal table")
-        return super().plan(spec)
+        return super().plan(job_request)
 
 
 def test_a_server_fault_is_a_generic_500_logged_with_the_request_id(tmp_path, caplog):

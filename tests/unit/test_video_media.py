@@ -76,7 +76,7 @@ def test_a_json_job_with_last_frame_as_a_data_url_runs_fl2va(fl2va, tmp_path):
         done = poll(client, created["id"], timeout=60)
         assert done["status"] == "completed", done["error"]
     saved = record(tmp_path, created["id"])
-    assert saved["spec"]["task"] == "fl2va" and saved["result"]["metrics"]["request"]["task"] == "fl2va"
+    assert saved["job_request"]["task"] == "fl2va" and saved["result"]["metrics"]["request"]["task"] == "fl2va"
     assert saved["result"]["metrics"]["request"]["conditions"] == {"last": [48, 32]}
     summary = saved["request"]["last_frame"]
     assert summary["sha256"] == hashlib.sha256(image).hexdigest() and summary["data_url"] == "image/png"

@@ -105,7 +105,7 @@ def test_openai_sdk_input_reference_and_extra_body_run_an_fl2va_job_with_a_lora(
     finally:
         runner.close()
     record = json.loads((tmp_path / "out" / f"{video.id}.json").read_text())
-    assert record["spec"]["task"] == "fl2va" and record["request"]["input_reference"]["file"] == "first.png"
+    assert record["job_request"]["task"] == "fl2va" and record["request"]["input_reference"]["file"] == "first.png"
     assert record["result"]["metrics"]["request"]["conditions"] == {"first": [64, 32], "last": [64, 32]}
     assert record["result"]["metrics"]["loras"]["applied"] == [{"name": "style", "scale": 0.5}]
     assert (tmp_path / "out" / f"{video.id}.json").stat().st_size < 20_000  # summaries, not the images

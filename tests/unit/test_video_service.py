@@ -137,7 +137,9 @@ def test_multipart_as_aiperf_sends_it_completes_with_video_and_audio(tiny_runner
     assert (tmp_path / f"{created['id']}.mp4").read_bytes() == content.content
 
     record = json.loads((tmp_path / f"{created['id']}.json").read_text())
-    assert record["status"] == "completed" and record["spec"]["steps"] == 3 and record["spec"]["seed"] == 7
+    assert (
+        record["status"] == "completed" and record["job_request"]["steps"] == 3 and record["job_request"]["seed"] == 7
+    )
     assert record["request"]["size"] == "64x32"  # what the client sent, as sent (form text)
     assert record["result"]["metrics"]["dit_calls"]["computed"] == 2  # the pipeline's own metrics()
     assert record["result"]["timings"]["dit_step_s"] and record["result"]["mux_s"] > 0
@@ -180,27 +182,27 @@ def test_a_size_off_the_grid_is_generated_on_it_and_resized_by_the_real_model(ti
     info = probe_media(clip)
     assert (info.width, info.height, info.video_frames) == (96, 54, SHORT)
     record = json.loads((tmp_path / f"{created['id']}.json").read_text())
-    assert record["spec"]["resolution"] == "128x64" and record["spec"]["output_size"] == "96x54"
+    assert record["job_request"]["resolution"] == "128x64" and record["job_request"]["output_size"] == "96x54"
     assert (record["result"]["width"], record["result"]["height"]) == (96, 54)
     assert record["result"]["generated_size"] == "128x64"
 
 
 def test_minimax_runner_reports_each_denoising_step_and_stops_between_steps(tiny_runner, tmp_path):
-    spec = JobRequest("a lighthouse", "64x32", "16:9", 0.2, 5, 0)
+    job_request = JobRequest("a lighthouse", "64x32", "16:9", 0.2, 5, 0)
     steps: list[tuple[int, int]] = []
-    outcome = tiny_runner.run(spec, None, StepHooks(progress=lambda d, t: steps.append((d, t))))
+    outcome = tiny_runner.run(job_request, None, StepHooks(progress=lambda d, t: steps.append((d, t))))
     assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)] and outcome.dit_calls == 4
     assert not list(tmp_path.iterdir())  # output=None (a follower rank) writes nothing
 
     steps.clear()
     with pytest.raises(JobCancelled) as stopped:
         tiny_runner.run(
-            spec,
+            job_request,
             tmp_path / "x.mp4",
             StepHooks(progress=lambda d, t: steps.append((d, t)), cancelled=lambda: len(steps) >= 2),
         )
     assert stopped.value.step == 2 and steps == [(1, 4), (2, 4)] and not (tmp_path / "x.mp4").exists()
-    assert tiny_runner.run(spec, None, StepHooks()).dit_calls == 4  # the hooks do not leak into the next job
+    assert tiny_runner.run(job_request, None, StepHooks()).dit_calls == 4  # the hooks do not leak into the next job
 
 
 # -- queue, progress, failures, cancellation (fake runner) -----------------------------------------------------
@@ -216,7 +218,7 @@ def test_progress_increases_while_running(tmp_path):
 
 
 class BrokenRunner(FakeVideoRunner):
-    def run(self, spec, output, hooks):
+    def run(self, job_request, output, hooks):
         hooks.progress(1, 3)
         raise RuntimeError("CUDA out of memory (injected)")
 
@@ -325,7 +327,7 @@ def test_jobs_interrupted_by_a_crash_are_reported_failed(tmp_path):
             model="MiniMax-H3",
             prompt=status,
             request={},
-            spec=JobRequest("p", "64x64", "16:9", 0.2, 4, 0).as_dict(),
+            job_request=JobRequest("p", "64x64", "16:9", 0.2, 4, 0).as_dict(),
             plan={"width": 64, "height": 64, "frames": 5, "fps": 24, "duration_s": 5 / 24, "dit_calls": 3},
             status=status,
         )

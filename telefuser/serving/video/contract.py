@@ -119,7 +119,7 @@ class JobRequest:
         return [m.data for m in self.media]
 
     def with_media_data(self, blobs: list[bytes]) -> JobRequest:
-        """This spec with its inputs' bytes, each checked against the sha256 recorded at submission."""
+        """This request with its inputs' bytes, each checked against the sha256 recorded at submission."""
         if len(blobs) != len(self.media):
             raise ValueError(f"the job has {len(self.media)} input(s), {len(blobs)} were found")
         loaded = []
@@ -139,7 +139,7 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class VideoShape:
-    """What a spec will produce, known before running it."""
+    """What a job request will produce, known before running it."""
 
     width: int
     height: int
@@ -197,7 +197,7 @@ class VideoRunner(Protocol):
     # guidance (bool; with it guidance_scale {"default", "min", "max"}), defaults {...}; shown by /v1/service/metadata
     metadata: dict[str, Any]
 
-    def plan(self, spec: JobRequest) -> VideoShape:
+    def plan(self, job_request: JobRequest) -> VideoShape:
         """Validate and size a request; ValueError with a user-facing message when it cannot be made."""
         ...
 
@@ -206,6 +206,6 @@ class VideoRunner(Protocol):
     # canvas the model was trained at, "WxH"), "device"; what it runs: "tasks" (default ["t2va"]), "partition",
     # "presets" ({name: {"steps", ...}}), "loras_enabled" (PROTOCOL.md, "The model side").
 
-    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
+    def run(self, job_request: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome: ...
 
     def close(self) -> None: ...

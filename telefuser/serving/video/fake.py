@@ -73,45 +73,51 @@ class FakeVideoRunner:
             "presets": preset_metadata(),
         }
         self.media_seen: list[list[str]] = []  # per run: sha256 of each input's bytes as this rank received them
-        self.calls: list[dict[str, Any]] = []  # every run's spec, in order (the follower tests compare ranks)
+        self.calls: list[dict[str, Any]] = []  # every run's job request, in order (the follower tests compare ranks)
         self.steps_run: list[int] = []  # denoising steps each run completed (a cancelled run stops early)
         self._lock = threading.Lock()
 
-    def plan(self, spec: JobRequest) -> VideoShape:
-        shape = plan_shape(duration_s=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
-        if spec.steps < 2:
-            raise ValueError(f"steps must be >= 2, got {spec.steps}")
-        if spec.task not in self.metadata["tasks"]:
-            raise ValueError(f"this fake serves {self.metadata['partition']}, which does not run {spec.task} jobs")
-        plan = VideoShape(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, spec.steps - 1)
-        return replace(plan, task=spec.task)
+    def plan(self, job_request: JobRequest) -> VideoShape:
+        shape = plan_shape(
+            duration_s=job_request.seconds, resolution=job_request.resolution, aspect_ratio=job_request.aspect_ratio
+        )
+        if job_request.steps < 2:
+            raise ValueError(f"steps must be >= 2, got {job_request.steps}")
+        if job_request.task not in self.metadata["tasks"]:
+            raise ValueError(
+                f"this fake serves {self.metadata['partition']}, which does not run {job_request.task} jobs"
+            )
+        plan = VideoShape(shape.width, shape.height, shape.frame_count, FPS, shape.duration_s, job_request.steps - 1)
+        return replace(plan, task=job_request.task)
 
     def memory_estimate(self, plan: VideoShape) -> dict[str, int]:
         """The rendered clip (frames and two index grids) and its tone."""
         pixels = plan.width * plan.height
         return {"frames": plan.frames * pixels * 3 + 2 * pixels * 8, "audio": int(plan.duration_s * SAMPLE_RATE) * 8}
 
-    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
-        plan = self.plan(spec)
+    def run(self, job_request: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
+        plan = self.plan(job_request)
         with self._lock:
-            self.calls.append(spec.as_dict())
-            self.media_seen.append([hashlib.sha256(blob).hexdigest() for blob in spec.media_data()])
+            self.calls.append(job_request.as_dict())
+            self.media_seen.append([hashlib.sha256(blob).hexdigest() for blob in job_request.media_data()])
             self.steps_run.append(0)
         started = time.perf_counter()
-        self._log_run("start", spec)
+        self._log_run("start", job_request)
         for step in range(plan.dit_calls):
             if hooks.cancelled():
-                self._log_run("cancelled", spec)
+                self._log_run("cancelled", job_request)
                 raise JobCancelled(step)
             time.sleep(self.step_delay_s)
             self.steps_run[-1] = step + 1
             hooks.progress(step + 1, plan.dit_calls)
-        frames, audio = render(plan, spec.seed)
+        frames, audio = render(plan, job_request.seed)
         inference_s = time.perf_counter() - started
         report_stage(hooks, "muxing")
-        mux_s = write_clip(output, frames, FPS, audio, SAMPLE_RATE, spec.output_dims) if output is not None else 0.0
-        width, height = spec.output_dims or (plan.width, plan.height)
-        self._log_run("end", spec)
+        mux_s = (
+            write_clip(output, frames, FPS, audio, SAMPLE_RATE, job_request.output_dims) if output is not None else 0.0
+        )
+        width, height = job_request.output_dims or (plan.width, plan.height)
+        self._log_run("end", job_request)
         return RunOutcome(
             inference_time_s=inference_s,
             peak_memory_bytes=int(frames.nbytes + audio.nbytes),
@@ -126,17 +132,17 @@ class FakeVideoRunner:
             sample_rate=SAMPLE_RATE,
             dit_calls=plan.dit_calls,
             mux_s=mux_s,
-            generated_size=plan.generated_size if spec.output_dims else None,
+            generated_size=plan.generated_size if job_request.output_dims else None,
             timings={"pipeline_s": inference_s, "dit_total_s": plan.dit_calls * self.step_delay_s},
         )
 
     def close(self) -> None:
         return None
 
-    def _log_run(self, event: str, spec: JobRequest) -> None:
+    def _log_run(self, event: str, job_request: JobRequest) -> None:
         if self.run_log is None:
             return
-        line = json.dumps({"event": event, "prompt": spec.prompt, "pid": os.getpid(), "t": time.time()}) + "\n"
+        line = json.dumps({"event": event, "prompt": job_request.prompt, "pid": os.getpid(), "t": time.time()}) + "\n"
         with open(self.run_log, "a", encoding="utf-8") as log:  # one short append per line: whole lines, any order
             log.write(line)
 

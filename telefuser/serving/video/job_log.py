@@ -51,22 +51,22 @@ class StageClock:
 
 def request_shape(job: VideoJob) -> str:
     """The job's request as the log tells it: task, canvas, frames, steps, seed, and what it carries."""
-    plan, spec = job.plan, job.spec
+    plan, job_request = job.plan, job.job_request
     size = f"{plan['width']}x{plan['height']}"
     if plan.get("output_width"):
         size += f" -> {plan['output_width']}x{plan['output_height']}"
     parts = [
-        f"{spec.get('task', 't2va')} {size}",
+        f"{job_request.get('task', 't2va')} {size}",
         f"{plan['frames']} frames ({plan['duration_s']:.2f} s at {plan['fps']} fps)",
-        f"{spec['steps']} steps ({plan['dit_calls']} DiT calls)",
-        f"seed {spec['seed']}",
+        f"{job_request['steps']} steps ({plan['dit_calls']} DiT calls)",
+        f"seed {job_request['seed']}",
     ]
-    if spec.get("preset"):
-        parts.append(f"preset {spec['preset']}")
-    if spec.get("loras"):
-        parts.append("loras " + ", ".join(f"{name}:{scale:g}" for name, scale in spec["loras"]))
-    if spec.get("media"):
-        kinds = [f"{m['role']} {m['kind']}" for m in spec["media"]]
+    if job_request.get("preset"):
+        parts.append(f"preset {job_request['preset']}")
+    if job_request.get("loras"):
+        parts.append("loras " + ", ".join(f"{name}:{scale:g}" for name, scale in job_request["loras"]))
+    if job_request.get("media"):
+        kinds = [f"{m['role']} {m['kind']}" for m in job_request["media"]]
         parts.append(f"{len(kinds)} input(s): {', '.join(kinds)}")
     parts.append(f"prompt of {len(job.prompt)} characters")
     return ", ".join(parts)

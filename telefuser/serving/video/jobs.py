@@ -26,12 +26,24 @@ log = logging.getLogger("telefuser.serving")
 
 STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
-SCHEMA = "telefuser.video_job/1"
+SCHEMA = "telefuser.video_job/2"  # /2 renamed /1's `spec` to `job_request`; /1 records still load (RENAMED_FIELDS)
+# Fields an earlier schema named otherwise: its name -> today's. Records and PostgreSQL bodies are read through it.
+RENAMED_FIELDS = {"spec": "job_request"}  # telefuser.video_job/1
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 
 
 def new_job_id() -> str:
     return f"video_{uuid.uuid4().hex}"
+
+
+def current_field_names(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (a record, or a PostgreSQL job's body, which has no schema string) with the field names of earlier
+    schemas read as today's: a job recorded before a rename loads as it was."""
+    out = dict(data)
+    for old, new in RENAMED_FIELDS.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+    return out
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -45,7 +57,7 @@ class VideoJob:
     model: str
     prompt: str
     request: dict[str, Any]  # the fields the client sent
-    spec: dict[str, Any]  # JobRequest.as_dict(): what the runner was asked to do
+    job_request: dict[str, Any]  # JobRequest.as_dict(): what the runner was asked to do (`spec` in schema /1)
     plan: dict[str, Any]  # VideoShape.as_dict(): size, frames, duration, dit_calls
     created_at: float = field(default_factory=time.time)
     status: str = "queued"
@@ -79,6 +91,8 @@ class VideoJob:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> VideoJob:
+        """The job a record describes, of this schema or an earlier one (`current_field_names`)."""
+        data = current_field_names(data)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -108,7 +122,7 @@ class VideoJob:
             "model": self.model,
             "prompt": self.prompt,
             "size": size,
-            "seconds": f"{self.spec['seconds']:g}",
+            "seconds": f"{self.job_request['seconds']:g}",
             "error": self.error,
             # extras
             "generated_size": generated,  # what the model made; differs from size when the clip was resized
@@ -117,21 +131,21 @@ class VideoJob:
             "frames": plan["frames"],
             "duration_s": plan["duration_s"],
             "dit_calls": plan["dit_calls"],
-            "num_inference_steps": self.spec["steps"],
-            "seed": self.spec["seed"],
+            "num_inference_steps": self.job_request["steps"],
+            "seed": self.job_request["seed"],
             "attempts": self.attempts,
             "worker": self.worker,
-            "task": self.spec.get("task", "t2va"),
+            "task": self.job_request.get("task", "t2va"),
         }
-        if self.spec.get("preset"):
-            obj["preset"] = self.spec["preset"]
+        if self.job_request.get("preset"):
+            obj["preset"] = self.job_request["preset"]
         for name in GUIDANCE_FIELDS:  # set only by a model with guidance, when given
-            if self.spec.get(name) is not None:
-                obj[name] = self.spec[name]
-        if self.spec.get("loras"):
-            obj["loras"] = [{"name": name, "scale": scale} for name, scale in self.spec["loras"]]
-        if self.spec.get("media"):
-            obj["inputs"] = self.spec["media"]  # summaries: role, kind, bytes, sha256, width, height
+            if self.job_request.get(name) is not None:
+                obj[name] = self.job_request[name]
+        if self.job_request.get("loras"):
+            obj["loras"] = [{"name": name, "scale": scale} for name, scale in self.job_request["loras"]]
+        if self.job_request.get("media"):
+            obj["inputs"] = self.job_request["media"]  # summaries: role, kind, bytes, sha256, width, height
         if self.status == "completed" and self.result:
             r = self.result
             obj.update(

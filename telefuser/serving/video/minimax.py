@@ -108,24 +108,28 @@ class MiniMaxRunner:
         """LoRA merges and unmerges so far (a job whose set is merged already makes none)."""
         return self._lora_switch.switches if self._lora_switch is not None else 0
 
-    def plan(self, spec: JobRequest) -> VideoShape:
+    def plan(self, job_request: JobRequest) -> VideoShape:
         """ValueError (a 422 at submission) for a task this partition does not run, an unknown preset, or a LoRA
         that is not in --lora-dir or does not fit this DiT."""
         from telefuser.pipelines.minimax_h3 import FlowSchedule
         from telefuser.pipelines.minimax_h3.shapes import FPS
 
-        if spec.task not in self.metadata["tasks"]:
-            raise ValueError(f"this server runs the {self._pipe.partition} DiT, which does not run {spec.task} jobs")
-        if spec.preset is not None and spec.preset not in self.metadata["presets"]:
-            raise ValueError(f"unknown preset {spec.preset!r}")
-        if spec.loras:
+        if job_request.task not in self.metadata["tasks"]:
+            raise ValueError(
+                f"this server runs the {self._pipe.partition} DiT, which does not run {job_request.task} jobs"
+            )
+        if job_request.preset is not None and job_request.preset not in self.metadata["presets"]:
+            raise ValueError(f"unknown preset {job_request.preset!r}")
+        if job_request.loras:
             if self.loras is None:
                 raise ValueError("this server takes no LoRAs: it was started without --lora-dir")
-            self.loras.check([name for name, _ in spec.loras], self._pipe.dit)
-        shape = self._pipe.plan(duration=spec.seconds, resolution=spec.resolution, aspect_ratio=spec.aspect_ratio)
-        schedule = FlowSchedule.build(spec.steps)  # the shifts do not change the count
+            self.loras.check([name for name, _ in job_request.loras], self._pipe.dit)
+        shape = self._pipe.plan(
+            duration=job_request.seconds, resolution=job_request.resolution, aspect_ratio=job_request.aspect_ratio
+        )
+        schedule = FlowSchedule.build(job_request.steps)  # the shifts do not change the count
         conditions = tuple(
-            ("keyframe" if m.role != "reference" else m.kind, m.width, m.height) for m in spec.media
+            ("keyframe" if m.role != "reference" else m.kind, m.width, m.height) for m in job_request.media
         )  # fmt: skip
         return VideoShape(
             shape.width,
@@ -134,7 +138,7 @@ class MiniMaxRunner:
             FPS,
             shape.duration_s,
             schedule.num_dit_calls,
-            task=spec.task,
+            task=job_request.task,
             conditions=conditions,
         )
 
@@ -154,23 +158,23 @@ class MiniMaxRunner:
         stage = job.peak_stage
         return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
-    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
-        plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
-        inputs = pipeline_inputs(spec, plan.duration_s, self.media_limits)
+    def run(self, job_request: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
+        plan = self.plan(job_request)  # a request the model cannot make fails with the plan's message, before any work
+        inputs = pipeline_inputs(job_request, plan.duration_s, self.media_limits)
         shifts = {}
-        if spec.preset is not None:
-            preset = self.metadata["presets"][spec.preset]
+        if job_request.preset is not None:
+            preset = self.metadata["presets"][job_request.preset]
             shifts = {"flow_shift": preset["video_shift"], "audio_flow_shift": preset["audio_shift"]}
         with self._lock:
-            switched = self._switch_loras(spec)
+            switched = self._switch_loras(job_request)
             try:
                 result = self._pipe(
-                    spec.prompt,
-                    duration=spec.seconds,
-                    resolution=spec.resolution,
-                    aspect_ratio=spec.aspect_ratio,
-                    steps=spec.steps,
-                    seed=spec.seed,
+                    job_request.prompt,
+                    duration=job_request.seconds,
+                    resolution=job_request.resolution,
+                    aspect_ratio=job_request.aspect_ratio,
+                    steps=job_request.steps,
+                    seed=job_request.seed,
                     feature_cache=self.feature_cache,
                     hooks=hooks,
                     **shifts,
@@ -183,12 +187,17 @@ class MiniMaxRunner:
         if output is not None:
             report_stage(hooks, "muxing")
             mux_s = write_clip(
-                output, result.frames.numpy(), result.fps, result.audio.numpy(), result.sample_rate, spec.output_dims
+                output,
+                result.frames.numpy(),
+                result.fps,
+                result.audio.numpy(),
+                result.sample_rate,
+                job_request.output_dims,
             )
         metrics = result.metrics()
-        metrics["preset"] = spec.preset
+        metrics["preset"] = job_request.preset
         metrics["loras"] = {"applied": applied, "switched": switched, "switches": self.lora_switches}
-        width, height = spec.output_dims or (result.shape.width, result.shape.height)
+        width, height = job_request.output_dims or (result.shape.width, result.shape.height)
         return RunOutcome(
             inference_time_s=result.timings.pipeline_s,
             peak_memory_bytes=int(result.peak_memory_bytes),
@@ -198,7 +207,7 @@ class MiniMaxRunner:
             width=width,
             height=height,
             duration_s=result.shape.duration_s,
-            generated_size=f"{result.shape.width}x{result.shape.height}" if spec.output_dims else None,
+            generated_size=f"{result.shape.width}x{result.shape.height}" if job_request.output_dims else None,
             audio_channels=int(result.audio.shape[0]),
             audio_samples=int(result.audio.shape[-1]),
             sample_rate=int(result.sample_rate),
@@ -212,10 +221,10 @@ class MiniMaxRunner:
     def close(self) -> None:
         self._pipe.close()
 
-    def _switch_loras(self, spec: JobRequest) -> bool:
+    def _switch_loras(self, job_request: JobRequest) -> bool:
         """The job's LoRA set merged (none: unmerged); True when the weights changed for this job. A server without
         --lora-dir has none to switch (`plan` refused any)."""
-        return self._lora_switch.ensure(spec.loras) if self._lora_switch is not None else False
+        return self._lora_switch.ensure(job_request.loras) if self._lora_switch is not None else False
 
 
 def build_minimax_runner(args: argparse.Namespace) -> MiniMaxRunner:

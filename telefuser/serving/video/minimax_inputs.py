@@ -20,10 +20,10 @@ from .contract import JobRequest
 from .media import MediaLimits, decode_audio, decode_video, open_image
 
 
-def pipeline_inputs(spec: JobRequest, seconds: float, limits: MediaLimits) -> dict[str, Any]:
+def pipeline_inputs(job_request: JobRequest, seconds: float, limits: MediaLimits) -> dict[str, Any]:
     """`first_frame`, `last_frame` and `references` keywords for `MiniMaxH3Pipeline.__call__`."""
     out: dict[str, Any] = {"references": []}
-    for index, media in enumerate(spec.media):
+    for index, media in enumerate(job_request.media):
         what = media.role if media.role != "reference" else f"references[{len(out['references'])}]"
         if media.data is None:
             raise ValueError(f"{what}: the job's media were not loaded")

@@ -1,9 +1,9 @@
 """The video service under torchrun: rank 0's jobs run on every rank, and a cancel is one decision for all.
 
 `FollowingRunner` is rank 0's `VideoRunner`, `follow_runner(runner, group)` a follower's loop: a job is the object
-"job" made with its spec over common/replay.py, `run()` its replayed call (a follower writes nothing), and every
+"job" made with its job request over common/replay.py, `run()` its replayed call (a follower writes nothing), and every
 `hooks.cancelled()` answer is shared from rank 0 so all ranks leave the loop at the same step (serving/README.md).
-A job's media travel in the make message beside its spec (the followers never read the artifact store), and every
+A job's media travel in the make message beside its request (the followers never read the artifact store), and every
 rank merges the job's LoRAs from its own --lora-dir, in the same order of jobs.
 """
 
@@ -24,11 +24,11 @@ log = logging.getLogger("telefuser.serving")
 class _Job:
     """One generation on one rank."""
 
-    def __init__(self, runner: VideoRunner, spec: JobRequest, output: Path | None, hooks: StepHooks):
-        self._runner, self._spec, self._output, self._hooks = runner, spec, output, hooks
+    def __init__(self, runner: VideoRunner, job_request: JobRequest, output: Path | None, hooks: StepHooks):
+        self._runner, self._job_request, self._output, self._hooks = runner, job_request, output, hooks
 
     def run(self) -> RunOutcome | None:
-        return self._runner.run(self._spec, self._output, self._hooks)
+        return self._runner.run(self._job_request, self._output, self._hooks)
 
     def close(self) -> None:
         return None  # nothing to free: the runner owns the model, and run() has written the clip
@@ -58,15 +58,18 @@ class FollowingRunner:
     def pings(self) -> int:
         return self._leader.pings
 
-    def plan(self, spec: JobRequest) -> VideoShape:
-        return self._runner.plan(spec)
+    def plan(self, job_request: JobRequest) -> VideoShape:
+        return self._runner.plan(job_request)
 
-    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
-        self._runner.plan(spec)  # raises here, before any follower hears of the job
+    def run(self, job_request: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
+        self._runner.plan(job_request)  # raises here, before any follower hears of the job
         # the caller's hooks (its progress and stage reports) with the cancel answer shared by every rank
         shared = dataclasses.replace(hooks, cancelled=lambda: self._leader.share(bool(hooks.cancelled())))
         job = self._leader.make(
-            "job", spec.as_dict(), spec.media_data(), local=lambda: _Job(self._runner, spec, output, shared)
+            "job",
+            job_request.as_dict(),
+            job_request.media_data(),
+            local=lambda: _Job(self._runner, job_request, output, shared),
         )
         try:
             return job.call("run")
@@ -84,8 +87,8 @@ def follow_runner(runner: VideoRunner, group) -> int:
     """A follower rank: run rank 0's jobs on `runner` until it stops; returns the number of calls."""
     follower = Follower(group)
 
-    def job(spec: dict, media: list[bytes]) -> _FollowerJob:
-        received = JobRequest.from_dict(spec).with_media_data(media)
+    def job(job_request: dict, media: list[bytes]) -> _FollowerJob:
+        received = JobRequest.from_dict(job_request).with_media_data(media)
         return _FollowerJob(runner, received, None, StepHooks(cancelled=lambda: bool(follower.receive())))
 
     return follower.follow({"job": job})

@@ -108,7 +108,7 @@ def _guidance_range(meta: dict[str, Any]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class VideoRequest:
-    spec: JobRequest
+    job_request: JobRequest
     model: str
     fields: dict[str, Any]  # what the client sent, for the job record
     num_frames: int | None  # when given, the plan must produce exactly this many frames
@@ -179,7 +179,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
     anchor = next(((m.width, m.height) for m in inputs.media if m.role != "reference"), None)
     resolution, aspect_ratio, output_size = _canvas(given, policy, anchor)
 
-    spec = JobRequest(
+    job_request = JobRequest(
         prompt=prompt,
         resolution=resolution,
         aspect_ratio=aspect_ratio,
@@ -196,7 +196,7 @@ def parse_video_request(content_type: str, body: bytes, policy: VideoPolicy) -> 
         negative_prompt=negative_prompt,
     )
     fields = {**given, **inputs.described}  # the media as summaries: no megabytes of base64 in the record
-    return VideoRequest(spec=spec, model=policy.model, fields=fields, num_frames=num_frames)
+    return VideoRequest(job_request=job_request, model=policy.model, fields=fields, num_frames=num_frames)
 
 
 def check_plan(request: VideoRequest, plan) -> None:
@@ -210,9 +210,9 @@ def check_plan(request: VideoRequest, plan) -> None:
 
 
 def _guidance(given: dict[str, Any], policy: VideoPolicy) -> tuple[float | None, float | None, str | None]:
-    """(guidance_scale, guidance_scale_2, negative_prompt) for the spec; None where not given (the model's default;
-    guidance_scale_2, the second expert's, defaults to guidance_scale when that is given). A model without guidance
-    takes only the values that change nothing (1.0, an empty negative prompt), and records none."""
+    """(guidance_scale, guidance_scale_2, negative_prompt) for the job request; None where not given (the model's
+    default; guidance_scale_2, the second expert's, defaults to guidance_scale when that is given). A model without
+    guidance takes only the values that change nothing (1.0, an empty negative prompt), and records none."""
     scale = _number("guidance_scale", given["guidance_scale"]) if "guidance_scale" in given else None
     scale_2 = _number("guidance_scale_2", given["guidance_scale_2"]) if "guidance_scale_2" in given else None
     negative = given.get("negative_prompt")

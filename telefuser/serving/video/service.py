@@ -47,13 +47,14 @@ class VideoService:
     def validate(self, content_type: str, body: bytes) -> tuple[VideoRequest, VideoShape]:
         """Parse and plan a POST /v1/videos body; RequestError (4xx) when it cannot run here."""
         parsed = parse_video_request(content_type, body, self.policy)
-        output = parsed.spec.output_dims
-        asked = output or (parse_size(parsed.spec.resolution) if isinstance(parsed.spec.resolution, str) else None)
+        job_request = parsed.job_request
+        output = job_request.output_dims
+        asked = output or (parse_size(job_request.resolution) if isinstance(job_request.resolution, str) else None)
         if asked is not None:  # the size asked for, before anything is planned; the generated canvas follows
             name = "size" if "size" in parsed.fields else "resolution"
             self.limits.check_canvas(*asked, f"'{name}' {asked[0]}x{asked[1]}")
         try:
-            plan = self.runner.plan(parsed.spec)
+            plan = self.runner.plan(job_request)
         except ValueError as exc:
             raise RequestError(422, str(exc)) from None
         if output is not None:

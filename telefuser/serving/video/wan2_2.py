@@ -8,7 +8,7 @@ TI2V-5B's Wan 2.2 VAE), its seconds snap up to 4n+1 frames at the release's fram
 left out, each expert keeps the release's. TI2V-5B takes the first frame as `input_reference` (an `fl2va` job: the
 image is decoded and stretched onto the canvas, then held as the first latent frame); T2V-A14B takes text only. No
 last frames, references, presets or LoRAs. The memory plan is
-made at start-up for the default job (`--offload`, `--gpu-memory-gb`: pipelines/wan2_2/memory.py); each job's
+made at start-up for the default job (`--offload`, `--gpu-memory-gb`: the workload in pipelines/wan2_2/loading.py); each job's
 `memory_estimate` comes from the same workload under the service's placement. Under torchrun every
 rank builds the same runner on its share of the Ulysses mesh and rank 0 replays each job on the others (replay.py),
 as for MiniMax H3.
@@ -122,23 +122,23 @@ class Wan22Runner:
         if takes_image:
             self.metadata["image_condition"] = f"'{FIRST_FRAME}': the first frame, stretched onto the canvas"
 
-    def plan(self, spec: JobRequest) -> VideoShape:
+    def plan(self, job_request: JobRequest) -> VideoShape:
         """ValueError (a 422 at submission) for a canvas off the variant's grid, or what only MiniMax H3 takes."""
-        self._check_media(spec)
-        if spec.preset is not None or spec.loras:
+        self._check_media(job_request)
+        if job_request.preset is not None or job_request.loras:
             raise ValueError("Wan 2.2 has no presets or LoRAs here")
-        if not spec.seconds > 0:
-            raise ValueError(f"seconds must be positive, got {spec.seconds}")
-        width, height = canvas(spec.resolution, spec.aspect_ratio, self.size_multiple)
+        if not job_request.seconds > 0:
+            raise ValueError(f"seconds must be positive, got {job_request.seconds}")
+        width, height = canvas(job_request.resolution, job_request.aspect_ratio, self.size_multiple)
         fps = self._pipe.release.fps
-        frames = frame_count(spec.seconds, fps)
+        frames = frame_count(job_request.seconds, fps)
         self._pipe.latent_shape(width, height, frames)  # the pipeline's own size rules
-        return VideoShape(width, height, frames, fps, frames / fps, spec.steps, task=spec.task)
+        return VideoShape(width, height, frames, fps, frames / fps, job_request.steps, task=job_request.task)
 
-    def _check_media(self, spec: JobRequest) -> None:
+    def _check_media(self, job_request: JobRequest) -> None:
         """TI2V-5B takes one first frame; a last frame or references (MiniMax H3's) are refused, naming the field."""
         variant = self._pipe.release
-        for media in spec.media:
+        for media in job_request.media:
             if media.role == "first_frame" and variant.takes_image:
                 continue
             takes = (
@@ -162,26 +162,26 @@ class Wan22Runner:
         stage = job.peak_stage
         return {**job.workload.held, f"stage {stage}": job.stage_bytes()[stage]}
 
-    def run(self, spec: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
+    def run(self, job_request: JobRequest, output: Path | None, hooks: StepHooks) -> RunOutcome:
         from telefuser.profiling.timing import peak_memory, reset_peak_memory
 
-        plan = self.plan(spec)  # a spec the model cannot make fails with the plan's message, before any work
-        image = self._first_frame(spec)
+        plan = self.plan(job_request)  # a request the model cannot make fails with the plan's message, before any work
+        image = self._first_frame(job_request)
         device = self._pipe.device
         with self._lock:
             reset_peak_memory(device)
             started = time.perf_counter()
             try:
                 video = self._pipe(
-                    spec.prompt,
-                    negative_prompt=spec.negative_prompt or "",
+                    job_request.prompt,
+                    negative_prompt=job_request.negative_prompt or "",
                     width=plan.width,
                     height=plan.height,
                     num_frames=plan.frames,
-                    steps=spec.steps,
-                    guidance_scale=spec.guidance_scale,  # None: the release's, per expert
-                    guidance_scale_2=self._second_scale(spec),
-                    seed=spec.seed,
+                    steps=job_request.steps,
+                    guidance_scale=job_request.guidance_scale,  # None: the release's, per expert
+                    guidance_scale_2=self._second_scale(job_request),
+                    seed=job_request.seed,
                     image=image,
                     hooks=hooks,
                 )
@@ -192,8 +192,8 @@ class Wan22Runner:
         mux_s = 0.0
         if output is not None:
             report_stage(hooks, "muxing")
-            mux_s = write_clip(output, video.frames, video.fps, None, None, spec.output_dims)
-        width, height = spec.output_dims or (plan.width, plan.height)
+            mux_s = write_clip(output, video.frames, video.fps, None, None, job_request.output_dims)
+        width, height = job_request.output_dims or (plan.width, plan.height)
         return RunOutcome(
             inference_time_s=pipeline_s,
             peak_memory_bytes=int(peak_bytes),
@@ -205,15 +205,15 @@ class Wan22Runner:
             duration_s=plan.duration_s,
             dit_calls=int(video.dit_calls),
             mux_s=mux_s,
-            generated_size=plan.generated_size if spec.output_dims else None,
+            generated_size=plan.generated_size if job_request.output_dims else None,
             timings={**video.timings, "pipeline_s": pipeline_s},
-            metrics=self._metrics(spec, video.dit_calls),
+            metrics=self._metrics(job_request, video.dit_calls),
         )
 
-    def _first_frame(self, spec: JobRequest):
+    def _first_frame(self, job_request: JobRequest):
         """The job's first frame as an RGB PIL image (EXIF-rotated), or None; ValueError (the job fails) when the bytes
         read back do not decode (they passed the checks at submission)."""
-        media = next((m for m in spec.media if m.role == "first_frame"), None)
+        media = next((m for m in job_request.media if m.role == "first_frame"), None)
         if media is None:
             return None
         if media.data is None:
@@ -230,22 +230,22 @@ class Wan22Runner:
                 close()  # the Ulysses communicator, where one was opened
 
     @staticmethod
-    def _second_scale(spec: JobRequest) -> float | None:
+    def _second_scale(job_request: JobRequest) -> float | None:
         """The low-noise expert's guidance: guidance_scale_2, else guidance_scale (as diffusers' WanPipeline), else
         None (the release's)."""
-        return spec.guidance_scale_2 if spec.guidance_scale_2 is not None else spec.guidance_scale
+        return job_request.guidance_scale_2 if job_request.guidance_scale_2 is not None else job_request.guidance_scale
 
-    def _metrics(self, spec: JobRequest, dit_calls: int) -> dict[str, Any]:
+    def _metrics(self, job_request: JobRequest, dit_calls: int) -> dict[str, Any]:
         release = self._pipe.release
-        first, second = spec.guidance_scale, self._second_scale(spec)
+        first, second = job_request.guidance_scale, self._second_scale(job_request)
         guidance = [release.guidance[0] if first is None else first, release.guidance[1] if second is None else second]
         return {
             "variant": release.name,
             "dit_calls": dit_calls,
             "guidance_scale": guidance,  # as each expert (high noise, low noise) ran
             "classifier_free_guidance": guidance[0] > 1.0,
-            "negative_prompt": bool(spec.negative_prompt),
-            "image": any(m.role == "first_frame" for m in spec.media),
+            "negative_prompt": bool(job_request.negative_prompt),
+            "image": any(m.role == "first_frame" for m in job_request.media),
         }
 
 

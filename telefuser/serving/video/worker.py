@@ -133,7 +133,7 @@ class VideoWorker:
         error, stopped_at, published = None, None, False
         try:
             with LeaseKeeper(lambda: self._renew(claim), self.store.policy.lease_s / 3):
-                outcome = self.runner.run(self._spec(job), staged, hooks)
+                outcome = self.runner.run(self._job_request(job), staged, hooks)
                 self._enter(claim, stages, "publishing")  # also asks: still ours, not cancelled during the decode?
                 if not claim.stop.is_set():
                     self.artifacts.publish(job.id, staged)
@@ -168,7 +168,7 @@ class VideoWorker:
         (log.warning if status == "failed" else log.info)("%s", line)
         if published and status not in ("completed", None):  # cancelled after the file was in place
             self.artifacts.delete(job.id)
-        if status is not None and job.spec.get("media"):  # ended for good: its inputs are not needed again
+        if status is not None and job.job_request.get("media"):  # ended for good: its inputs are not needed again
             self._record(lambda: self.artifacts.delete_inputs(job.id))
         if status == "completed" and outcome is not None:
             self.metrics.inc("jobs_completed_total")
@@ -178,16 +178,16 @@ class VideoWorker:
         elif status == "failed":
             self.metrics.inc("jobs_failed_total")
 
-    def _spec(self, job) -> JobRequest:
-        """The job's spec with its media's bytes, read back from the artifact store."""
-        spec = JobRequest.from_dict(job.spec)
-        if not spec.media:
-            return spec
+    def _job_request(self, job) -> JobRequest:
+        """The job's request with its media's bytes, read back from the artifact store."""
+        job_request = JobRequest.from_dict(job.job_request)
+        if not job_request.media:
+            return job_request
         try:
-            blobs = self.artifacts.read_inputs(job.id, len(spec.media))
+            blobs = self.artifacts.read_inputs(job.id, len(job_request.media))
         except MissingArtifact as exc:
             raise ValueError(f"the job's media are gone: {exc}") from None
-        return spec.with_media_data(blobs)
+        return job_request.with_media_data(blobs)
 
     def _before_step(self, claim: Claim, stages: StageClock) -> bool:
         """The pipeline's `cancelled()`, asked before each denoising step: the first one starts "denoising"."""

@@ -35,12 +35,12 @@ async def create_video(request: Request, service: Service) -> JSONResponse:
     job = VideoJob(
         id=new_job_id(),
         model=service.policy.model,
-        prompt=parsed.spec.prompt,
+        prompt=parsed.job_request.prompt,
         request=parsed.fields,
-        spec=parsed.spec.as_dict(),
+        job_request=parsed.job_request.as_dict(),
         plan=plan.as_dict(),
     )
-    media = parsed.spec.media_data()
+    media = parsed.job_request.media_data()
     if media:  # staged before the job is queued: whichever replica claims it finds them
         await run_in_threadpool(service.files.put_inputs, job.id, media)
     try:

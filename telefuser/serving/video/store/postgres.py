@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Json
 from psycopg_pool import ConnectionPool
 
-from ..jobs import FINISHED, JOB_ID, VideoJob
+from ..jobs import FINISHED, JOB_ID, VideoJob, current_field_names
 from .base import (
     JOB_STATES,
     ArtifactStore,
@@ -53,6 +53,9 @@ OWNED = "id = %(id)s AND worker = %(worker)s AND attempts = %(attempt)s AND leas
 CONNECT_TIMEOUT_S = 3
 # A statement stuck behind a lock or a slow disk answers 503 instead of holding a request forever.
 SESSION_OPTIONS = "-c statement_timeout=15000 -c lock_timeout=5000"
+# What a row's `body` holds: the job's fields fixed at creation. A body written before `spec` was renamed
+# `job_request` still reads (jobs.current_field_names); rows are not rewritten.
+BODY_FIELDS = ("model", "prompt", "request", "job_request", "plan")
 
 
 def _strict_dumps(value: Any) -> str:
@@ -64,8 +67,9 @@ def _json(value: Any) -> Json | None:
 
 
 def _job(row: dict[str, Any]) -> VideoJob:
-    body = row["body"]
-    fixed = {k: body[k] for k in ("model", "prompt", "request", "spec", "plan")}
+    """The job of a row (the columns and the body's fields), whichever names its body was written with."""
+    body = current_field_names(row["body"])
+    fixed = {k: body[k] for k in BODY_FIELDS}
     return VideoJob(**fixed, **{k: v for k, v in row.items() if k != "body"})
 
 
@@ -107,7 +111,7 @@ class PostgresJobStore:
     # -- the app ---------------------------------------------------------------------------------------------------
     def submit(self, job: VideoJob) -> VideoJob:
         check_storable(job)
-        body = {"model": job.model, "prompt": job.prompt, "request": job.request, "spec": job.spec, "plan": job.plan}
+        body = {name: getattr(job, name) for name in BODY_FIELDS}
         with self._connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
             (queued,) = conn.execute("SELECT count(*) FROM video_jobs WHERE status = 'queued'").fetchone()

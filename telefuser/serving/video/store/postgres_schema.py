@@ -4,6 +4,8 @@ One row is both the job's record and its place in the queue (why a plain table r
 "Several replicas" section of the README). Times are seconds since the epoch on the database's clock, so leases do
 not depend on the replicas' clocks agreeing. What comes from clients (the prompt, the request) is in `body`, a `json`
 column: `json` keeps the text as sent, so a NUL (`\\u0000`), which `text` and `jsonb` refuse, is stored and read back.
+The body's keys are postgres.py's `BODY_FIELDS`. The first migration's comment calls `job_request` by its old name,
+`spec` (a shipped migration is never edited); rows written before the rename keep `spec` and read the same.
 """
 
 from __future__ import annotations
