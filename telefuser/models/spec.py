@@ -2,26 +2,43 @@
 
 A spec names the model and its command-line flags, applies its parallel plan (`parallelize`: TP, then Ulysses) and
 points at its loaders, its pipeline builder and the service adapters that serve it. For tests, tools and benches it
-also names the DiT's sizes (``"tiny"``, ``"official"``), one forward on example inputs, that forward's FLOP count,
-the head count and the checkpoint writer: what the conformance suite (tests/conformance) runs for every model.
-Everything heavy is referenced as a ``"module:attribute"`` string and imported at first use, so that importing a spec
-(and building a command line from it) does not import torch.
+also names the DiT's sizes (``"tiny"``, ``"official"``), one forward on example inputs and the shapes worth running it
+at per size, that forward's FLOP count, the head and layer counts, whether the plan takes tensor parallelism, and the
+checkpoint writer: what the conformance suite (tests/conformance) and the tools run for every model, so that no tool
+names a model to know how to build or call it.
+Everything heavy is referenced as a ``"module:attribute"`` string (or a `lazy_partial` of one, for a function a model's
+variants share) and imported at first use, so that importing a spec (and building a command line from it) does not
+import torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 
-def resolve(reference: str) -> Any:
-    """``"package.module:name"`` -> that attribute, imported now."""
+def resolve(reference: str | Callable[..., Any]) -> Any:
+    """``"package.module:name"`` -> that attribute, imported now; a callable (a `lazy_partial`) as it is."""
+    if callable(reference):
+        return reference
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def lazy_partial(reference: str, *args: Any) -> Callable[..., Any]:
+    """The function at `reference` with its first arguments `args`, imported when called: how the specs of a model's
+    variants point at one function they share (``lazy_partial("pkg.loading:workload", "t2v-a14b")``) without
+    importing it."""
+    return functools.partial(_call, reference, *args)
+
+
+def _call(reference: str, *args: Any, **kwargs: Any) -> Any:
+    return resolve(reference)(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,11 @@ class Example:
 
     run: Callable[[], tuple]
     shape: Mapping[str, int]
+    names: tuple[str, ...] = ()  # what run()'s outputs are, in order, for reports; empty: unnamed
+
+    def output_names(self, count: int) -> tuple[str, ...]:
+        """The names of `count` outputs of `run()`: the declared ones, else ``output 0``, ``output 1``, ..."""
+        return self.names if len(self.names) == count else tuple(f"output {i}" for i in range(count))
 
 
 @dataclass(frozen=True)
@@ -70,7 +92,8 @@ class ModelSpec:
     attention_impls: tuple[str, ...]  # the implementations this model runs with: --attn-impl's choices, less "auto"
     quantizations: tuple[str, ...]  # the --quantization choices
     plan: Callable[..., Any]  # (model, mesh, *, communicator_factory) -> model: TP, then Ulysses
-    pipeline: str  # "module:function" (args, runtime, **overrides) -> the model's pipeline, from its flags
+    # "module:function" (args, runtime, **overrides) -> the model's pipeline, from its flags
+    pipeline: str | Callable[..., Any]
     adapters: Mapping[str, str] = field(default_factory=dict)  # service kind -> "module:function" (args) -> adapter
     loaders: Mapping[str, str] = field(default_factory=dict)  # "random" | "checkpoint" -> "module:function"
     serve_defaults: Mapping[str, Any] = field(default_factory=dict)  # flag defaults a service overrides
@@ -78,29 +101,38 @@ class ModelSpec:
     served_name: str | None = None  # the name a service lists it under by default (--served-model-name); None: `name`
     head_dim: str | None = None  # "module:function" (args) -> the DiT's attention head dim, or None when unknown
     # "module:function" (args, parallel, dtype, request) -> memory.plan.Workload: one request on one rank
-    memory: str | None = None
+    memory: str | Callable[..., Any] | None = None
     # "module:function" (args, parallel, dtype, request) -> [(flags, Workload)]: what a refusal may suggest
-    memory_alternatives: str | None = None
+    memory_alternatives: str | Callable[..., Any] | None = None
     # "module:function" (args) -> the request an entry point's flags describe (the model's defaults for the rest)
-    memory_request: str | None = None
+    memory_request: str | Callable[..., Any] | None = None
     # -- the DiT itself, for tests, tools and benches (torchtitan's flavors and FLOP count) --
     sizes: tuple[str, ...] = ()  # the DiT's named sizes, smallest first: what `dit_config` takes
-    dit_config: str | None = None  # "module:function" (size) -> the DiT config of that size
+    dit_config: str | Callable[..., Any] | None = None  # "module:function" (size) -> the DiT config of that size
     example: str | None = None  # "module:function" (model, *, seed, **shape) -> Example: one forward
     flops: str | None = None  # "module:function" (config, **shape) -> FLOPs of an Example's forward of that shape
+    # size -> the `example` keywords of a representative forward at that size (the official size's: the release's
+    # production call); a size absent here runs the example's own defaults
+    example_shapes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     heads_field: str = "num_heads"  # the DiT config's field holding its attention head count
+    layers_field: str = "num_layers"  # the DiT config's field holding its block count
+    tensor_parallel: bool = False  # the plan also splits the blocks over TP ranks (tp_degree > 1 is taken)
     checkpoint_writer: str | None = None  # "module:function" (model, directory) -> what loader("checkpoint") reads
 
     def __post_init__(self):
         object.__setattr__(self, "adapters", MappingProxyType(dict(self.adapters)))
         object.__setattr__(self, "loaders", MappingProxyType(dict(self.loaders)))
         object.__setattr__(self, "serve_defaults", MappingProxyType(dict(self.serve_defaults)))
+        shapes = {size: MappingProxyType(dict(shape)) for size, shape in self.example_shapes.items()}
+        object.__setattr__(self, "example_shapes", MappingProxyType(shapes))
         if not self.auto_attention or not set(self.auto_attention) <= set(self.attention_impls):
             raise ValueError(
                 f"{self.name}: auto_attention {self.auto_attention} must name some of {self.attention_impls}"
             )
         if bool(self.sizes) != (self.dit_config is not None):
             raise ValueError(f"{self.name}: sizes and dit_config come together (sizes {self.sizes})")
+        if not set(self.example_shapes) <= set(self.sizes):
+            raise ValueError(f"{self.name}: example_shapes name sizes {sorted(self.example_shapes)} of {self.sizes}")
 
     # -- flags ------------------------------------------------------------------------------------------------------
     def flag(self, dest: str) -> Flag:
@@ -216,12 +248,18 @@ class ModelSpec:
         return resolve(self.pipeline)(args, runtime, **overrides)
 
     # -- the DiT, by size ---------------------------------------------------------------------------------------------
-    def config_of(self, size: str):
-        """The DiT config of the named size (one of `sizes`)."""
-        if size not in self.sizes:
-            known = ", ".join(self.sizes) or "none"
-            raise ValueError(f"{self.name} has no DiT size {size!r}; its sizes: {known}")
-        return resolve(self.dit_config)(size)
+    def config_of(self, size: str, *, layers: int | None = None):
+        """The DiT config of the named size (one of `sizes`); with `layers`, that many blocks (a size's width at a
+        few layers, for a bench that fits it on fewer devices)."""
+        self._check_size(size)
+        config = resolve(self.dit_config)(size)
+        return config if layers is None else replace(config, **{self.layers_field: layers})
+
+    def example_shape(self, size: str) -> dict[str, Any]:
+        """The `example_forward` keywords of a representative forward at `size` (`example_shapes`); empty where the
+        spec declares none (the example's own small defaults)."""
+        self._check_size(size)
+        return dict(self.example_shapes.get(size, {}))
 
     def build_random(self, config, *, seed: int, device="cpu", dtype=None, **options):
         """A dense DiT of `config` (or a size name) with seeded random weights, the same on every rank; `options`
@@ -246,11 +284,20 @@ class ModelSpec:
         """The attention head count of a DiT config: what Ulysses and TP degrees must divide."""
         return getattr(config, self.heads_field)
 
+    def num_layers(self, config) -> int:
+        """The block count of a DiT config."""
+        return getattr(config, self.layers_field)
+
     def write_checkpoint(self, model, directory):
         """Write `model`'s weights (dense) and config in the release's layout under `directory`; returns the path
         `loader("checkpoint")` reads."""
         self._require("checkpoint_writer")
         return resolve(self.checkpoint_writer)(model, directory)
+
+    def _check_size(self, size: str) -> None:
+        if size not in self.sizes:
+            known = ", ".join(self.sizes) or "none"
+            raise ValueError(f"{self.name} has no DiT size {size!r}; its sizes: {known}")
 
     def _require(self, what: str) -> None:
         if getattr(self, what) is None:

@@ -47,6 +47,7 @@ def test_the_dit_meets_the_protocol_and_every_size_splits_over_ulysses(name):
     assert isinstance(model, DiT) and model.config == spec.config_of("tiny")
     for size in spec.sizes:
         heads = spec.num_heads(spec.config_of(size))
+        assert spec.num_layers(spec.config_of(size, layers=1)) == 1  # a size's width at a few layers, for benches
         for degree in (2, 4):
             ParallelConfig(ulysses_degree=degree).check_heads(heads)
     with pytest.raises(ValueError, match=f"{name} has no DiT size 'huge'"):
@@ -55,12 +56,14 @@ def test_the_dit_meets_the_protocol_and_every_size_splits_over_ulysses(name):
 
 @each_model()
 def test_the_flop_count_is_what_the_counter_counts(name):
+    """At the example's defaults and at the tiny shape the tools run (a KV window read after it rolled, say)."""
     spec = spec_named(name)
     model = tiny(name)
-    example = spec.example_forward(model)
-    with flop_counter() as counter:
-        example.run()
-    assert spec.forward_flops(model.config, **example.shape) == counter.get_total_flops()
+    for shape in ({}, spec.example_shape("tiny")):
+        example = spec.example_forward(model, **shape)
+        with flop_counter() as counter:
+            example.run()
+        assert spec.forward_flops(model.config, **example.shape) == counter.get_total_flops(), shape
 
 
 @pytest.mark.numerics

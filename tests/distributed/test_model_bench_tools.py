@@ -6,8 +6,8 @@ positive times. Their attention FLOPs by formula (what counts backends outside a
 FlopCounterMode saw dispatched to SDPA on the same rank, Ulysses padding, packed documents and the lean KV commit
 included: integer counts, compared exactly. `vs-diffusers` runs on CPU with every row, diffusers' best settings
 included (regional compilation with the eager backend: the same code path as inductor on the GPU, fast). The overlap
-profiler runs the real LingBot-World v2 attention layer (tiny preset) and must record the V-first phase ranges once
-per call. Pure helpers (argument parsing, per-rank shapes, the transfer/compute split of a trace, the ceilings) are
+profiler runs every registered model's tiny DiT (one block, through its spec) and must record the V-first phase
+ranges once per block call. Pure helpers (argument parsing, per-rank shapes, the transfer/compute split of a trace, the ceilings) are
 checked in-process.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from telefuser.models import registry
 from telefuser.profiling import flop_rates
 from tests.torchrun_launch import run_torchrun
 
@@ -210,13 +211,16 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
     assert best in done.stdout and "of measured 786 | of datasheet 989" in done.stdout
 
 
-def test_overlap_profiler_runs_the_lingbot_layer_on_cpu(tmp_path):
+@pytest.mark.parametrize("model", registry.names())
+def test_overlap_profiler_runs_every_registered_model_on_cpu(model, tmp_path):
     out = torchrun(
         2,
         "-m",
         "tools.validation.profile_ulysses_overlap",
-        "--preset",
-        "lingbot_tiny",
+        "--model",
+        model,
+        "--config",
+        "tiny",
         "--device",
         "cpu",
         "--transport",
@@ -227,11 +231,16 @@ def test_overlap_profiler_runs_the_lingbot_layer_on_cpu(tmp_path):
         str(tmp_path),
     )
     summary = json.loads((tmp_path / "overlap.json").read_text())
-    assert summary["layer"] == "lingbot_world_v2" and summary["transport"] == "host-shm"
-    assert summary["phase_ranges"] == {"ulysses.scatter.v": 2, "ulysses.qk_norm_rope": 2}
-    assert summary["rank0_shape"]["rows"] == 5 and summary["rank0_shape"]["padded_rows"] == 10
+    assert summary["model"] == model and summary["transport"] == "host-shm" and summary["layers"] == 1
+    ranges = summary["phase_ranges"]
+    # one V-first range pair per block call (2 iterations x 1 block), more where other attention layers run dense
+    assert ranges["ulysses.scatter.v"] == ranges["ulysses.qk_norm_rope"] >= 2, ranges
+    if model != "minimax_h3":  # MiniMax H3's prompt refiner runs its attention dense, in the same ranges
+        assert ranges["ulysses.scatter.v"] == 2, ranges
+    assert summary["rank0_shape"]["ulysses"] == 2 and summary["rank0_shape"]["heads_after_scatter"] > 0
+    assert summary["example_shape"] == registry.get_spec(model).example_shape("tiny")
     assert (tmp_path / "trace_rank0.json").is_file()
-    assert "lingbot_tiny, world 2, host-shm" in out
+    assert f"{model} tiny, world 2 (TP1 x U2), host-shm" in out
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------------------
@@ -275,15 +284,31 @@ def test_rates_give_both_h200_ceilings_and_none_elsewhere():
     assert flop_rates.attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
 
 
-def test_profiler_shapes_and_arguments(profiler):
-    shape = profiler.local_shape("lingbot_u4", 3, 4)
-    assert (shape["first_row"], shape["rows"], shape["chunk_rows"]) == (4680, 1560, 6240)
-    assert (shape["heads"], shape["heads_after_scatter"], shape["head_dim"], shape["dim"]) == (40, 10, 128, 5120)
-    assert profiler.local_shape("minimax_h3_tp2_u2", 1, 2)["heads_after_scatter"] == 14
-    with pytest.raises(ValueError):
-        profiler.local_shape("lingbot_u4", 0, 3)  # 40 heads do not split over 3 ranks
-    args = profiler.parse_args(["--preset", "lingbot_u4", "--device", "cpu", "--transport", "ce-ipc"])
-    assert (args.preset, args.device, args.transport) == ("lingbot_u4", "cpu", "ce-ipc")
+def test_profiler_layouts_and_arguments(profiler, monkeypatch, capsys):
+    layout = profiler.layout("lingbot_world_v2", "official", 4)
+    assert (layout["heads"], layout["heads_after_scatter"], layout["ulysses"], layout["tp"]) == (40, 10, 4, 1)
+    assert profiler.layout("minimax_h3", "official", 4, tp=2)["heads_after_scatter"] == 14  # 56 heads / TP2 / U2
+    for refused in (
+        ("lingbot_world_v2", "official", 3, 1),  # 40 heads do not split over 3 ranks
+        ("lingbot_world_v2", "official", 4, 2),  # no TP plan
+        ("minimax_h3", "official", 2, 2),  # Ulysses 1: nothing to profile
+        ("minimax_h3", "official", 4, 3),
+    ):
+        with pytest.raises(ValueError):
+            profiler.layout(*refused)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    args = profiler.parse_args(["--model", "lingbot_world_v2", "--device", "cpu", "--transport", "ce-ipc"])
+    assert (args.model, args.config, args.tp, args.layers, args.device, args.transport) == (
+        "lingbot_world_v2",
+        "official",
+        1,
+        1,
+        "cpu",
+        "ce-ipc",
+    )
+    with pytest.raises(SystemExit):  # checked on every rank before any collective
+        profiler.parse_args(["--model", "wan2.2-ti2v-5b", "--tp", "2"])
+    assert "wan2.2-ti2v-5b's plan takes no tensor parallelism" in capsys.readouterr().err
 
 
 def _x(name, cat, ts, dur, tid=1, corr=None):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from telefuser.models import registry
 from telefuser.ops.fp8 import FP8_MAX, Float8Linear, linear_dtype, quantize_linears, quantize_rows
 from tests.tool_scripts import load_script
 
@@ -67,29 +68,47 @@ def test_forward_hooks_of_a_replaced_linear_survive():
     assert isinstance(model[0], Float8Linear) and seen == [torch.Size([3, 32])]  # e.g. a TP split's all-reduce
 
 
-@pytest.mark.parametrize("model,mode", [("minimax_h3", "sequential"), ("lingbot_world_v2", "alternating")])
-def test_the_fp8_bench_runs_both_variants_and_reports_the_gate(model, mode, tmp_path, capsys):
+# Every registered model has FP8 linears, so the bench takes each; the modes alternate over them (each mode on two).
+@pytest.mark.parametrize(
+    "model,mode", [(name, ("sequential", "alternating")[i % 2]) for i, name in enumerate(registry.names())]
+)
+def test_the_fp8_bench_runs_both_variants_of_every_model_and_reports_the_gate(model, mode, tmp_path, capsys):
     import json
 
     bench = load_script("tools/bench/fp8_dit_bench.py")
     out = tmp_path / "fp8.json"
-    assert (
-        bench.main(
-            ["--model", model, "--config", "tiny", "--device", "cpu", "--iters", "1", "--output", str(out)]
-            + (["--sequential"] if mode == "sequential" else [])
-        )
-        == 0
-    )
+    args = ["--model", model, "--config", "tiny", "--device", "cpu", "--iters", "1", "--output", str(out)]
+    assert bench.main(args + (["--sequential"] if mode == "sequential" else [])) == 0
     report = json.loads(out.read_text())
     assert report["mode"] == mode
     assert set(report["median_s"]) == {"bf16", "fp8"} and report["gate_passed"] and report["cosine"] > 0.99
+    assert 0 < report["relative_l2"] < 0.1  # e4m3 rounding, not a broken model (conformance: within 10%)
     assert "| fp8 |" in capsys.readouterr().out
+
+
+def test_the_fp8_bench_fails_its_gate_when_fp8_cannot_meet_it(tmp_path):
+    import json
+
+    bench = load_script("tools/bench/fp8_dit_bench.py")
+    out = tmp_path / "fp8.json"
+    args = ["--model", "wan2.2-ti2v-5b", "--config", "tiny", "--device", "cpu", "--iters", "1", "--output", str(out)]
+    assert bench.main(args + ["--min-cosine", "1.0"]) == 1  # FP8 rounds: never bit-identical to bf16
+    assert not json.loads(out.read_text())["gate_passed"]
+
+
+def test_the_fp8_bench_takes_every_registered_model_by_its_registry_name(capsys):
+    bench = load_script("tools/bench/fp8_dit_bench.py")
+    assert bench.fp8_models() == registry.names()
+    for refused in (["--model", "minimax"], ["--model", "wan2.2-ti2v-5b", "--config", "huge"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(refused)
+    assert "wan2.2-ti2v-5b has the sizes tiny, official" in capsys.readouterr().err
 
 
 def test_the_fp8_bench_refuses_fp8_attention_without_a_hopper_gpu_before_building(monkeypatch):
     bench = load_script("tools/bench/fp8_dit_bench.py")
-    monkeypatch.setattr(bench, "minimax_call", lambda *a: pytest.fail("the model was built before the check"))
-    with pytest.raises(RuntimeError, match="cudnn_fp8"):
+    monkeypatch.setattr(bench, "build_model", lambda *a: pytest.fail("the model was built before the check"))
+    with pytest.raises(SystemExit, match="fp8_dit_bench: attention implementation 'cudnn_fp8' was asked for but"):
         bench.main(["--model", "minimax_h3", "--config", "tiny", "--device", "cpu", "--fp8-attention"])
 
 

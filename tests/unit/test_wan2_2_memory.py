@@ -12,7 +12,7 @@ import torch
 from telefuser.distributed.mesh import ParallelConfig
 from telefuser.memory.host import HostResident, layer_tensors
 from telefuser.memory.plan import GIB, MemoryPlan, MemoryPlanError, Placement, choose, placement_for
-from telefuser.pipelines.wan2_2 import memory
+from telefuser.pipelines.wan2_2 import loading
 from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
 from telefuser.runtime import Runtime
 
@@ -28,7 +28,7 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def _tiny(variant: str, **kw):
-    return memory.workload(variant, _args(**kw), ParallelConfig(), torch.float32, TINY_REQUEST)
+    return loading.workload(variant, _args(**kw), ParallelConfig(), torch.float32, TINY_REQUEST)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_stacks_add_up_to_the_built_pipeline(quantization, a14b):
 
 def test_ti2v_5b_stacks_add_up_to_the_built_pipeline():
     pipe = build_wan22_pipeline(variant="ti2v-5b", config="tiny", runtime=Runtime.one_rank("cpu", torch.float32))
-    load = memory.workload("ti2v-5b", _args(), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9})
+    load = loading.workload("ti2v-5b", _args(), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9})
     assert [s.name for s in load.stacks] == ["dit", "text_encoder", "vae"]
     assert load.stack("dit").total == _bytes(layer_tensors(pipe.experts[0])) > 0
     assert load.stack("dit").count == len(pipe.experts[0].blocks)
@@ -81,9 +81,14 @@ def test_the_plan_keeps_one_expert_on_the_device_when_both_do_not_fit():
     assert block.resident_bytes()["high_noise"] == load.stack("high_noise").fixed
     assert block.stage_bytes()["denoise high noise"] - slots == sum(load.stages[1].transient.values())
     assert block.host_bytes - model.host_bytes == -2 * load.stack("high_noise").fixed
+    alternatives = loading.alternatives("t2v-a14b", _args(), ParallelConfig(), torch.float32, TINY_REQUEST)
     with pytest.raises(MemoryPlanError) as refused:
-        choose(load, min(model.peak_bytes, block.peak_bytes) - 1, budget_source="a card too small", alternatives=memory.t2v_a14b_alternatives(
-            _args(), ParallelConfig(), torch.float32, TINY_REQUEST))  # fmt: skip
+        choose(
+            load,
+            min(model.peak_bytes, block.peak_bytes) - 1,
+            budget_source="a card too small",
+            alternatives=alternatives,
+        )
     message = str(refused.value)  # tiny: activations and the decode outweigh the experts, so fewer frames fit
     assert "--offload model needs" in message and "--offload block needs" in message
     assert "--num-frames 5 --offload" in message
@@ -91,20 +96,22 @@ def test_the_plan_keeps_one_expert_on_the_device_when_both_do_not_fit():
 
 def test_official_a14b_needs_the_model_tier_on_an_80_gb_card():
     """One expert is 27.0 GiB in bf16 (measured); both and umT5 resident do not fit 72 GiB at 720p."""
-    load = memory.workload(
+    load = loading.workload(
         "t2v-a14b", _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}
     )
     assert 26.9 < load.stack("high_noise").total / GIB < 27.1
     tiers = {card: choose(load, int(0.9 * card * GIB)).placement.tier for card in (141, 80, 48)}
     assert tiers == {141: "none", 80: "model", 48: "model"}
+    alternatives = loading.alternatives(
+        "t2v-a14b", _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}
+    )
     with pytest.raises(MemoryPlanError, match=r"what would fit: --vae-dtype bfloat16 .*; --ulysses-degree 2 "):
-        choose(load, int(0.9 * 32 * GIB), alternatives=memory.t2v_a14b_alternatives(
-            _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "1280x720", "num_frames": 81}))  # fmt: skip
+        choose(load, int(0.9 * 32 * GIB), alternatives=alternatives)
 
 
 def test_official_a14b_at_480p_streams_blocks_on_32_and_24_gb_cards():
     """What ComfyUI users run on one 24-32 GB card: the experts' blocks stream, as many as fit stay resident."""
-    load = memory.workload(
+    load = loading.workload(
         "t2v-a14b", _args(config="official"), ParallelConfig(), torch.bfloat16, {"size": "832x480", "num_frames": 81}
     )
     for card in (32, 24):
@@ -138,7 +145,7 @@ def test_model_tier_equals_everything_resident_exactly(a14b, monkeypatch):
 @pytest.mark.parametrize("variant", ["t2v-a14b", "ti2v-5b"])
 def test_block_tier_equals_everything_resident_exactly(variant, a14b):
     request = TINY_REQUEST if variant == "t2v-a14b" else {"size": "128x64", "num_frames": 9}
-    load = memory.workload(variant, _args(), ParallelConfig(), torch.float32, request)
+    load = loading.workload(variant, _args(), ParallelConfig(), torch.float32, request)
     placement = placement_for(load, "block")
     stacks = [s.name for s in load.stacks if s.count and s.name != "text_encoder"]
     placement = Placement("block", {**placement.resident, stacks[0]: 1}, placement.offloaded)  # one block stays
@@ -175,7 +182,7 @@ OFFICIAL_5B = {"size": "1280x704", "num_frames": 121}  # TI2V-5B's release canva
 
 
 def _official_5b(**kw):
-    return memory.workload("ti2v-5b", _args(config="official", **kw), ParallelConfig(), torch.bfloat16, OFFICIAL_5B)
+    return loading.workload("ti2v-5b", _args(config="official", **kw), ParallelConfig(), torch.bfloat16, OFFICIAL_5B)
 
 
 def _decode_bytes(load) -> int:
@@ -197,7 +204,7 @@ def test_a_bfloat16_vae_halves_its_weights_and_the_decode_maps():
 def test_a_bfloat16_vae_adds_up_to_the_built_one():
     runtime = Runtime.one_rank("cpu", torch.float32)
     pipe = build_wan22_pipeline(variant="ti2v-5b", config="tiny", runtime=runtime, vae_dtype=torch.bfloat16)
-    load = memory.workload(
+    load = loading.workload(
         "ti2v-5b", _args(vae_dtype="bfloat16"), ParallelConfig(), torch.float32, {"size": "128x64", "num_frames": 9}
     )
     assert {t.dtype for t in layer_tensors(pipe.vae.model)} == {torch.bfloat16}
@@ -209,8 +216,8 @@ def test_the_official_ti2v_5b_on_32_and_24_gb_cards_is_refused_naming_a_bfloat16
     and with it the plan picks a tier on both cards."""
     for card, tier in ((32, "model"), (24, "block")):
         budget = int(0.9 * card * GIB)
-        alternatives = memory.ti2v_5b_alternatives(
-            _args(config="official"), ParallelConfig(), torch.bfloat16, OFFICIAL_5B
+        alternatives = loading.alternatives(
+            "ti2v-5b", _args(config="official"), ParallelConfig(), torch.bfloat16, OFFICIAL_5B
         )
         with pytest.raises(MemoryPlanError, match="what would fit: --vae-dtype bfloat16 --offload " + tier):
             choose(_official_5b(), budget, alternatives=alternatives)

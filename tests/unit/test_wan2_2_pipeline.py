@@ -26,9 +26,8 @@ from telefuser.models.wan2_2.config import release
 from telefuser.pipelines.hooks import GenerationCancelled, StepHooks
 from telefuser.pipelines.wan.vae import VAE_CONFIGS, WanVideoVAE
 from telefuser.pipelines.wan2_2 import pipeline as pipeline_module
-from telefuser.pipelines.wan2_2.image import first_frame_timesteps, image_pixels
 from telefuser.pipelines.wan2_2.loading import build_wan22_pipeline
-from telefuser.pipelines.wan2_2.pipeline import Wan22Pipeline, flow_scheduler
+from telefuser.pipelines.wan2_2.pipeline import Wan22Pipeline, first_frame_timesteps, flow_scheduler, image_pixels
 from telefuser.runtime import Runtime
 from tests.numerics import UNIT_ROUNDOFF, relative_error
 from tests.unit.test_wan2_2_model import TEXT_LEN, diffusers_dit, write_diffusers
@@ -278,13 +277,13 @@ def test_vae_dtype_bfloat16_decodes_the_same_latents_within_48_db():
     import argparse
 
     from telefuser.pipelines.wan.vae import to_uint8_frames
-    from telefuser.pipelines.wan2_2.loading import ti2v_5b_from_args
+    from telefuser.pipelines.wan2_2.loading import pipeline_from_args
     from tools.bench.lingbot_session_ab import psnr as _psnr
 
     runtime = Runtime.one_rank("cpu", torch.float32)
     flags = {"config": "tiny", "checkpoint": None, "attn_impl": "sdpa", "offload": "auto", "gpu_memory_gb": None}
-    full = ti2v_5b_from_args(argparse.Namespace(**flags), runtime)
-    half = ti2v_5b_from_args(argparse.Namespace(**flags, vae_dtype="bfloat16"), runtime)
+    full = pipeline_from_args("ti2v-5b", argparse.Namespace(**flags), runtime)
+    half = pipeline_from_args("ti2v-5b", argparse.Namespace(**flags, vae_dtype="bfloat16"), runtime)
     assert full.vae.dtype == torch.float32 and half.vae.dtype == torch.bfloat16
     want, got = full("a red fox", seed=1), half("a red fox", seed=1)
     assert want.frames.std() > 0 and torch.equal(got.latents, want.latents)

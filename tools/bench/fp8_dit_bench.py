@@ -2,17 +2,22 @@
 
     python tools/bench/fp8_dit_bench.py --model minimax_h3           # official MiniMax H3 call, 768p 5 s
     python tools/bench/fp8_dit_bench.py --model lingbot_world_v2     # official LingBot chunk reading a full window
-    python tools/bench/fp8_dit_bench.py --model lingbot_world_v2 --config tiny --device cpu --iters 1  # CPU smoke
+    python tools/bench/fp8_dit_bench.py --model wan2.2-t2v-a14b      # one official Wan 2.2 CFG step, 720p 81 frames
+    python tools/bench/fp8_dit_bench.py --model wan2.2-ti2v-5b --config tiny --device cpu --iters 1  # CPU smoke
 
-One random-weight model (said so) and a copy of it with its block GEMMs in FP8 (`quantize("fp8")`) take the same
-fixed input, alternately, --iters times after a warm-up each. The table gives each one's median seconds per call,
-the speed-up, and the FP8 output against bf16: relative L2 and cosine (the gate: cosine >= --min-cosine).
+--model takes any registered model whose DiT has FP8 linears (its spec lists the "fp8" quantization). The call is
+the spec's example forward (`ModelSpec.example_forward`) at the spec's shape for --config (`example_shape`: the
+official size's is the release's production call), on a random-weight model (said so); a copy of it with its block
+GEMMs in FP8 (`quantize("fp8")`) takes the same seeded input, alternately, --iters times after a warm-up each. The
+table gives each one's median seconds per call, the speed-up, and the FP8 output against bf16: relative L2 and
+cosine (the gate: cosine >= --min-cosine).
 
 --fp8-attention adds ``bf16+fp8-attn`` (bf16 GEMMs, attention in FP8: ``cudnn_fp8``, cuDNN frontend,
 `ops.attention_fp8`) and ``fp8+fp8-attn`` (both in FP8); they need a Hopper GPU and nvidia-cudnn-frontend and face
 the same gate. --sage adds ``bf16+sage`` and ``fp8+sage``: attention through SageAttention2's SM90 kernel
 (``sage_sm90``, INT8 QK / FP8 PV, `ops.attention_sage`), which needs its SM90 build. --variants picks a subset of
-those (bf16, the reference, always runs).
+those (bf16, the reference, always runs). An attention implementation this machine lacks ends the run at once with
+the reason, before any model is built.
 
 --sequential keeps one copy: bf16 runs its warm-up and --iters calls, then the same model is quantized in place and
 FP8 runs the same. The official MiniMax H3 DiT and its activations at 768p 5 s do not fit twice on one 141 GB GPU
@@ -31,10 +36,12 @@ from pathlib import Path
 
 import torch
 
+from telefuser.models.registry import get_spec, names
 from telefuser.runtime import Runtime
 
 VARIANTS = ("bf16", "bf16+fp8-attn", "bf16+sage", "fp8", "fp8+fp8-attn", "fp8+sage")  # a sequential run's order
 ATTENTION = {"fp8-attn": "cudnn_fp8", "sage": "sage_sm90"}  # a variant's suffix -> its attention implementation
+SEED = 0
 
 
 def attention_of(variant: str) -> str:
@@ -42,65 +49,27 @@ def attention_of(variant: str) -> str:
     return ATTENTION.get(suffix, "sdpa")
 
 
-def minimax_call(config_name: str, layers: int | None, device, dtype):
-    from dataclasses import replace
-
-    from telefuser.models.minimax_h3 import MiniMaxH3Config, build_random_minimax_h3_dit
-    from telefuser.pipelines.minimax_h3.shapes import plan_shape
-
-    config = MiniMaxH3Config() if config_name == "official" else MiniMaxH3Config.tiny()
-    config = replace(config, num_layers=layers) if layers else config
-    model = build_random_minimax_h3_dit(config, 0, device, dtype, init_on_device=device.type == "cuda").eval()
-    if config_name == "official":
-        shape = plan_shape(duration_s=5.0, resolution=768, aspect_ratio="16:9")
-        video_shape, audio_shape, text_rows = shape.video_latent_shape, shape.audio_latent_shape, 256
-    else:
-        video_shape, audio_shape, text_rows = (1, config.latents_dim, 3, 4, 6), (1, config.audio_latents_dim, 8), 3
-    g = torch.Generator().manual_seed(0)
-    inputs = (
-        torch.randn(video_shape, generator=g).to(device),
-        torch.randn(audio_shape, generator=g).to(device),
-        torch.randn(1, text_rows, config.text_dim, generator=g).to(device, dtype),
-        torch.full((1,), 500.0, device=device),
-        torch.full((1,), 500.0, device=device),
-    )
-
-    def prepare(m):
-        def call():
-            video, audio = m(*inputs)
-            return torch.cat([video.flatten(), audio.flatten()])
-
-        return call
-
-    return model, prepare
+def fp8_models() -> list[str]:
+    """The registered models whose DiT quantizes its block linears to FP8."""
+    return [name for name in names() if "fp8" in get_spec(name).quantizations]
 
 
-def lingbot_call(config_name: str, layers: int | None, device, dtype):
-    from dataclasses import replace
+def build_model(spec, size: str, layers: int | None, device, dtype):
+    """The spec's DiT of `size` (with `layers` blocks when given), seeded random weights, in eval mode."""
+    config = spec.config_of(size, layers=layers)
+    return spec.build_random(config, seed=SEED, device=device, dtype=dtype, init_on_device=device.type == "cuda").eval()
 
-    from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config, build_random_lingbot_dit
 
-    config = LingBotWorldV2Config() if config_name == "official" else LingBotWorldV2Config.tiny_session()
-    config = replace(config, num_layers=layers) if layers else config
-    model = build_random_lingbot_dit(config, 0, device, dtype, init_on_device=device.type == "cuda").eval()
-    grid = (60, 104) if config_name == "official" else (4, 6)  # 832x480 latents: 1,560 tokens per frame
-    tokens_per_frame = grid[0] * grid[1] // 4
-    g = torch.Generator().manual_seed(0)
-    text = torch.randn(1, min(64, config.text_len), config.text_dim, generator=g).to(device, dtype)
-    frames = min(4, config.local_attn_size - config.sink_size)  # the pipeline's chunk, or what a tiny window takes
-    chunk = torch.randn(1, config.in_dim, frames, *grid, generator=g).to(device)
-    camera = torch.randn(1, frames * tokens_per_frame, config.camera_feature_dim, generator=g).to(device, dtype)
-    frames_to_fill = config.local_attn_size - frames
+def preparer(spec, size: str):
+    """model -> its call: the spec's example forward at `size`'s shape, the outputs flattened into one vector. The
+    inputs are built (and any state the example keeps, such as a KV window, filled) here, untimed."""
+    shape = spec.example_shape(size)
 
-    def prepare(m):  # untimed: fill the window, so every timed call reads a full one (and leaves it unchanged)
-        session = m.new_window(1, text, tokens_per_frame=tokens_per_frame)
-        fill = torch.randn(1, config.in_dim, 1, *grid, generator=torch.Generator().manual_seed(1)).to(device)
-        for _ in range(frames_to_fill):
-            m.commit_chunk(session, fill, torch.zeros(1, device=device), camera[:, :tokens_per_frame])
-        t = torch.full((1,), 500.0, device=device)
-        return lambda: m.forward_chunk(session, chunk, t, camera, update_cache=False).flatten()
+    def prepare(model):
+        example = spec.example_forward(model, seed=SEED, **shape)
+        return lambda: torch.cat([output.flatten().float() for output in example.run()])
 
-    return model, prepare
+    return prepare
 
 
 def timed(call, on_gpu: bool) -> tuple[float, torch.Tensor]:
@@ -113,14 +82,11 @@ def timed(call, on_gpu: bool) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-CALLS = {"minimax_h3": minimax_call, "lingbot_world_v2": lingbot_call}  # registry name -> its call
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=sorted(CALLS), required=True, help="a registry name")
-    p.add_argument("--config", choices=["official", "tiny"], default="official")
-    p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument("--model", choices=fp8_models(), required=True, help="a registered model with FP8 linears")
+    p.add_argument("--config", default="official", help="a DiT size of the model's spec (tiny, official)")
+    p.add_argument("--layers", type=int, default=None, help="override the DiT's block count")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--min-cosine", type=float, default=0.99)
     p.add_argument("--device", default=None)
@@ -130,6 +96,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=None, help=f"comma-separated subset of {', '.join(VARIANTS)}")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
+    sizes = get_spec(args.model).sizes
+    if args.config not in sizes:
+        p.error(f"--config {args.config}: {args.model} has the sizes {', '.join(sizes)}")
     if args.variants is None:
         extra = {"fp8-attn": args.fp8_attention, "sage": args.sage}
         args.variants = [v for v in VARIANTS if "+" not in v or extra[v.partition("+")[2]]]
@@ -145,12 +114,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from telefuser.ops.attention_registry import check_backend
 
-    for impl in {attention_of(v) for v in args.variants}:
-        check_backend(impl)  # a clear error before any model time is spent
+    for impl in sorted({attention_of(v) for v in args.variants}):
+        try:
+            check_backend(impl)  # before any model time is spent
+        except (RuntimeError, ValueError) as exc:
+            raise SystemExit(f"fp8_dit_bench: {exc}") from None
     runtime = Runtime.launch(device=args.device)
     device, dtype, on_gpu = runtime.device, runtime.dtype, runtime.device.type == "cuda"
-    build = CALLS[args.model]
-    model, prepare = build(args.config, args.layers, device, dtype)
+    spec = get_spec(args.model)
+    model = build_model(spec, args.config, args.layers, device, dtype)
+    prepare = preparer(spec, args.config)
     print(f"{args.model} ({args.config}, {dtype}, random weights: timings and error figures only)", flush=True)
     seconds = {name: [] for name in args.variants}
     outputs = {}

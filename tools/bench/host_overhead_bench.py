@@ -3,7 +3,8 @@
     python3 tools/bench/host_overhead_bench.py forward                        # LingBot, bf16 + FP8, 832x480 + 416x240
     python3 tools/bench/host_overhead_bench.py forward --variants fp8 --resolutions 416x240 --layers 8
     python3 tools/bench/host_overhead_bench.py session --layers 8              # DiT sessions, graphs off / on
-    python3 tools/bench/host_overhead_bench.py minimax --layers 8              # MiniMax H3 call, regions vs pieces
+    python3 tools/bench/host_overhead_bench.py call --model minimax_h3 --layers 8   # one DiT call, regions vs pieces
+    python3 tools/bench/host_overhead_bench.py call --model wan2.2-ti2v-5b --config tiny --device cpu   # smoke
     torchrun --standalone --nproc-per-node=2 tools/bench/host_overhead_bench.py forward --ulysses 2 --layers 8
     python3 tools/bench/host_overhead_bench.py forward --config tiny --device cpu --resolutions 64x48   # smoke
 
@@ -27,8 +28,13 @@ counts the Python `scatter_heads` calls of one forward (0 in a replay).
 
 ``session``: whole DiT sessions (the camera modulation once per chunk, 4 denoising steps, the commit; no VAE), graphs
 off and on, each after a warm-up session; steady seconds per chunk (p50, chunks after the first) and DiT FPS (16
-frames per chunk). ``minimax``: one MiniMax H3 call at the official width (768p, 5 s), its joint blocks as compiled
-regions against the former pieces: seconds per call, host enqueue, compiled calls.
+frames per chunk). ``forward`` and ``session`` measure KV-window sessions, LingBot-World v2's (its spec gives the
+config).
+
+``call --model NAME``: any registered model's DiT called on its spec's example at --config's shape
+(`ModelSpec.example_shape`: the official size's is the release's production call, e.g. MiniMax H3 at 768p 5 s), its
+blocks as compiled regions against the former pieces: seconds per call, host enqueue, compiled calls. ``minimax`` is
+``call --model minimax_h3``.
 """
 
 from __future__ import annotations
@@ -39,14 +45,13 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
-from telefuser.models.registry import get_spec
+from telefuser.models.flags import SIZES
+from telefuser.models.registry import get_spec, names
 from telefuser.ops.attention_registry import check_backend
 from telefuser.ops.compile_stats import count_compiled
 from telefuser.ops.regions import compile_regions_on
@@ -56,6 +61,9 @@ CHUNK_FRAMES = 4
 STEPS = (1000.0, 750.0, 500.0, 250.0)
 PATHS = ("pieces", "regions", "graph")
 VARIANTS = {"bf16": ("none", "sdpa"), "fp8": ("fp8", "cudnn_fp8")}  # (quantization, attention)
+SESSION_MODEL = "lingbot_world_v2"  # what forward and session measure: a DiT with KV-window sessions
+MODES = ("forward", "session", "call")
+MODE_ALIASES = {"minimax": ("call", "minimax_h3")}  # mode -> (mode, --model), the spelling plans use
 
 
 class Clock:
@@ -105,14 +113,12 @@ def path_of(name: str):
 # -- LingBot ----------------------------------------------------------------------------------------------------------
 def lingbot_model(args, variant: str, runtime: Runtime):
     device, dtype = runtime.device, runtime.dtype
-    config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
-    if args.layers:
-        config = replace(config, num_layers=args.layers)
+    spec = get_spec(SESSION_MODEL)
+    config = spec.config_of(args.config, layers=args.layers)
     quantization, attn_impl = VARIANTS[variant]
     if device.type != "cuda":
         attn_impl = "sdpa"  # a CPU smoke run: cuDNN FP8 attention needs a GPU
     check_backend(attn_impl)
-    spec = get_spec("lingbot_world_v2")
     model = spec.loader("random")(
         config, 0, device, dtype, attn_impl=attn_impl, init_on_device=device.type == "cuda"
     ).eval()
@@ -309,31 +315,20 @@ def session_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# -- MiniMax H3 -------------------------------------------------------------------------------------------------------
-def minimax_mode(args, runtime, clock) -> list[dict]:
-    from telefuser.models.minimax_h3 import MiniMaxH3Config
-    from telefuser.pipelines.minimax_h3.shapes import plan_shape
-
+# -- one call of any model ------------------------------------------------------------------------------------------
+def call_mode(args, runtime, clock) -> list[dict]:
     device, dtype = runtime.device, runtime.dtype
-    config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
-    if args.layers:
-        config = replace(config, num_layers=args.layers)
-    spec = get_spec("minimax_h3")
-    model = spec.loader("random")(config, seed=0, device=device, dtype=dtype, init_on_device=device.type == "cuda")
+    spec = get_spec(args.model)
+    config = spec.config_of(args.config, layers=args.layers)
+    model = spec.build_random(config, seed=0, device=device, dtype=dtype, init_on_device=device.type == "cuda")
     model = runtime.parallelize(model.eval(), spec)
     quantization = "fp8" if "fp8" in args.variants else "none"
     model.quantize(quantization)
-    shape = plan_shape(duration_s=args.duration, resolution=args.minimax_resolution, aspect_ratio="16:9")
-    g = torch.Generator().manual_seed(0)
-    video = torch.randn(shape.video_latent_shape, generator=g).to(device)
-    audio = torch.randn(shape.audio_latent_shape, generator=g).to(device)
-    text = torch.randn(1, 256, config.text_dim, generator=g).to(device, dtype)
-    t = torch.full((1,), 500.0, device=device)
     results = []
     with torch.inference_mode():
+        call = spec.example_forward(model, seed=0, **spec.example_shape(args.config)).run
         for path in ("pieces", "regions"):
             with path_of(path):
-                call = lambda: model(video, audio, text, t, t)  # noqa: E731
                 call()  # compiles
                 with count_compiled() as stats:
                     call()
@@ -341,8 +336,9 @@ def minimax_mode(args, runtime, clock) -> list[dict]:
                     enqueue = [clock.enqueue(call) for _ in range(args.iters)]
                     wall = [clock.wall(call) for _ in range(args.iters)]
             row = {
+                "model": args.model,
                 "path": path,
-                "layers": config.num_layers,
+                "layers": spec.num_layers(config),
                 "quantization": quantization,
                 "compiled_calls": stats.calls,
                 "compiles_while_timed": timed_stats.compiles,
@@ -354,14 +350,14 @@ def minimax_mode(args, runtime, clock) -> list[dict]:
     return results
 
 
-def minimax_table(results: list[dict]) -> str:
+def call_table(results: list[dict]) -> str:
     lines = [
-        "| path | layers | GEMMs | compiled calls / call | compiles while timed | enqueue s | s / call |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model | path | layers | GEMMs | compiled calls / call | compiles while timed | enqueue s | s / call |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         lines.append(
-            f"| {r['path']} | {r['layers']} | {r['quantization']} | {r['compiled_calls']} | "
+            f"| {r['model']} | {r['path']} | {r['layers']} | {r['quantization']} | {r['compiled_calls']} | "
             f"{r['compiles_while_timed']} | {r['enqueue_s']:.4f} | {r['seconds_per_call']:.4f} |"
         )
     return "\n".join(lines)
@@ -375,16 +371,15 @@ def say(runtime, text: str) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["forward", "session", "minimax"])
-    p.add_argument("--config", choices=["official", "tiny"], default="official")
-    p.add_argument("--layers", type=int, default=None, help="override num_layers (official: 40 LingBot, 48 MiniMax)")
+    p.add_argument("mode", choices=[*MODES, *MODE_ALIASES])
+    p.add_argument("--model", choices=names(), default=None, help="call: the registered model to call")
+    p.add_argument("--config", choices=SIZES, default="official")
+    p.add_argument("--layers", type=int, default=None, help="override the DiT's block count")
     p.add_argument("--variants", default="bf16,fp8", help="bf16 and/or fp8 (FP8 GEMMs + cuDNN FP8 attention)")
     p.add_argument("--resolutions", default="832x480,416x240", help="LingBot canvases WIDTHxHEIGHT")
     p.add_argument("--paths", default=",".join(PATHS), help=f"forward: which of {', '.join(PATHS)}")
     p.add_argument("--iters", type=int, default=5, help="timed calls per row (medians)")
     p.add_argument("--chunks", type=int, default=8, help="session: chunks per timed session")
-    p.add_argument("--duration", type=float, default=5.0, help="minimax: clip seconds")
-    p.add_argument("--minimax-resolution", type=int, default=768)
     p.add_argument("--ulysses", type=int, default=1, help="Ulysses degree (under torchrun)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", type=Path, default=None, help="JSON file for the rows")
@@ -395,6 +390,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [v for v in args.variants if v not in VARIANTS] + [x for x in args.paths if x not in PATHS]
     if unknown:
         p.error(f"unknown variants or paths: {unknown}")
+    if args.mode in MODE_ALIASES:
+        if args.model is not None:
+            p.error(f"{args.mode} names its model; use call --model {args.model}")
+        args.mode, args.model = MODE_ALIASES[args.mode]
+    if (args.mode == "call") != (args.model is not None):
+        p.error("call needs --model" if args.mode == "call" else f"{args.mode} measures {SESSION_MODEL}; no --model")
     return args
 
 
@@ -412,8 +413,8 @@ def main(argv=None) -> int:
                 rows = session_mode(args, runtime, clock)
                 table = session_table(rows)
             else:
-                rows = minimax_mode(args, runtime, clock)
-                table = minimax_table(rows)
+                rows = call_mode(args, runtime, clock)
+                table = call_table(rows)
         weights = "random weights" + (f", Ulysses {args.ulysses}" if parallel else "")
         say(
             runtime,

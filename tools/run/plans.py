@@ -72,9 +72,7 @@ H200_MODELS = Plan(
         Step(
             "overlap",
             240,
-            torchrun(
-                2, "tools.validation.profile_ulysses_overlap --preset minimax_h3_tp2_u2 --output {out}/overlap_minimax"
-            ),
+            torchrun(2, "tools.validation.profile_ulysses_overlap --model minimax_h3 --output {out}/overlap_minimax"),
             "MiniMax H3 layer trace: V copy against Q/K norm+RoPE",
         ),
         Step(
@@ -329,7 +327,7 @@ H200_GRAPHS = Plan(
         Step(
             "host_minimax",
             300,
-            module(f"{HOST_BENCH} minimax --layers 8 --variants bf16 --output {{out}}/minimax.json"),
+            module(f"{HOST_BENCH} call --model minimax_h3 --layers 8 --variants bf16 --output {{out}}/minimax.json"),
             "the MiniMax H3 call's host time, 8 layers, bf16",
         ),
         *(
@@ -503,7 +501,7 @@ def multi_gpu(gpus: int) -> Plan:
             "model_parity",
             420,
             torchrun(gpus, "tools.validation.model_parity --device cuda --output {out}/model_parity"),
-            "MiniMax H3 and LingBot parallel layouts against dense (the cases that fit), bf16",
+            "every registered model's parallel layouts against dense (the cases that fit), bf16",
         ),
         Step(
             "ab_bench",
@@ -531,12 +529,10 @@ def multi_gpu(gpus: int) -> Plan:
             Step(
                 f"overlap_{model}",
                 240,
-                torchrun(
-                    4, f"tools.validation.profile_ulysses_overlap --preset {preset} --output {{out}}/overlap_{model}"
-                ),
+                torchrun(4, f"tools.validation.profile_ulysses_overlap {flags} --output {{out}}/overlap_{model}"),
                 f"V copy against Q/K norm+RoPE in a {model} layer",
             )
-            for model, preset in (("minimax", "minimax_h3_tp2_u2"), ("lingbot", "lingbot_u4"))
+            for model, flags in (("minimax", "--model minimax_h3 --tp 2"), ("lingbot", "--model lingbot_world_v2"))
         ]
         steps += [
             Step(

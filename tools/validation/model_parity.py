@@ -1,47 +1,39 @@
-"""The two models under sequence (and tensor) parallelism against their dense execution, on any number of ranks.
+"""Every registered model under sequence (and tensor) parallelism against its dense execution, on any number of ranks.
 
     torchrun --standalone --nproc-per-node=4 tools/validation/model_parity.py --device cuda --output DIR
     torchrun --standalone --nproc-per-node=4 tools/validation/model_parity.py --device cuda --config official --layers 4
     torchrun --standalone --nproc-per-node=2 tools/validation/model_parity.py --device cpu --transport host-shm
 
-Cases (``--cases``, comma-separated; default: every case that fits the world size W):
-
-    minimax_u2       MiniMax H3, Ulysses2            (2 ranks per replica)
-    minimax_u4       MiniMax H3, Ulysses4            (4 ranks per replica)
-    minimax_tp2_u2   MiniMax H3, TP2 x Ulysses2      (4 ranks per replica)
-    lingbot_u2       LingBot-World v2, Ulysses2 over a session whose KV window rolls
-    lingbot_u4       LingBot-World v2, Ulysses4, the same session
+Cases (``--cases``, comma-separated; default: every case that fits the world size W) come from the model registry:
+for each model ``<name>_u2`` and ``<name>_u4`` (Ulysses 2 and 4), and ``<name>_tp2_u2`` (TP2 x Ulysses2, 4 ranks)
+where the model's plan takes tensor parallelism (`ModelSpec.tensor_parallel`). ``--cases`` lists them.
 
 Ranks. A case that needs N ranks runs on R = W // N replicas at once, over ranks [0, R*N): replica r owns ranks
-[r*N, (r+1)*N) with the layout of `telefuser.distributed.mesh` inside it (TP innermost), so on 4 ranks minimax_u2
+[r*N, (r+1)*N) with the layout of `telefuser.distributed.mesh` inside it (TP innermost), so on 4 ranks a U2 case
 runs on {0, 1} and on {2, 3} together (a group without global rank 0 is checked too). Leftover ranks (W % N) only
 join the collectives that build the groups and gather the results. One torchrun call therefore covers every case
 that fits; the groups come from one `DeviceMesh` ("replica", "ulysses", "tp") that every rank builds collectively.
 
-Each participating rank builds the model from the same seed (CPU generator on CPU; on CUDA the device generator,
-which draws the same numbers on identical GPUs -- checked: every rank reports an exact checksum of its weights and
-the case fails if they differ) and runs it dense. It then frees it, builds it again from the seed (same checksum
-required; one model in memory at a time, so ``--config official`` at full depth fits), applies the model spec's plan
-over the case's replica (``Runtime.parallelize(model, spec, communicator_factory=partial(UlyssesCommunicator,
-transport=--transport))``), runs it on the same random, non-zero inputs and compares every output:
+Each participating rank builds the model's DiT of --config (`ModelSpec.config_of`, --layers blocks when given) from
+the same seed (CPU generator on CPU; on CUDA the device generator, which draws the same numbers on identical GPUs --
+checked: every rank reports an exact checksum of its weights and the case fails if they differ) and runs it dense.
+It then frees it, builds it again from the seed (same checksum required; one model in memory at a time, so
+``--config official`` at full depth fits), applies the model spec's plan over the case's replica
+(``Runtime.parallelize(model, spec, communicator_factory=partial(UlyssesCommunicator, transport=--transport))``),
+runs it on the same random, non-zero inputs and compares every output.
 
-    MiniMax H3       one forward at batch 2 (different video/audio timesteps per sample); outputs: video and
-                     audio velocities. The packed sequence is padded to the rank count (rows cross rank borders).
-    LingBot-World v2 one session at batch 2; per chunk two read-only forwards (t = 900, 400) and one commit (t = 0).
-                     Chunks of 3 and 2 latent frames with an odd token count per frame (padding on every rank
-                     count), as many chunks as it takes for at least two of them to evict rows from the window
-                     (tiny: window 10 frames, 2 sink frames -> 6 chunks; official: 18/6 -> 9 chunks).
-    Sizes: tiny video 3x6x10 latents, 9 text rows, 14 audio rows; LingBot 3x5 tokens per frame. Official: video
-    5x30x54 latents (2025 tokens), 64 text rows, 80 audio rows; LingBot 23x41 = 943 tokens per frame, 384 text rows.
+The run is the spec's example forward (`ModelSpec.example_forward`) at the spec's shape for --config
+(`ModelSpec.example_shape`), built on each model from the same seed: each model's spec says what is worth running
+(a packed sequence whose padding crosses rank borders, a KV window that has rolled, a CFG batch at two timesteps).
 
 Error measures, per output and per rank: max |parallel - dense|, mean |parallel - dense| and the relative error
-max |parallel - dense| / max |dense|. A case reports the worst over outputs and ranks (LingBot also per chunk).
+max |parallel - dense| / max |dense|. A case reports the worst over outputs and ranks, and each output's worst.
 
 Tolerance on the relative error (override with --max-rel-error):
-  * fp32 on CPU: 1e-5. Ulysses moves exact copies of rows and heads, so only the summation order of GEMMs over fewer
-    rows, attention over fewer heads and TP's all-reduced partial sums differ; the CPU parity tests measure 2e-7
-    (MiniMax) and 9e-7 (LingBot), this tool 2.8e-7 to 3.8e-7 on every tiny case (2 and 4 ranks, portable and
-    host-shm). A wrong head, row, shard, window row or RoPE position is O(1e-2) or more.
+  * fp32 on CPU: 1e-5, the conformance suite's Ulysses bound (tests/conformance/test_conformance_ranks.py). Ulysses
+    moves exact copies of rows and heads, so only the summation order of GEMMs over fewer rows, attention over fewer
+    heads and TP's all-reduced partial sums differ. A wrong head, row, shard, window row or RoPE position is O(1e-2)
+    or more.
   * bf16 on CUDA: 2e-2. Every GEMM and attention output is rounded to bf16 (relative step 2^-8 = 3.9e-3) and the
     parallel run rounds at different points (other reduction orders, split-K choices per shape, TP partial sums
     rounded before the all-reduce), so differences of a few bf16 ulps compound over a few layers; a wrong mapping is
@@ -69,7 +61,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -82,9 +74,8 @@ from telefuser.distributed.agreement import gather_from_ranks
 from telefuser.distributed.mesh import ParallelConfig, ParallelConfigError, ParallelMesh
 from telefuser.distributed.ulysses import UlyssesCommunicator
 from telefuser.distributed.ulysses.selection import TRANSPORTS
-from telefuser.models.lingbot_world_v2 import LingBotWorldV2Config
-from telefuser.models.minimax_h3 import MiniMaxH3Config
-from telefuser.models.registry import get_spec
+from telefuser.models.flags import SIZES
+from telefuser.models.registry import get_spec, names
 from telefuser.ops.fusion import set_fusion
 from telefuser.runtime import Runtime
 
@@ -95,17 +86,18 @@ TOLERANCE_WHY = {
 }
 CPU_TRANSPORTS = ("auto", "portable", "host-shm")
 CUDA_TRANSPORTS = ("auto", "portable", "ce-ipc", "ce-symm")
-BATCH = 2
-LINGBOT_CHUNK_FRAMES = (3, 2)  # cycled; odd tokens per frame x 3 or 2 frames never divides evenly over 2 or 4 ranks
-LINGBOT_READ_TIMESTEPS = (900.0, 400.0)  # read-only forwards per chunk; the commit runs at t = 0
+INPUT_SEED_OFFSET = 101  # the inputs' seed, apart from the weights'
 
 
 @dataclass(frozen=True)
 class Case:
-    name: str
-    model: str
+    model: str  # a registry name
     ulysses: int
     tp: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}_tp{self.tp}_u{self.ulysses}" if self.tp > 1 else f"{self.model}_u{self.ulysses}"
 
     @property
     def ranks(self) -> int:
@@ -120,102 +112,36 @@ class Case:
         return ParallelConfig(ulysses_degree=self.ulysses, tp_degree=self.tp)
 
 
-CASES = {
-    case.name: case
-    for case in (
-        Case("minimax_u2", "minimax_h3", 2),
-        Case("minimax_u4", "minimax_h3", 4),
-        Case("minimax_tp2_u2", "minimax_h3", 2, 2),
-        Case("lingbot_u2", "lingbot_world_v2", 2),
-        Case("lingbot_u4", "lingbot_world_v2", 4),
-    )
-}
+def registry_cases() -> dict[str, Case]:
+    """Every registered model at Ulysses 2 and 4, and at TP2 x Ulysses2 where its plan takes TP."""
+    cases = []
+    for model in names():
+        cases += [Case(model, 2), Case(model, 4)]
+        if get_spec(model).tensor_parallel:
+            cases.append(Case(model, 2, 2))
+    return {case.name: case for case in cases}
 
 
-# -- the two models -------------------------------------------------------------------------------------------------
+CASES = registry_cases()
+
+
+# -- the model, through its spec --------------------------------------------------------------------------------------
 def model_config(model: str, args):
-    if model == "minimax_h3":
-        config = MiniMaxH3Config() if args.config == "official" else MiniMaxH3Config.tiny()
-    else:
-        config = LingBotWorldV2Config() if args.config == "official" else LingBotWorldV2Config.tiny_session()
-    return replace(config, num_layers=args.layers) if args.layers else config
-
-
-def num_heads(config) -> int:
-    return config.num_attention_heads if isinstance(config, MiniMaxH3Config) else config.num_heads
+    return get_spec(model).config_of(args.config, layers=args.layers)
 
 
 def build_model(model: str, config, args, device: torch.device, dtype: torch.dtype):
-    build = get_spec(model).loader("random")
-    return build(config, args.seed, device, dtype, init_on_device=device.type == "cuda")
+    spec = get_spec(model)
+    return spec.build_random(config, seed=args.seed, device=device, dtype=dtype, init_on_device=device.type == "cuda")
 
 
-def minimax_inputs(config: MiniMaxH3Config, args, device, dtype) -> dict:
-    g = torch.Generator().manual_seed(args.seed + 101)
-    # official: 5 x 15 x 27 video tokens + 64 text + 2 x 40 audio rows; tiny: 3 x 3 x 5 + 9 + 2 x 7
-    (t, h, w), text_rows, audio_rows = ((5, 30, 54), 64, 80) if args.config == "official" else ((3, 6, 10), 9, 14)
-    return {
-        "video": torch.randn(BATCH, config.latents_dim, t, h, w, generator=g).to(device),
-        "audio": torch.randn(BATCH, config.audio_latents_dim, audio_rows, generator=g).to(device),
-        "text": torch.randn(BATCH, text_rows, config.text_dim, generator=g).to(device, dtype),
-        "t_video": torch.tensor([300.0, 850.0], device=device),
-        "t_audio": torch.tensor([700.0, 120.0], device=device),
-    }
-
-
-def run_minimax(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], list[dict]]:
+def run_example(model: str, dit, args) -> list[tuple[str, torch.Tensor]]:
+    """(output name, output) of the spec's example forward at --config's shape, on inputs from --seed."""
+    spec = get_spec(model)
     with torch.no_grad():
-        video, audio = model(inputs["video"], inputs["audio"], inputs["text"], inputs["t_video"], inputs["t_audio"])
-    return [("all", "video", video), ("all", "audio", audio)], []
-
-
-def lingbot_schedule(config: LingBotWorldV2Config) -> list[int]:
-    """Latent frames per chunk: at least 3 chunks, and enough that the last two both evict window rows."""
-    frames: list[int] = []
-    while len(frames) < 3 or sum(frames[:-1]) <= config.local_attn_size:
-        frames.append(LINGBOT_CHUNK_FRAMES[len(frames) % len(LINGBOT_CHUNK_FRAMES)])
-    return frames
-
-
-def lingbot_inputs(config: LingBotWorldV2Config, args, device, dtype) -> dict:
-    g = torch.Generator().manual_seed(args.seed + 202)
-    grid = (46, 82) if args.config == "official" else (6, 10)  # latent h x w: 23 x 41 or 3 x 5 tokens per frame
-    tokens_per_frame = (grid[0] // config.patch_size[1]) * (grid[1] // config.patch_size[2])
-    chunks = []
-    for frames in lingbot_schedule(config):
-        latents = [
-            torch.randn(BATCH, config.in_dim, frames, *grid, generator=g).to(device)
-            for _ in range(len(LINGBOT_READ_TIMESTEPS) + 1)
-        ]
-        camera = 0.1 * torch.randn(BATCH, frames * tokens_per_frame, config.camera_feature_dim, generator=g)
-        chunks.append({"frames": frames, "latents": latents, "camera": camera.to(device)})
-    text = torch.randn(BATCH, config.text_len * 3 // 4, config.text_dim, generator=g).to(device, dtype)
-    return {"text": text, "tokens_per_frame": tokens_per_frame, "chunks": chunks}
-
-
-def run_lingbot(model, inputs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], list[dict]]:
-    session = model.new_window(BATCH, inputs["text"], tokens_per_frame=inputs["tokens_per_frame"])
-    outputs, chunks = [], []
-    try:
-        for index, chunk in enumerate(inputs["chunks"]):
-            plan = session.plan(chunk["frames"])
-            chunks.append(
-                {"chunk": index, "frames": chunk["frames"], "window_rows": plan.committed, "evicted_rows": plan.evicted}
-            )
-            steps = [(t, False) for t in LINGBOT_READ_TIMESTEPS] + [(0.0, True)]
-            for (t, commit), latents in zip(steps, chunk["latents"]):
-                timestep = torch.full((BATCH,), t)
-                y = model.forward_chunk(session, latents, timestep, chunk["camera"], update_cache=commit)
-                outputs.append((f"chunk {index}", "commit" if commit else f"read t={t:g}", y))
-    finally:
-        session.close()
-    return outputs, chunks
-
-
-MODELS = {
-    "minimax_h3": ("MiniMax H3", minimax_inputs, run_minimax),
-    "lingbot_world_v2": ("LingBot-World v2", lingbot_inputs, run_lingbot),
-}
+        example = spec.example_forward(dit, seed=args.seed + INPUT_SEED_OFFSET, **spec.example_shape(args.config))
+        outputs = example.run()
+    return list(zip(example.output_names(len(outputs)), outputs, strict=True))
 
 
 # -- one case on one rank ---------------------------------------------------------------------------------------------
@@ -231,8 +157,8 @@ def weights_checksum(model: torch.nn.Module) -> str:
 
 def compare(dense, parallel) -> list[dict]:
     rows = []
-    for (group, name, d), (_, _, p) in zip(dense, parallel, strict=True):
-        row = {"group": group, "name": name}
+    for (name, d), (_, p) in zip(dense, parallel, strict=True):
+        row = {"name": name}
         if p.shape != d.shape:
             row["problem"] = f"shape {tuple(p.shape)} != dense {tuple(d.shape)}"
         else:
@@ -267,16 +193,14 @@ def free_memory(device: torch.device) -> None:
 
 def run_case(case: Case, runtime: Runtime, args) -> dict:
     """Dense, then parallel over `runtime`'s mesh (this rank's replica of the case)."""
-    _, make_inputs, run = MODELS[case.model]
     device, dtype = runtime.device, runtime.dtype
     result = {"rank": dist.get_rank(), "error": None}
     try:
         config = model_config(case.model, args)
         model = build_model(case.model, config, args, device, dtype)
         result["weights"] = weights_checksum(model)
-        inputs = make_inputs(config, args, device, dtype)
         start = time.perf_counter()
-        dense, chunks = run(model, inputs)
+        dense = run_example(case.model, model, args)
         sync(device)
         result["dense_s"] = time.perf_counter() - start
         # The parallel model is built again from the seed rather than copied: one model in memory at a time (the
@@ -292,7 +216,7 @@ def run_case(case: Case, runtime: Runtime, args) -> dict:
                 for param in model.blocks[0].parameters():
                     param.mul_(1 + args.perturb)
         start = time.perf_counter()
-        parallel, _ = run(model, inputs)
+        parallel = run_example(case.model, model, args)
         sync(device)
         result["parallel_s"] = time.perf_counter() - start
         result["transport"] = model.communicator.transport
@@ -300,7 +224,6 @@ def run_case(case: Case, runtime: Runtime, args) -> dict:
         model.close()
         del model
         result["outputs"] = compare(dense, parallel)
-        result["chunks"] = chunks
     except Exception as exc:  # reported with the case; peers stuck in a collective hit the group timeout
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
@@ -336,7 +259,8 @@ def summarize(case: Case, results: list[dict | None], args, bound: float) -> dic
     n = case.ranks
     summary = {
         "case": case.name,
-        "model": MODELS[case.model][0],
+        "model": case.model,
+        "title": get_spec(case.model).title,
         "layout": case.layout,
         "ulysses": case.ulysses,
         "tp": case.tp,
@@ -366,23 +290,14 @@ def summarize(case: Case, results: list[dict | None], args, bound: float) -> dic
     if any(r["rebuilt_weights"] != r["weights"] for r in ranks):
         problems.append("building the model again from the seed gave other weights (non-deterministic draw)")
     rows = [row for r in ranks for row in r["outputs"]]
-    problems += sorted({f"{row['group']} {row['name']}: {row['problem']}" for row in rows if "problem" in row})
+    problems += sorted({f"{row['name']}: {row['problem']}" for row in rows if "problem" in row})
     numeric = [row for row in rows if "max_abs" in row]
     if len(numeric) == len(rows):
         summary.update(_merge(numeric))
-        if case.model == "lingbot_world_v2":
-            chunks = []
-            for info in ranks[0]["chunks"]:
-                key = f"chunk {info['chunk']}"
-                chunks.append({**info, **_merge([row for row in numeric if row["group"] == key])})
-            summary["chunks"] = chunks
-            if not any(c["evicted_rows"] for c in chunks[:-1]):
-                problems.append("the KV window never rolled before the last chunk")
-        else:
-            summary["outputs"] = {
-                name: _merge([row for row in numeric if row["name"] == name])
-                for name in dict.fromkeys(row["name"] for row in numeric)
-            }
+        summary["outputs"] = {
+            name: _merge([row for row in numeric if row["name"] == name])
+            for name in dict.fromkeys(row["name"] for row in numeric)
+        }
         if not summary["relative"] <= bound:
             problems.append(f"relative error {summary['relative']:.3g} > bound {bound:g}")
     summary["dense_s"] = max(r["dense_s"] for r in ranks)
@@ -396,9 +311,12 @@ def _ranges(groups: list[list[int]]) -> str:
     return ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
 
 
+CASE_WIDTH = max(15, *(len(name) for name in CASES))
+
+
 def table(report: dict) -> str:
     head = (
-        f"{'case':<15} {'layout':<7} {'ranks':<12} {'transport':<10} {'max|err|':>9} {'mean|err|':>9} "
+        f"{'case':<{CASE_WIDTH}} {'layout':<7} {'ranks':<12} {'transport':<10} {'max|err|':>9} {'mean|err|':>9} "
         f"{'rel err':>9} {'bound':>7}  result"
     )
     lines = [
@@ -414,12 +332,13 @@ def table(report: dict) -> str:
         else:
             numbers = f"{'-':>9} {'-':>9} {'-':>9}"
         lines.append(
-            f"{s['case']:<15} {s['layout']:<7} {_ranges(s['groups']):<12} {s.get('transport', '-'):<10} "
+            f"{s['case']:<{CASE_WIDTH}} {s['layout']:<7} {_ranges(s['groups']):<12} {s.get('transport', '-'):<10} "
             f"{numbers} {s['max_rel_error_bound']:>7.0e}  {'PASS' if s['passed'] else 'FAIL'}"
         )
-        for c in s.get("chunks", []):
-            label = f"  chunk {c['chunk']}: {c['frames']} fr, window {c['window_rows']}, evicts {c['evicted_rows']}"
-            lines.append(f"{label:<46} {c['max_abs']:>9.2e} {c['mean_abs']:>9.2e} {c['relative']:>9.2e}")
+        outputs = s.get("outputs", {})
+        for name, o in outputs.items() if len(outputs) > 1 else ():
+            label = f"  {name}"  # under the case's numbers: past the case, layout, ranks and transport columns
+            lines.append(f"{label:<{CASE_WIDTH + 32}} {o['max_abs']:>9.2e} {o['mean_abs']:>9.2e} {o['relative']:>9.2e}")
         for problem in s["problems"]:
             lines.append(f"  ! {problem}")
     lines.append(f"overall: {'PASS' if report['passed'] else 'FAIL'}")
@@ -431,8 +350,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cases", default=None, help=f"comma-separated, of {', '.join(CASES)} (default: all that fit)")
-    p.add_argument("--config", choices=["tiny", "official"], default="tiny")
-    p.add_argument("--layers", type=int, default=None, help="override num_layers (official width, few layers)")
+    p.add_argument("--config", choices=SIZES, default="tiny", help="the DiT size (each model's spec defines it)")
+    p.add_argument("--layers", type=int, default=None, help="override the block count (official width, few layers)")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto")
     p.add_argument(
         "--fusion",
@@ -489,7 +408,7 @@ def parse_args(argv=None):
             )
     for case in cases:
         try:
-            case.parallel.check_heads(num_heads(model_config(case.model, args)))
+            case.parallel.check_heads(get_spec(case.model).num_heads(model_config(case.model, args)))
         except ParallelConfigError as exc:
             p.error(f"{case.name}: {exc}")
     if args.output is not None:
@@ -521,7 +440,7 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"[model_parity] {case.name}: {'PASS' if summaries[-1]['passed'] else 'FAIL'}", flush=True)
 
-    layers = {m: model_config(m, args).num_layers for m in dict.fromkeys(c.model for c in cases)}
+    layers = {m: get_spec(m).num_layers(model_config(m, args)) for m in dict.fromkeys(c.model for c in cases)}
     report = {
         "tool": "tools/validation/model_parity.py",
         "world_size": world,
@@ -530,7 +449,7 @@ def main(argv=None) -> int:
         "backend": str(dist.get_backend()),
         "dtype": str(dtype).removeprefix("torch."),
         "config": args.config,
-        "layers": ", ".join(f"{MODELS[m][0]} {n} layers" for m, n in layers.items()),
+        "layers": ", ".join(f"{m} {n} layers" for m, n in layers.items()),
         "transport": args.transport,
         "fusion": args.fusion if on_gpu else "n/a (cpu)",
         "seed": args.seed,

@@ -22,6 +22,13 @@ from ..spec import Flag, ModelSpec
 
 CUDA_GRAPHS = ("auto", "on", "off")
 EXAMPLE = "telefuser.models.lingbot_world_v2.example"
+# What the tools run the example at: a chunk read after `history_chunks` committed ones, more frames than the window
+# holds, so it has rolled. tiny: two sessions, 6 chunks of 2 frames through the 10-frame window; official: an 832x480
+# chunk of 4 latent frames (1560 tokens each) after 5 such chunks, 20 frames through the 18-frame window
+EXAMPLE_SHAPES = {
+    "tiny": {"batch": 2, "history_chunks": 6},
+    "official": {"frames": 4, "height": 60, "width": 104, "history_chunks": 5},
+}
 
 
 def head_dim(args) -> int | None:
@@ -97,6 +104,7 @@ LINGBOT_WORLD_V2 = ModelSpec(
     sizes=SIZES,
     dit_config=f"{EXAMPLE}:dit_config",
     example=f"{EXAMPLE}:example",
+    example_shapes=EXAMPLE_SHAPES,
     flops=f"{EXAMPLE}:flops",
     checkpoint_writer="telefuser.models.lingbot_world_v2.checkpoint_writer:write_lingbot_checkpoint",
 )

@@ -41,7 +41,7 @@ def example(
     audio = torch.randn(batch, config.audio_latents_dim, audio_rows, generator=g).to(device)
     text = torch.randn(batch, text_rows, config.text_dim, generator=g).to(device)
     t_video, t_audio = (torch.rand(2, batch, generator=g) * 1000.0).to(device)
-    return Example(run=lambda: model(video, audio, text, t_video, t_audio), shape=shape)
+    return Example(run=lambda: model(video, audio, text, t_video, t_audio), shape=shape, names=("video", "audio"))
 
 
 def flops(

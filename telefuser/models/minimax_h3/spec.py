@@ -23,6 +23,12 @@ QKV_LAYOUTS = ("interleaved", "stacked")  # checkpoint_formats.QKV_LAYOUTS
 # H3 quality gate, tools/validation/sage_quality_gate.py, and is faster), else torch SDPA
 AUTO_ATTENTION = ("sage_sm90", "sdpa")
 EXAMPLE = "telefuser.models.minimax_h3.example"
+# What the tools run the example at: tiny, two samples at their own timesteps; official, the release's 768p 5 s 16:9
+# call (pipelines.minimax_h3.shapes.plan_shape: latents 37 x 48 x 84, 414 audio rows) beside a 256-row prompt
+EXAMPLE_SHAPES = {
+    "tiny": {"batch": 2},
+    "official": {"frames": 37, "height": 48, "width": 84, "audio_rows": 414, "text_rows": 256},
+}
 
 
 def head_dim(args) -> int | None:
@@ -92,7 +98,9 @@ MINIMAX_H3 = ModelSpec(
     sizes=SIZES,
     dit_config=f"{EXAMPLE}:dit_config",
     example=f"{EXAMPLE}:example",
+    example_shapes=EXAMPLE_SHAPES,
     flops=f"{EXAMPLE}:flops",
     heads_field="num_attention_heads",
+    tensor_parallel=True,
     checkpoint_writer="telefuser.models.minimax_h3.checkpoint_writer:write_minimax_h3_release",
 )

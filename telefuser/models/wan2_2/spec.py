@@ -1,8 +1,14 @@
 """Wan 2.2's `ModelSpec`s, one per released variant (T2V-A14B, TI2V-5B): flags, the parallel plan (Ulysses), loaders,
 pipeline and video adapter (`telefuser serve --model wan2.2-t2v-a14b`: serving/video/wan2_2.py, text to video without
-audio, with classifier-free guidance).
+audio, with classifier-free guidance); and for tests, tools and benches the DiT by size, one step's forward on example
+inputs and its FLOP count.
 
-Importing this module imports no torch: the plan and the loaders import the model's modules when they run.
+The example is one denoising step of the pipeline: a CFG batch of two (cond, uncond) at their own timesteps against
+the prompt K/V computed once (`text_kv`, outside the step). The default latent grid, 2 frames of 3 x 3 tokens (18
+rows), splits unevenly over 4 Ulysses ranks, so padding rows are exercised.
+
+Importing this module imports no torch: the plan, the loaders and the example import the model's modules when they
+run.
 """
 
 from __future__ import annotations
@@ -19,9 +25,19 @@ from ..flags import (
     quantization_flag,
     vae_dtype_flag,
 )
-from ..spec import ModelSpec
+from ..spec import Example, ModelSpec, lazy_partial
+from .config import Wan22Config, release
 
 HEAD_DIM = 128  # both variants: 5120 / 40 and 3072 / 24
+SPEC = "telefuser.models.wan2_2.spec"  # this module, whose functions the specs point at
+LOADING = "telefuser.pipelines.wan2_2.loading"  # the pipeline from the flags, their request, its memory workload
+# What the tools run the example at, official: one CFG step at the release's canvas and frames in latent units
+# (config.release: T2V-A14B 1280x720, 81 frames, VAE 8x; TI2V-5B 1280x704, 121 frames, VAE 16x; both 4x in time);
+# tiny runs the example's defaults
+EXAMPLE_SHAPES = {
+    "t2v-a14b": {"frames": 21, "height": 90, "width": 160},
+    "ti2v-5b": {"frames": 31, "height": 44, "width": 80},
+}
 
 
 def head_dim(args) -> int:
@@ -40,9 +56,31 @@ def parallelize(model, mesh, *, communicator_factory=None):
     return model
 
 
+def dit_config(variant: str, size: str) -> Wan22Config:
+    return release(variant, size).dit
+
+
+def example(model, *, seed: int = 0, batch: int = 2, frames: int = 2, height: int = 6, width: int = 6, text_rows=7):
+    """`model(latents, t, text_kv)` on seeded inputs; sizes in latent units (`text_rows` of encoder states, zero-padded
+    to the model's text_len)."""
+    from ..wan.example import random_inputs
+
+    shape = {"batch": batch, "frames": frames, "height": height, "width": width, "text_rows": text_rows}
+    device = model.patch_embedding.weight.device
+    latents, t, text = random_inputs(model.config, seed=seed, device=device, **shape)
+    text_kv = model.text_kv(text)
+    return Example(run=lambda: (model(latents, t, text_kv),), shape=shape, names=("flow",))
+
+
+def flops(config: Wan22Config, *, batch: int, frames: int, height: int, width: int, text_rows: int = 0) -> int:
+    """One step's forward (the prompt is padded to text_len, so `text_rows` does not change it)."""
+    from ..wan.example import dit_flops, token_rows
+
+    rows = token_rows(config, frames, height, width)
+    return dit_flops(config, batch=batch, rows=rows, key_rows=rows)
+
+
 def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
-    example = "telefuser.models.wan2_2.example"
-    memory = f"telefuser.pipelines.wan2_2.memory:{variant.replace('-', '_')}"
     return ModelSpec(
         name=f"wan2.2-{variant}",
         title=title,
@@ -61,22 +99,23 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
         ),
         attention_impls=ATTENTION_IMPLS,
         quantizations=QUANTIZATIONS,
-        head_dim="telefuser.models.wan2_2.spec:head_dim",
+        head_dim=f"{SPEC}:head_dim",
         plan=parallelize,
-        pipeline=f"telefuser.pipelines.wan2_2.loading:{variant.replace('-', '_')}_from_args",
+        pipeline=lazy_partial(f"{LOADING}:pipeline_from_args", variant),
         adapters={"video": "telefuser.serving.video.wan2_2:build_wan22_runner"},
         loaders={
             "random": "telefuser.models.wan2_2.checkpoint:build_random_wan22_dit",
             "checkpoint": "telefuser.models.wan2_2.checkpoint:load_wan22_dit",
         },
         sizes=SIZES,
-        dit_config=f"{example}:{variant.replace('-', '_')}_config",
-        example=f"{example}:example",
-        flops=f"{example}:flops",
+        dit_config=lazy_partial(f"{SPEC}:dit_config", variant),
+        example=f"{SPEC}:example",
+        example_shapes={"official": EXAMPLE_SHAPES[variant]},
+        flops=f"{SPEC}:flops",
         checkpoint_writer="telefuser.models.wan2_2.checkpoint:write_wan22_expert",
-        memory=f"{memory}_workload",
-        memory_request=f"{memory}_request",
-        memory_alternatives=f"{memory}_alternatives",
+        memory=lazy_partial(f"{LOADING}:workload", variant),
+        memory_request=lazy_partial(f"{LOADING}:request_from_args", variant),
+        memory_alternatives=lazy_partial(f"{LOADING}:alternatives", variant),
     )
 
 

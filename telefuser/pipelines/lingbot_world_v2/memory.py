@@ -1,8 +1,8 @@
 """LingBot-World v2's memory workload: sessions on one rank, as `memory.plan` weighs them.
 
-Weights are counted from the modules themselves, built on the meta device: the DiT (its blocks in FP8 where
-`--quantization fp8` puts them), the umT5 encoder, the Wan VAE. A session holds its KV window (the layout its attention
-implementation keeps: bf16, FP8 keys for ``cudnn_fp8``, the ``sage_sm90`` window) and its latents; a service holds
+The weights are the Wan family's terms (`pipelines.wan.memory`): the DiT (its blocks in FP8 where `--quantization fp8`
+puts them), the umT5 encoder, the Wan 2.1 VAE. A session holds its KV window (the layout its attention implementation
+keeps: bf16, FP8 keys for ``cudnn_fp8``, the ``sage_sm90`` window) and its latents; a service holds
 `request["sessions"]` of them. The per-chunk terms are formulas over the session's shape, calibrated against measured
 peaks (serving/README.md and docs/perf).
 
@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
-from ...memory.plan import Stack, Stage, Workload, text_encoder_stack
-from ...ops.fp8 import is_block_linear
+from ...memory.plan import Stack, Stage, Workload
+from ..wan.memory import dit_bytes, prompt_activation_bytes, umt5_stack, vae_terms
+from ..wan.vae import LATENT_CHANNELS
 from .request import DEFAULT_FPS, DEFAULT_NUM_FRAMES, plan_session
+from .session import MASK_CHANNELS
 
 # One chunk's DiT phase, per query row on a rank, in dim-wide elements of the compute dtype: every block's camera scale
 # and shift (2 x layers, computed once a chunk) plus ACTIVATION_ROW_FACTOR for the forward. Calibrated: the official
@@ -34,16 +36,17 @@ VAE_ENCODE_MAPS, VAE_DECODE_MAPS = 4.5, 9
 # in rows x dim elements of the compute dtype. Calibrated: the official FP8 session with --cuda-graphs on held 4.2 GiB
 # more at its decode than the same session without graphs predicts (H100, docs/perf/2026-12-06).
 GRAPH_POOL_ROW_FACTOR = 70
-LATENT_CHANNELS, CONDITION_CHANNELS = 16, 20
-TEXT_TOKENS = 512
+CONDITION_CHANNELS = MASK_CHANNELS + LATENT_CHANNELS  # the DiT's condition input: the mask, the clip's latents
 
 
 def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     """`request` ({resolution, num_frames, fps, sessions}) with the LingBot flags in `args` on one rank of `parallel`,
     the DiT and text encoder in `dtype`."""
+    from ...models.lingbot_world_v2.dit import LingBotWorldV2DiT
     from ...models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 
     size = _size(args)
+    wan_size = "tiny" if size == "tiny" else "official"  # umT5's and the VAE's: a checkpoint runs the release's
     quantization = LINGBOT_WORLD_V2.option(args, "quantization")
     attn_impl = LINGBOT_WORLD_V2.option(args, "attn_impl")
     vae_dtype = getattr(torch, LINGBOT_WORLD_V2.option(args, "vae_dtype"))
@@ -51,8 +54,9 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     element = torch.empty((), dtype=dtype).element_size()
     vae_element = torch.empty((), dtype=vae_dtype).element_size()
     config = _dit_config(size)
-    dit = _dit_bytes(size, element, quantization)
-    text = _text_encoder_bytes(size, element)
+    text_dim = int(config.text_dim)
+    dit = dit_bytes(LingBotWorldV2DiT, config, element, quantization)
+    vae = vae_terms("wan2.1", wan_size, vae_element)
 
     plan = plan_session(
         resolution=request["resolution"],
@@ -68,9 +72,8 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     grid = plan.latent_frames * plan.latent_height * plan.latent_width
     rows = plan.chunk_latent_frames * plan.tokens_per_frame
     pixels = plan.width * plan.height
-    base_dim = _vae_base_dim(size)
     frames = max(plan.frames_per_chunk)
-    frame_maps = frames * pixels * base_dim * vae_element
+    frame_maps = frames * pixels * vae.decoder_width * vae_element  # the Wan 2.1 decoder's last stage is base_dim wide
 
     title = (
         f"LingBot-World v2 {plan.width}x{plan.height}, {sessions} session(s)"
@@ -92,13 +95,17 @@ def workload(args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
     return Workload(
         title=title,
         stacks=(
-            Stack("dit", fixed=dit["fixed"], layer=dit["block"], count=config.num_layers),
-            text_encoder_stack(text["fixed"], text["layer"], text["count"]),
-            Stack("vae", fixed=_vae_bytes(size, vae_element)),
+            Stack("dit", fixed=dit.fixed, layer=dit.block, count=dit.count),
+            umt5_stack(wan_size, text_dim, element),
+            Stack("vae", fixed=vae.weight_bytes),
         ),
         held=held,
         stages=(
-            Stage("text", uses=("text_encoder",), transient={"prompt activations": _prompt_bytes(size, element)}),
+            Stage(
+                "text",
+                uses=("text_encoder",),
+                transient={"prompt activations": prompt_activation_bytes(wan_size, text_dim, element)},
+            ),
             Stage("condition", uses=("vae",), transient={"encode": int(VAE_ENCODE_MAPS * frame_maps)}),
             Stage(
                 "chunk",
@@ -182,72 +189,3 @@ def _dit_config(size: str):
     dit = root / DIFFUSERS_SUBDIRS["dit"] if is_diffusers_layout(root) else root / DIT_SUBDIR
     _, config_path = find_checkpoint(dit if dit.is_dir() else root)
     return LingBotWorldV2Config.from_json(config_path).with_window(V2_LOCAL_ATTN_SIZE, V2_SINK_SIZE)
-
-
-@functools.lru_cache(maxsize=16)
-def _dit_bytes(size: str, element: int, quantization: str) -> dict[str, int]:
-    """Bytes of the non-block tensors (`fixed`) and of one block (`block`), in the dtypes they run in."""
-    from ...models.lingbot_world_v2.dit import LingBotWorldV2DiT
-    from ...models.wan.checkpoint import keeps_fp32
-
-    with torch.device("meta"):
-        model = LingBotWorldV2DiT(_dit_config(size))
-    out = {"fixed": 0, "block": 0}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        module, _, leaf = name.rpartition(".")
-        fp8 = quantization == "fp8" and is_block_linear(module, LingBotWorldV2DiT.FP8_LINEARS)
-        if keeps_fp32(name):
-            size_bytes = 4 * tensor.numel()
-        elif fp8 and leaf == "weight":
-            size_bytes = tensor.numel() + 4 * tensor.shape[0]
-        else:
-            size_bytes = element * tensor.numel()
-        if name.startswith("blocks.0."):
-            out["block"] += size_bytes
-        elif not name.startswith("blocks."):
-            out["fixed"] += size_bytes
-    return out
-
-
-def _text_config(size: str) -> dict:
-    from ..wan.text_encoder import OFFICIAL_UMT5, tiny_umt5_config
-
-    return tiny_umt5_config(int(_dit_config("tiny").text_dim)) if size == "tiny" else dict(OFFICIAL_UMT5)
-
-
-@functools.lru_cache(maxsize=16)
-def _text_encoder_bytes(size: str, element: int) -> dict[str, int]:
-    """umT5's non-block tensors (`fixed`: the tied token embedding, the final norm), one block, how many blocks."""
-    from accelerate import init_empty_weights
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    with init_empty_weights():
-        model = UMT5EncoderModel(UMT5Config(**_text_config(size)))
-    model.tie_weights()  # the token embedding is one tensor, counted once
-    layer = sum(p.numel() for p in model.encoder.block[0].parameters()) * element
-    total = sum(p.numel() for p in model.parameters()) * element  # tied weights are listed once
-    count = len(model.encoder.block)
-    return {"fixed": total - count * layer, "layer": layer, "count": count}
-
-
-def _prompt_bytes(size: str, element: int) -> int:
-    config = _text_config(size)
-    return TEXT_TOKENS * (4 * config["d_model"] + 3 * config["d_ff"]) * element
-
-
-def _vae_base_dim(size: str) -> int:
-    from ..wan.vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
-
-    return int((TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG)["base_dim"])
-
-
-@functools.lru_cache(maxsize=16)
-def _vae_bytes(size: str, element: int) -> int:
-    from accelerate import init_empty_weights
-    from diffusers import AutoencoderKLWan
-
-    from ..wan.vae import OFFICIAL_VAE_CONFIG, TINY_VAE_CONFIG
-
-    with init_empty_weights():
-        model = AutoencoderKLWan(**(TINY_VAE_CONFIG if size == "tiny" else OFFICIAL_VAE_CONFIG))
-    return sum(p.numel() for p in model.parameters()) * element

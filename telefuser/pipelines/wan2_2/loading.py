@@ -1,33 +1,61 @@
-"""Assemble a `Wan22Pipeline` from a release folder (original or diffusers layout) or from random weights.
+"""Wan 2.2's pipeline from its flags: the memory workload of one request (what `memory.plan` places), and the
+`Wan22Pipeline` assembled under that placement from a release folder (original or diffusers layout) or random weights.
 
 Every path is checked before any weight is read. The text encoder and VAE come from `pipelines.wan.components`,
 the experts from `models.wan2_2.checkpoint`; each expert is parallelized by `runtime` with its variant's spec.
+
+The workload is one text-to-video request on one rank. Its weights are the Wan family's terms (`pipelines.wan.memory`):
+each expert (its blocks' GEMMs in FP8 where `--quantization fp8` puts them; time embedding, modulation and head in
+float32), umT5, the VAE (float32 unless `--vae-dtype`, as `build_wan22_pipeline` loads it). The per-request terms are
+formulas over the request's shape, calibrated against measured peaks (the numbers are in docs/perf/2026-12-06 and the
+README's "Memory" section). Stacks: ``high_noise`` and ``low_noise`` (T2V-A14B's experts; they run one after the
+other, so in the model tier each lives in pinned host memory and is lent to the device whole while its steps run; in
+the block tier their blocks stream) or ``dit`` (TI2V-5B's one DiT, resident until the block tier streams its blocks),
+``text_encoder`` (umT5: once per request; its token embedding is looked up on the host once offloaded), ``vae``
+(resident). Stages: ``text``, ``denoise`` (one per expert), ``decode``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from ... import sizes
 from ...memory.host import HostResident
-from ...memory.plan import Placement
+from ...memory.plan import Placement, Stack, Stage, Workload
 from ...memory.streaming import block_finisher
 from ...models.wan2_2 import checkpoint as dit_checkpoint
 from ...models.wan2_2.config import Wan22Release, release
+from ...models.wan2_2.dit import Wan22DiT
 from ...models.wan2_2.spec import WAN22_T2V_A14B, WAN22_TI2V_5B
 from ...ops.fp8 import QUANTIZATIONS
 from ...dtypes import torch_dtype
 from ...runtime import Runtime
 from ..wan.components import component_paths, text_and_vae
+from ..wan.memory import dit_bytes, prompt_activation_bytes, umt5_stack, vae_terms
 from ..wan.text_encoder import UMT5PromptEncoder
+from ..wan.vae import LATENT_CHANNELS_OF
 from .pipeline import Wan22Pipeline
 
 VAE_FILES = {"wan2.1": "Wan2.1_VAE.pth", "wan2.2": "Wan2.2_VAE.pth"}
 SPECS = {"t2v-a14b": WAN22_T2V_A14B, "ti2v-5b": WAN22_TI2V_5B}  # variant -> its ModelSpec
 EXPERT_STACKS = {2: ("high_noise", "low_noise"), 1: ("dit",)}  # the memory workload's stack of each expert
+# One DiT call, per row (batch x tokens on a rank), in dim-wide elements of the compute dtype. Calibrated with the
+# prompt K/V (`text_kv`, counted apart) to the A14B expert's peaks above its weights at 480p and 720p (81 frames, CFG
+# batch 2, bf16, H100): the two points fit a line in rows whose intercept is that K/V (docs/perf/2026-12-06, call 6).
+ACTIVATION_ROW_FACTOR = 8
+# The VAE decode, per latent frame: DECODE_MAPS[vae] maps of the decoder's last-stage width at its last-stage
+# resolution, four frames each, in the VAE's dtype, beside the clip in float32 (two copies) and uint8. Calibrated to
+# the reserved peaks of the decodes that made a request's peak (H100): TI2V-5B's Wan 2.2 VAE at 1280x704x121
+# (48.7 to 50.1 GiB reserved over three runs, docs/perf/2026-12-06 and 2026-12-07), T2V-A14B's Wan 2.1 VAE at
+# 832x480x81 within 24 GiB (22.2 GiB reserved, the estimate 3% under, 2026-12-07).
+DECODE_MAPS = {"wan2.1": 21, "wan2.2": 28}
+LATENT_COPIES = 6  # fp32 latents alive at once: state, noise, the CFG pair, the flow, the scheduler's history
 
 
 def resolve_checkpoint(root: str | Path, variant: Wan22Release) -> dict:
@@ -155,9 +183,119 @@ def pipeline_from_args(variant: str, args: argparse.Namespace, runtime, **overri
     return build_wan22_pipeline(variant=variant, runtime=runtime, **{**options, **overrides})
 
 
-def t2v_a14b_from_args(args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
-    return pipeline_from_args("t2v-a14b", args, runtime, **overrides)
+# -- the memory workload ---------------------------------------------------------------------------------------------
+def request_from_args(variant: str, args) -> dict:
+    """The request an entry point's flags describe (run_t2v.py's --size and --num-frames; `telefuser plan`'s
+    --resolution WxH), the release's canvas and frames for those it lacks: what the memory plan is made for."""
+    variant_info = release(variant, _size(args))
+    size = getattr(args, "size", None) or getattr(args, "resolution", None) or "{}x{}".format(*variant_info.size)
+    return {"size": size, "num_frames": getattr(args, "num_frames", None) or variant_info.frames}
 
 
-def ti2v_5b_from_args(args: argparse.Namespace, runtime, **overrides) -> Wan22Pipeline:
-    return pipeline_from_args("ti2v-5b", args, runtime, **overrides)
+def workload(variant: str, args, parallel, dtype: torch.dtype, request: Mapping) -> Workload:
+    """`request` ({size: "WxH", num_frames}) of `variant` with its flags in `args`, on one rank of `parallel`, the
+    experts and umT5 in `dtype`."""
+    size = _size(args)
+    quantization = getattr(args, "quantization", None) or "none"
+    variant_info = release(variant, size)
+    config = variant_info.dit
+    ulysses = parallel.ulysses_degree
+    element = torch.empty((), dtype=dtype).element_size()
+    width, height = parse_size(request["size"])
+    frames = int(request["num_frames"])
+    scale = variant_info.vae_scale
+    latent = (LATENT_CHANNELS_OF[variant_info.vae], (frames - 1) // 4 + 1, height // scale, width // scale)
+    pt, ph, pw = config.patch_size
+    tokens = (latent[1] // pt) * (latent[2] // ph) * (latent[3] // pw)
+    rows = 2 * -(-tokens // ulysses)  # CFG: the guided pair in one call
+    activations = rows * ACTIVATION_ROW_FACTOR * config.dim * element
+    prompt_kv = 2 * config.num_layers * 2 * config.text_len * config.dim * element  # K and V of the pair, per block
+    denoise = {"activations": activations, "prompt K/V": prompt_kv}
+
+    expert = dit_bytes(Wan22DiT, config, element, quantization)
+    vae_dtype = getattr(args, "vae_dtype", None) or "float32"
+    vae_element = torch.empty((), dtype=getattr(torch, vae_dtype)).element_size()
+    vae = vae_terms(variant_info.vae, size, vae_element)
+    stride = vae.decoder_stride
+    maps = DECODE_MAPS[variant_info.vae] * (width // stride) * (height // stride) * vae.decoder_width * 4 * vae_element
+    if variant_info.vae == "wan2.1":
+        maps = -(-maps // ulysses)  # its decode is split in bands of rows over the Ulysses group
+    decode = frames * width * height * 3 * (2 * 4 + 1) + maps
+
+    stacks = EXPERT_STACKS[variant_info.experts]
+    if variant_info.experts == 2:
+        dits = tuple(
+            Stack(
+                name,
+                fixed=expert.fixed,
+                layer=expert.block,
+                count=expert.count,
+                per_request=True,
+                fixed_offloads=True,
+                whole_until_block=True,
+            )
+            for name in stacks
+        )
+        denoising = tuple(
+            Stage(f"denoise {name.replace('_', ' ')}", uses=(name,), transient=denoise) for name in stacks
+        )
+    else:
+        dits = (Stack(stacks[0], fixed=expert.fixed, layer=expert.block, count=expert.count),)
+        denoising = (Stage("denoise", uses=stacks, transient=denoise),)
+    fp8 = ", fp8 GEMMs" if quantization == "fp8" else ""
+    vae_label = "" if vae_dtype == "float32" else f", {vae_dtype} VAE"
+    title = (
+        f"Wan 2.2 {variant.upper()} {width}x{height} {frames} frames"
+        f" ({size}, {str(dtype).removeprefix('torch.')}{fp8}{vae_label}, ulysses {ulysses})"
+    )
+    text_dim = int(config.text_dim)
+    return Workload(
+        title=title,
+        stacks=(*dits, umt5_stack(size, text_dim, element), Stack("vae", fixed=vae.weight_bytes)),
+        held={"latents": LATENT_COPIES * 4 * math.prod(latent)},
+        stages=(
+            Stage(
+                "text",
+                uses=("text_encoder",),
+                transient={"prompt activations": prompt_activation_bytes(size, text_dim, element)},
+            ),
+            *denoising,
+            Stage("decode", uses=("vae",), transient={"decode": decode}),
+        ),
+    )
+
+
+def alternatives(variant: str, args, parallel, dtype: torch.dtype, request: Mapping) -> list[tuple[str, Workload]]:
+    """What a refusal may suggest: FP8 GEMMs (half the experts' bytes), a bfloat16 VAE (half the decode's maps), twice
+    the Ulysses degree (it splits the activations, not the weights), the 832x480 canvas, half the frames."""
+    from ...distributed.mesh import ParallelConfig
+
+    out = []
+    if getattr(args, "quantization", "none") != "fp8":
+        fp8 = argparse.Namespace(**{**vars(args), "quantization": "fp8"})
+        out.append(("--quantization fp8", workload(variant, fp8, parallel, dtype, request)))
+    if (getattr(args, "vae_dtype", None) or "float32") == "float32":
+        half = argparse.Namespace(**{**vars(args), "vae_dtype": "bfloat16"})
+        out.append(("--vae-dtype bfloat16", workload(variant, half, parallel, dtype, request)))
+    heads = release(variant, _size(args)).dit.num_heads
+    ulysses = parallel.ulysses_degree * 2
+    if heads % ulysses == 0:
+        wider = ParallelConfig(ulysses_degree=ulysses, tp_degree=1)
+        out.append((f"--ulysses-degree {ulysses} ({ulysses} GPUs)", workload(variant, args, wider, dtype, request)))
+    width, height = parse_size(request["size"])
+    if width * height > 832 * 480:
+        out.append(("--size 832x480", workload(variant, args, parallel, dtype, {**request, "size": "832x480"})))
+    frames = int(request["num_frames"])
+    if frames > 5:
+        half = (frames - 1) // 8 * 4 + 1  # 4n + 1
+        out.append((f"--num-frames {half}", workload(variant, args, parallel, dtype, {**request, "num_frames": half})))
+    return out
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    return sizes.parse_size(size, what="a Wan 2.2 size", example="1280x720")
+
+
+def _size(args) -> str:
+    """ "official" with a checkpoint (the release's sizes, as `build_wan22_pipeline` loads it), else --config."""
+    return "official" if getattr(args, "checkpoint", None) is not None else getattr(args, "config", None) or "tiny"

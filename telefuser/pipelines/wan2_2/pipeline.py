@@ -6,8 +6,16 @@ boundary timestep, CFG batched as one B=2 DiT call) -> one VAE decode.
     video = ti2v_pipe("the fox runs", image=Image.open("fox.png"))           # TI2V-5B: the image is the first frame
 
 `denoise` is the loop alone (latents and encoder states in, latents out): what the parity tests run beside diffusers'
-``WanPipeline`` and, with an image condition (image.py), ``WanImageToVideoPipeline(expand_timesteps=True)``. The
+``WanPipeline`` and, with TI2V-5B's image condition, ``WanImageToVideoPipeline(expand_timesteps=True)``. The
 scheduler is diffusers' ``UniPCMultistepScheduler`` with flow sigmas, as Wan 2.2 samples.
+
+TI2V-5B's image condition, as diffusers' ``WanImageToVideoPipeline`` with ``expand_timesteps=True`` runs it: the image
+is stretched onto the canvas (PIL LANCZOS, diffusers' ``VideoProcessor.preprocess``), scaled to [-1, 1] and
+VAE-encoded as one latent frame (the posterior's mode, normalised): the condition. Each step the model sees the
+latents with latent frame 0 replaced by the condition, and that frame's tokens run at timestep 0 while the others run
+at t (a timestep per token); the scheduler steps the latents themselves, and the condition replaces frame 0 once more
+before the decode. diffusers writes the replacement as ``(1 - mask) * condition + mask * latents`` with a 0/1 mask:
+for finite values that is the copy done here, bit for bit.
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ from ...models.wan2_2.config import Wan22Release
 from ..hooks import NO_HOOKS, GenerationCancelled, StepHooks
 from ..request_boundary import reset_parallel
 from ..wan.vae import to_uint8_frames
-from .image import first_frame_timesteps, image_pixels, with_first_frame
 
 NUM_TRAIN_TIMESTEPS = 1000
 
@@ -179,8 +186,8 @@ class Wan22Pipeline:
         runs the high-noise expert while ``t >= boundary_ratio * 1000`` (the release's boundary unless given), then
         the low-noise one, with that expert's guidance; with guidance above 1 (the high-noise expert's, as
         diffusers decides) the conditional and unconditional predictions come from one batched call. `condition`
-        ``[1, C, 1, h, w]`` (`encode_image`): the first latent frame, held at timestep 0 (image.py); the latents
-        returned carry it."""
+        ``[1, C, 1, h, w]`` (`encode_image`): the first latent frame, held at timestep 0 (`first_frame_timesteps`);
+        the latents returned carry it."""
         release = self.release
         boundary = release.boundary_ratio if boundary_ratio is None else boundary_ratio
         boundary_t = None if boundary is None or len(self.experts) == 1 else boundary * NUM_TRAIN_TIMESTEPS
@@ -218,7 +225,7 @@ class Wan22Pipeline:
 
     @torch.no_grad()
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The first frame's condition: pixels ``[3, H, W]`` in [-1, 1] (`image.image_pixels`) VAE-encoded as one
+        """The first frame's condition: pixels ``[3, H, W]`` in [-1, 1] (`image_pixels`) VAE-encoded as one
         latent frame (the posterior's mode), normalised: ``[1, C, 1, H/16, W/16]`` fp32 on the pipeline's device."""
         return self.vae.encode_condition(pixels, 1).to(self.device)
 
@@ -234,3 +241,45 @@ class Wan22Pipeline:
         freed after, also after an error), or as it is when resident."""
         home = self.homes[index]
         return home.on(self.device) if home is not None else nullcontext(self.experts[index])
+
+
+# -- TI2V-5B's first-frame condition -----------------------------------------------------------------------------------
+IMAGE_MODES = ("RGB", "RGBA", "L", "P")  # what converts to RGB as diffusers' load_image does
+
+
+def image_pixels(image, width: int, height: int) -> torch.Tensor:
+    """A PIL image -> float32 ``[3, height, width]`` in [-1, 1]: RGB, resized with LANCZOS (untouched at the canvas
+    size), ``2 * (v / 255) - 1``; ValueError naming what is wrong with `image`."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise ValueError(f"the image must be a PIL image, got {type(image).__name__}")
+    if image.mode not in IMAGE_MODES:
+        raise ValueError(f"image mode {image.mode!r} is not supported; use one of {', '.join(IMAGE_MODES)}")
+    if image.width == 0 or image.height == 0:
+        raise ValueError("the image is empty")
+    rgb = image.convert("RGB")
+    if rgb.size != (width, height):
+        rgb = rgb.resize((width, height), Image.Resampling.LANCZOS)
+    unit = np.asarray(rgb, dtype=np.float32) / 255.0  # the same float32 arithmetic as diffusers' pil_to_numpy
+    return torch.from_numpy(2.0 * unit - 1.0).permute(2, 0, 1).contiguous()
+
+
+def with_first_frame(latents: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+    """`latents` ``[B, C, F, h, w]`` with latent frame 0 replaced by `condition` ``[1, C, 1, h, w]``."""
+    return torch.cat([condition.expand(latents.shape[0], -1, -1, -1, -1).to(latents.dtype), latents[:, :, 1:]], dim=2)
+
+
+def first_frame_timesteps(
+    t: torch.Tensor, batch: int, latent_grid: tuple[int, int, int], patch_size: tuple[int, int, int]
+) -> torch.Tensor:
+    """Per-token timesteps ``[batch, N]`` (float32, raster (f, h, w) token order): 0 for the tokens of latent frame 0,
+    the scheduler's t for every other (diffusers: ``(mask[0][0][:, ::2, ::2] * t).flatten()``)."""
+    frames, height, width = latent_grid
+    pt, ph, pw = patch_size
+    if pt != 1:
+        raise ValueError(f"the first-frame condition needs a temporal patch of 1, got patch_size {patch_size}")
+    per_frame = (height // ph) * (width // pw)
+    timesteps = t.to(torch.float32).expand(batch, frames * per_frame).clone()
+    timesteps[:, :per_frame] = 0.0
+    return timesteps
