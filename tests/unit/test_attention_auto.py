@@ -327,3 +327,24 @@ def test_a_backend_the_run_cannot_take_ends_a_service_start_in_one_line(monkeypa
     assert mistake is not None and str(mistake.code).endswith(
         "pass one of the implementations named, or --attn-impl auto"
     )
+
+
+def test_wan2_2_auto_picks_sage_sm90_where_it_is_usable(monkeypatch):
+    """Wan 2.2 passed its `sage_sm90` gate (docs/perf/2026-12-07), so its default `auto` takes the kernel as MiniMax
+    H3's does: on CUDA with the build and 128-channel heads; SDPA on the CPU and for the tiny sizes' heads."""
+    from telefuser.models.registry import get_spec
+
+    _with_sage_sm90(monkeypatch)
+    runtime = Runtime(None, CUDA, torch.bfloat16)
+    for name in ("wan2.2-t2v-a14b", "wan2.2-ti2v-5b"):
+        spec = get_spec(name)
+        assert spec.attention_impl(argparse.Namespace(config="official"), runtime) == "sage_sm90"
+        assert spec.attention_impl(argparse.Namespace(attn_impl="auto", config="tiny"), runtime) == "sdpa"
+        cpu = Runtime(None, torch.device("cpu"), torch.bfloat16)
+        assert spec.attention_impl(argparse.Namespace(config="official"), cpu) == "sdpa"
+
+
+def test_wan2_2_auto_is_sdpa_without_the_sm90_build(no_gpu):
+    from telefuser.models.registry import get_spec
+
+    assert get_spec("wan2.2-t2v-a14b").attention_impl(argparse.Namespace()) == "sdpa"

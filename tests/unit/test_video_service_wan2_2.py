@@ -143,7 +143,7 @@ def test_a_wan_job_makes_an_mp4_with_video_and_no_audio(client, a14b, tmp_path):
     result = record["result"]
     assert (result["audio_channels"], result["audio_samples"], result["sample_rate"]) == (None, None, None)
     assert result["metrics"]["guidance_scale"] == [4.0, 3.0]  # T2V-A14B's (high-noise, low-noise) experts
-    assert "guidance_scale" not in record["spec"] and "negative_prompt" not in record["spec"]
+    assert "guidance_scale" not in record["job_request"] and "negative_prompt" not in record["job_request"]
 
 
 def test_metadata_says_the_model_makes_no_audio_and_takes_guidance(client):
@@ -153,7 +153,7 @@ def test_metadata_says_the_model_makes_no_audio_and_takes_guidance(client):
     assert model["guidance"] is True and model["guidance_scale"]["default"] == [4.0, 3.0]
     assert (model["fps"], model["size_multiple"], model["native_size"], model["experts"]) == (16, 16, "1280x720", 2)
     assert "random" in model["weights"] and model["defaults"]["size"] == "64x32" and model["defaults"]["steps"] == 4
-    # the runner estimates each job's memory (pipelines/wan2_2/memory.py): the limit is the device's budget
+    # the runner estimates each job's memory (pipelines/wan2_2/loading.py's workload): the limit is the device's budget
     assert meta["limits"]["fps"] == 16 and meta["limits"]["max_job_memory_bytes"] > 0
     assert model["offload"] == "none" and model["memory_plan"].startswith("--offload none: peak")
 
@@ -207,7 +207,10 @@ def test_guidance_scale_2_sets_the_low_noise_experts_scale(client, a14b, tmp_pat
         assert (call["guidance_scale"], call["guidance_scale_2"]) == want
         ran = [4.0 if want[0] is None else want[0], want[1]]
         record = json.loads((tmp_path / f"{done['id']}.json").read_text())
-        assert record["result"]["metrics"]["guidance_scale"] == ran and record["spec"]["guidance_scale_2"] == want[1]
+        assert (
+            record["result"]["metrics"]["guidance_scale"] == ran
+            and record["job_request"]["guidance_scale_2"] == want[1]
+        )
 
 
 def test_guidance_scale_2_needs_a_second_expert_and_guidance():
@@ -223,9 +226,9 @@ def test_guidance_scale_2_needs_a_second_expert_and_guidance():
             parse_video_request("application/json", body, policy)
         assert refused.value.status == 422
     two = VideoPolicy(model=A14B, max_seconds=10, guidance=True, experts=2)
-    spec = parse_video_request("application/json", body, two).spec
-    assert (spec.guidance_scale, spec.guidance_scale_2) == (None, 3.0)
-    assert "guidance_scale" not in spec.as_dict() and spec.as_dict()["guidance_scale_2"] == 3.0
+    job_request = parse_video_request("application/json", body, two).job_request
+    assert (job_request.guidance_scale, job_request.guidance_scale_2) == (None, 3.0)
+    assert "guidance_scale" not in job_request.as_dict() and job_request.as_dict()["guidance_scale_2"] == 3.0
 
 
 BAD_GUIDANCE = [
@@ -360,7 +363,7 @@ def first_frame_png(width: int = 96, height: int = 64) -> bytes:
 
 def the_condition(pipe, image, width: int, height: int):
     """The latent frame `image` makes on a `width` x `height` canvas, as the pipeline encodes it."""
-    from telefuser.pipelines.wan2_2.image import image_pixels
+    from telefuser.pipelines.wan2_2.pipeline import image_pixels
 
     return pipe.encode_image(image_pixels(image, width, height))
 
@@ -467,7 +470,9 @@ def test_serve_help_shows_the_wan_flags(capsys):
     text = help_of(capsys, "serve", "--model", A14B)
     group = text[text.index(f"{A14B} flags:") : text.index(f"{TI2V} flags:")]
     assert "also these, listed above: --config, --checkpoint (here: Wan2.2-T2V-A14B root" in group
-    assert "--attn-impl (here: attention implementation, checked to be installed (default sdpa)" in group
+    # --attn-impl is MiniMax H3's flag (default auto: sage_sm90 where usable, else sdpa), so it has no note of its own
+    assert "--attn-" in group and "--attn-impl (here:" not in group
+    assert "(default auto); auto: the first of sage_sm90, sdpa usable on this machine" in help_of(capsys, "serve")
 
 
 def test_minimax_only_options_end_the_command_with_the_reason(capsys, tmp_path):

@@ -28,6 +28,10 @@ from ..flags import (
 from ..spec import Example, ModelSpec, lazy_partial
 from .config import Wan22Config, release
 
+# What --attn-impl auto picks: SageAttention2's SM90 kernel when it is installed (it passes Wan's quality gate,
+# tools/validation/sage_quality_gate.py, and is faster), else torch SDPA
+AUTO_ATTENTION = ("sage_sm90", "sdpa")
+
 HEAD_DIM = 128  # both variants: 5120 / 40 and 3072 / 24
 SPEC = "telefuser.models.wan2_2.spec"  # this module, whose functions the specs point at
 LOADING = "telefuser.pipelines.wan2_2.loading"  # the pipeline from the flags, their request, its memory workload
@@ -88,7 +92,7 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
         flags=(
             config_flag(),
             checkpoint_flag(checkpoint_help),
-            attn_impl_flag(),
+            attn_impl_flag(default="auto", auto=AUTO_ATTENTION),
             quantization_flag("fp8: the DiT blocks' projection and FFN GEMMs in FP8 (opt-in accuracy-for-speed trade)"),
             offload_flag(),  # model: T2V-A14B keeps only the running expert on the GPU; block: the blocks stream
             gpu_memory_flag(),
@@ -98,6 +102,7 @@ def _spec(variant: str, title: str, checkpoint_help: str) -> ModelSpec:
             ),
         ),
         attention_impls=ATTENTION_IMPLS,
+        auto_attention=AUTO_ATTENTION,
         quantizations=QUANTIZATIONS,
         head_dim=f"{SPEC}:head_dim",
         plan=parallelize,
