@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
+from telefuser.serving.common.startup import run_example
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
@@ -201,4 +202,4 @@ def report(args, pipe, session, frames, plan, mesh, device, dtype, attn_impl, me
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_example(main))

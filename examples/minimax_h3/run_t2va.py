@@ -18,6 +18,7 @@ from pathlib import Path
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
+from telefuser.serving.common.startup import run_example
 from telefuser.models.minimax_h3.lora import LoraError
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, load_reference, partition_for_task, plan_shape
@@ -268,4 +269,4 @@ def report(
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_example(main))

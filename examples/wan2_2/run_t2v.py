@@ -28,6 +28,7 @@ from PIL import Image, UnidentifiedImageError
 
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
+from telefuser.serving.common.startup import run_example
 from telefuser.models.registry import get_spec
 from telefuser.models.wan2_2.config import release
 from telefuser.profiling.timing import device_peaks
@@ -149,4 +150,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_example(main))

@@ -46,6 +46,10 @@ class AttentionBackendError(ValueError):
     """An --attn-impl this model or run cannot take (its head dim, its dtype): a start-up mistake, not a fault."""
 
 
+class AttentionUnavailableError(RuntimeError):
+    """An --attn-impl that this machine cannot run (not installed, no GPU, the wrong GPU): a start-up mistake."""
+
+
 @dataclass(frozen=True)
 class AttentionBackend:
     name: str
@@ -135,7 +139,7 @@ def check_backend(name: str, *, head_dim: int | None = None, dtype: Any = None) 
     backend = get_backend(name)
     ok, why = backend.available()
     if not ok:
-        raise RuntimeError(f"attention implementation {name!r} was asked for but {why}")
+        raise AttentionUnavailableError(f"attention implementation {name!r} was asked for but {why}")
     ok, why = backend.takes(head_dim=head_dim, dtype=dtype)
     if not ok:
         asked = ", ".join(

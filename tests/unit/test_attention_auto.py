@@ -287,7 +287,7 @@ def test_an_explicit_impl_one_rank_lacks_fails_on_every_rank(ranks2):
     assert outcomes[0] == outcomes[1], outcomes
     kind, message = outcomes[0][1:]
     assert kind == "RuntimeError" and message.startswith(
-        "the attention implementation (--attn-impl sage_sm90): rank 1: RuntimeError: attention implementation "
+        "the attention implementation (--attn-impl sage_sm90): rank 1: AttentionUnavailableError: attention implementation "
         "'sage_sm90' was asked for but"
     ), message
     # every rank failing alike raises its own error, as one process would

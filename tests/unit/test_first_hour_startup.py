@@ -111,3 +111,40 @@ def test_parallel_degrees_that_do_not_match_the_launched_ranks_are_a_mistake_not
         "ranks torchrun starts (--nproc-per-node)"
     )
     assert explain_build_error(RuntimeError("a fault")) is None  # the control: a fault keeps its traceback
+
+
+EXAMPLES = ("examples/wan2_2/run_t2v.py", "examples/minimax_h3/run_t2va.py", "examples/lingbot_world_v2/run_i2v.py")
+
+
+@pytest.mark.parametrize("script", EXAMPLES)
+def test_an_example_given_an_attention_it_cannot_run_ends_in_one_line(script):
+    """The examples end a start-up mistake as `telefuser serve` does: here `--attn-impl sage_sm90` where it cannot
+    run (this CPU-only run has no CUDA GPU), before any weight is built."""
+    from telefuser.ops.attention_registry import get_backend
+
+    if get_backend("sage_sm90").available()[0]:
+        pytest.skip("sage_sm90 runs on this machine: the mistake under test cannot be made here")
+    done = subprocess.run(
+        [sys.executable, script, "--config", "tiny", "--device", "cpu", "--attn-impl", "sage_sm90"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    name = Path(script).name
+    assert f"{name}: error: attention implementation 'sage_sm90' was asked for but" in done.stderr
+    assert "pass --attn-impl auto" in done.stderr.splitlines()[-1]
+
+
+def test_run_example_lets_a_fault_show_its_traceback():
+    """Only what `explain_build_error` knows as a mistake becomes one line; anything else is a fault and raises."""
+    from telefuser.serving.common.startup import run_example
+
+    def broken() -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        run_example(broken)
+    assert run_example(lambda: None) == 0

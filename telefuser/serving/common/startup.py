@@ -35,6 +35,7 @@ _BUILD_MISTAKES = {
     "ParallelConfigError": "--ulysses-degree x --tp-degree must equal the ranks torchrun starts (--nproc-per-node)",
     "DiffusersVersionError": "install the diffusers version pyproject.toml names (pip install -e .)",
     "AttentionBackendError": "pass one of the implementations named, or --attn-impl auto",
+    "AttentionUnavailableError": "install it (README: 'On GPUs') or pass --attn-impl auto",
 }
 
 
@@ -55,6 +56,27 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace,
             raise
         print(one_line(command, exc.code), file=sys.stderr, flush=True)
         return EXIT_MISTAKE
+
+
+def run_example(main: Callable[[], int | None]) -> int:
+    """An example script's `main()`, with a start-up mistake (a message-carrying SystemExit, or what
+    `explain_build_error` recognises) printed as one line, `<script>: error: ...`, and exit status 2."""
+    import os
+
+    try:
+        return main() or 0
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        message = exc.code
+    except Exception as exc:
+        mistake = explain_build_error(exc)
+        if mistake is None:
+            raise
+        message = mistake.code
+    script = os.path.basename(sys.argv[0])
+    print(f"{script}: error: {' '.join(message.split()).removeprefix('error: ')}", file=sys.stderr, flush=True)
+    return EXIT_MISTAKE
 
 
 def one_line(command: str, message: str) -> str:
