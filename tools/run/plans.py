@@ -76,6 +76,12 @@ H200_MODELS = Plan(
             "MiniMax H3 layer trace: V copy against Q/K norm+RoPE",
         ),
         Step(
+            "overlap_wan",
+            240,
+            torchrun(2, "tools.validation.profile_ulysses_overlap --model wan2.2-t2v-a14b --output {out}/overlap_wan"),
+            "Wan 2.2 T2V-A14B layer trace under Ulysses2, 2 processes sharing the GPU",
+        ),
+        Step(
             "lingbot",
             420,
             module("tools.bench.lingbot_world_bench session --fusion both --output {out}/lingbot_session.json"),
@@ -105,6 +111,14 @@ H200_MODELS = Plan(
             420,
             module("tools.bench.fp8_dit_bench --model lingbot_world_v2 --output {out}/fp8_lingbot.json"),
             "LingBot-World v2 official DiT call, bf16 against FP8 GEMMs",
+        ),
+        Step(
+            "fp8_wan",
+            420,
+            module(
+                "tools.bench.fp8_dit_bench --model wan2.2-t2v-a14b --sequential --iters 2 --output {out}/fp8_wan.json"
+            ),
+            "Wan 2.2 T2V-A14B official step (one expert, the spec's example shape): bf16 against FP8 GEMMs",
         ),
         Step(
             "attn_fp8",

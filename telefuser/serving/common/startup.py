@@ -54,8 +54,7 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     except SystemExit as exc:
         if not isinstance(exc.code, str):
             raise
-        print(one_line(command, exc.code), file=sys.stderr, flush=True)
-        return EXIT_MISTAKE
+        return _report(one_line(command, exc.code))
 
 
 def run_example(main: Callable[[], int | None]) -> int:
@@ -74,16 +73,22 @@ def run_example(main: Callable[[], int | None]) -> int:
         if mistake is None:
             raise
         message = mistake.code
-    script = os.path.basename(sys.argv[0])
-    print(f"{script}: error: {' '.join(message.split()).removeprefix('error: ')}", file=sys.stderr, flush=True)
-    return EXIT_MISTAKE
+    return _report(_one_line(f"{os.path.basename(sys.argv[0])}: ", message))
 
 
 def one_line(command: str, message: str) -> str:
     """`telefuser CMD: error: MESSAGE` (a message that already names the command keeps it once)."""
-    prefix = f"telefuser {command}: " if command else "telefuser: "
+    return _one_line(f"telefuser {command}: " if command else "telefuser: ", message)
+
+
+def _one_line(prefix: str, message: str) -> str:
     text = " ".join(message.split())  # one line, whatever the message held
     return f"{prefix}error: {text.removeprefix(prefix).removeprefix('error: ')}"
+
+
+def _report(line: str) -> int:
+    print(line, file=sys.stderr, flush=True)
+    return EXIT_MISTAKE
 
 
 def check_device(device: str | None) -> None:
