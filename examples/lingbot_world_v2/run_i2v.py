@@ -1,4 +1,4 @@
-"""LingBot-World v2: one image-to-video world session, chunk by chunk, steered by a control trace; timed.
+r"""LingBot-World v2: one image-to-video world session, chunk by chunk, steered by a control trace; timed.
 
     python examples/lingbot_world_v2/run_i2v.py --config tiny --device cpu          # CPU plumbing run
     torchrun --standalone --nproc-per-node=2 examples/lingbot_world_v2/run_i2v.py --config tiny --ulysses-degree 2

@@ -1,4 +1,4 @@
-"""MiniMax H3 text -> video + audio, one request, timed.
+r"""MiniMax H3 text -> video + audio, one request, timed.
 
     python examples/minimax_h3/run_t2va.py --config tiny --device cpu --dtype float32 \
         --duration 1 --resolution 32 --steps 3 --output outputs/minimax_h3/tiny.mp4

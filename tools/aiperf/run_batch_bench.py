@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Batch benchmark: `telefuser serve` (/v1/videos) + AIPerf's built-in video_generation endpoint + video checks.
+r"""Batch benchmark: `telefuser serve` (/v1/videos) + AIPerf's built-in video_generation endpoint + video checks.
 
 Run it with the ENGINE's Python (it starts the service and probes the MP4s with PyAV); AIPerf runs from .venv-aiperf:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stream benchmark: `telefuser serve-stream` + AIPerf (telefuser_stream plugin) + the lossless checks.
+r"""Stream benchmark: `telefuser serve-stream` + AIPerf (telefuser_stream plugin) + the lossless checks.
 
 Run it with the ENGINE's Python (it starts the service with that interpreter); AIPerf runs from .venv-aiperf:
 

@@ -1,4 +1,4 @@
-"""LingBot-World v2 DiT on one GPU (or a Ulysses group): chunk-by-chunk session timing with achieved TFLOP/s, and
+r"""LingBot-World v2 DiT on one GPU (or a Ulysses group): chunk-by-chunk session timing with achieved TFLOP/s, and
 one forward side by side with diffusers' WanTransformer3DModel.
 
     python tools/bench/lingbot_world_bench.py session                  # official config, 832x480, 8 chunks

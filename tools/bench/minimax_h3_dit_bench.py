@@ -1,4 +1,4 @@
-"""One MiniMax H3 DiT call at a request's real token count: time, achieved TFLOP/s, peak memory.
+r"""One MiniMax H3 DiT call at a request's real token count: time, achieved TFLOP/s, peak memory.
 
     python tools/bench/minimax_h3_dit_bench.py                          # official config, 768p 5 s, one GPU
     torchrun --standalone --nproc-per-node=2 tools/bench/minimax_h3_dit_bench.py --layers 8 --ulysses 2

@@ -1,4 +1,4 @@
-"""Profile a registered model's V-first attention layers (attention replaced by identity) and measure the V-copy /
+r"""Profile a registered model's V-first attention layers (attention replaced by identity) and measure the V-copy /
 Q-K prep overlap.
 
 The model's own DiT runs, through its spec: `--config`'s size (`ModelSpec.config_of`) cut to `--layers` blocks

@@ -1,4 +1,4 @@
-"""Stream drive: a direct benchmark of `telefuser serve-stream` that drives LingBot-World v2 sessions through the real
+r"""Stream drive: a direct benchmark of `telefuser serve-stream` that drives LingBot-World v2 sessions through the real
 client protocol (HTTP create, then the session's WebSocket, as the web page does), with the lossless checks, and no AIPerf.
 
     python -m tools.bench.stream_drive --config official                     # the 1-minute session (GPU, CUDA)

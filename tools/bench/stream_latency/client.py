@@ -1,4 +1,4 @@
-"""`python -m tools.bench.stream_latency.client`: control-to-display from a Python client that plays a session the way
+r"""`python -m tools.bench.stream_latency.client`: control-to-display from a Python client that plays a session the way
 the page does (playout.py) and timestamps the same way (measure.py); for hosts without a browser, such as the GPU
 machine.
 
