@@ -211,6 +211,37 @@ def test_lingbot_vs_diffusers_runs_every_row_on_cpu(tmp_path):
     assert best in done.stdout and "of measured 786 | of datasheet 989" in done.stdout
 
 
+COMPILING_PROFILER = """
+import sys
+sys.path.insert(0, {repo!r})
+from telefuser.ops.regions import compile_regions_on
+from tools.validation.profile_ulysses_overlap import main
+with compile_regions_on("cpu", backend="aot_eager"):  # regions compile here, as they do on a GPU
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_overlap_profiler_keeps_its_ranges_where_regions_compile(tmp_path):
+    """On a GPU the blocks' regions compile, and a compiled region has no phase range: the profiler reported zeros for
+    Wan 2.2 on an H100 (2026-12-07). It now runs the blocks outside their regions. Here regions compile on the CPU
+    (aot_eager) around the tool; without that the trace held 0 ranges of each phase (the negative control, run by
+    hand: before the fix the tool ends with status 1, its trace holding no range)."""
+    script = tmp_path / "compiling_profiler.py"
+    script.write_text(COMPILING_PROFILER.format(repo=str(REPO)))
+    args = ["--model", "wan2.2-t2v-a14b", "--config", "tiny", "--device", "cpu", "--transport", "host-shm"]
+    torchrun(2, str(script), *args, "--iters", "2", "--output", str(tmp_path / "out"))
+    summary = json.loads((tmp_path / "out" / "overlap.json").read_text())
+    assert summary["phase_ranges"] == {"ulysses.scatter.v": 2, "ulysses.qk_norm_rope": 2}, summary
+
+
+def test_a_trace_without_the_ranges_is_an_error_not_zeros():
+    from tools.validation.profile_ulysses_overlap import missing_ranges
+
+    assert missing_ranges({"ulysses.scatter.v": 2, "ulysses.qk_norm_rope": 2}) is None
+    problem = missing_ranges({"ulysses.scatter.v": 0, "ulysses.qk_norm_rope": 0})
+    assert "no ulysses.scatter.v or ulysses.qk_norm_rope range" in problem and "compiled region" in problem
+
+
 @pytest.mark.parametrize("model", registry.names())
 def test_overlap_profiler_runs_every_registered_model_on_cpu(model, tmp_path):
     out = torchrun(

@@ -48,7 +48,7 @@ H200_MODELS = Plan(
     "the model measurements on one H200: official calls, FP8, VAE, diffusers, services, end to end",
     (
         *SETUP,
-        Step("gpu_tests", 420, pytest("tests/gpu"), "tests/gpu as its conftest runs"),
+        Step("gpu_tests", 560, pytest("tests/gpu"), "tests/gpu as its conftest runs"),
         Step(
             "unit_cuda",
             300,
