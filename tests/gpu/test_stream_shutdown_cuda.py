@@ -9,7 +9,10 @@ import re
 import pytest
 import torch
 
-from tests.serve_stream_launch import stream_one_session_then_ctrl_c
+# the service's packages (fastapi and its pydantic): a GPU host without the serve extra skips here, with this reason
+pytest.importorskip("fastapi", reason="serve-stream needs the serve extra: pip install -e '.[serve]'")
+
+from tests.serve_stream_launch import stream_one_session_then_ctrl_c  # noqa: E402
 
 pytestmark = pytest.mark.tf_kernel  # the model's exchange is expected on the copy engine
 
