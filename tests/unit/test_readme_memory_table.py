@@ -21,37 +21,27 @@ HEADING = "### How many GPUs of what size"
 
 # The "model, request" cell's text -> the flags of that request (the README words each row for a reader).
 MODELS = {
-    "MiniMax H3, 1344×768, 5 s, bf16": ["--model", "minimax_h3"],
-    "MiniMax H3, FP8 GEMMs": ["--model", "minimax_h3", "--quantization", "fp8"],
-    "LingBot-World v2, 832×480 session, bf16, `--vae-dtype bfloat16 --vae-fast`": [
-        "--model",
-        "lingbot_world_v2",
-        "--vae-dtype",
-        "bfloat16",
-        "--vae-fast",
-    ],  # fmt: skip
-    "LingBot-World v2, FP8 GEMMs, the same VAE flags": [
-        "--model",
-        "lingbot_world_v2",
-        "--vae-dtype",
-        "bfloat16",
-        "--vae-fast",
-        "--quantization",
-        "fp8",
-    ],  # fmt: skip
-    "Wan 2.2 T2V-A14B, 1280×720, 81 frames, bf16": ["--model", "wan2.2-t2v-a14b", "--resolution", "1280x720"],
-    "Wan 2.2 T2V-A14B, 832×480, 81 frames, bf16": ["--model", "wan2.2-t2v-a14b", "--resolution", "832x480"],
+    "MiniMax H3, 1344×768, 5 s, bf16": "--model minimax_h3".split(),
+    "MiniMax H3, FP8 GEMMs": "--model minimax_h3 --quantization fp8".split(),
+    "LingBot-World v2, 832×480 session, bf16, `--vae-dtype bfloat16 --vae-fast`": (
+        "--model lingbot_world_v2 --vae-dtype bfloat16 --vae-fast".split()
+    ),
+    "LingBot-World v2, FP8 GEMMs, the same VAE flags": (
+        "--model lingbot_world_v2 --vae-dtype bfloat16 --vae-fast --quantization fp8".split()
+    ),
+    "Wan 2.2 T2V-A14B, 1280×720, 81 frames, bf16": "--model wan2.2-t2v-a14b --resolution 1280x720".split(),
+    "Wan 2.2 T2V-A14B, 832×480, 81 frames, bf16": "--model wan2.2-t2v-a14b --resolution 832x480".split(),
 }
 
 
-def _layout_flags(layout: str) -> list[str]:
+def _degrees(layout: str) -> tuple[int, int]:
+    """(TP, Ulysses) of the layout cell."""
     if layout == "one GPU":
-        return []
+        return 1, 1
     match = re.fullmatch(r"(?:TP(\d) × )?Ulysses(\d)", layout)
     if not match:
         raise AssertionError(f"the README's layout {layout!r} is not one this test knows")
-    tp, ulysses = match.group(1) or "1", match.group(2)
-    return ["--tp-degree", tp, "--ulysses-degree", ulysses]
+    return int(match.group(1) or 1), int(match.group(2))
 
 
 def readme_rows() -> list[dict[str, str]]:
@@ -96,9 +86,10 @@ def test_the_table_has_every_model_and_each_row_a_known_request():
 )
 def test_each_row_is_what_the_plan_chooses(row):
     gpus, card = re.fullmatch(r"(\d) × (\d+) GB", row["GPUs × memory"]).groups()
-    layout = _layout_flags(row["layout"])
-    assert int(gpus) == (1 if not layout else int(layout[1]) * int(layout[3])), row
-    output = plan_output([*MODELS[row["model, request"]], *layout, "--gpu-memory-gb", card])
+    tp, ulysses = _degrees(row["layout"])
+    assert int(gpus) == tp * ulysses, row
+    degrees = ["--tp-degree", str(tp), "--ulysses-degree", str(ulysses)]
+    output = plan_output([*MODELS[row["model, request"]], *degrees, "--gpu-memory-gb", card])
     offload = row["`--offload` (plan)"]
     if offload.startswith("refused"):
         assert "\nrefused: " in output, output
@@ -118,7 +109,7 @@ def test_each_row_is_what_the_plan_chooses(row):
         assert re.search(rf"\b{resident.group(1)}/{resident.group(2)} layers resident", chosen), chosen
 
 
-def test_a_row_that_disagrees_with_the_plan_fails(monkeypatch):
+def test_a_row_that_disagrees_with_the_plan_fails():
     """Negative control: the 32 GB MiniMax row with another peak must not pass."""
     row = next(
         r for r in ROWS if r["model, request"].startswith("MiniMax H3, 1344") and r["GPUs × memory"] == "1 × 32 GB"
