@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.telefuser-installed
 DEMO_OUT ?= outputs/demo
 export OMP_NUM_THREADS ?= 1
+# pytest-xdist workers for `make test`; a test file stays on one worker (its module fixtures and servers with it).
+PYTEST_WORKERS ?= 2
 
 .PHONY: help install demo demo-attention test test-numerics aiperf-env bench-stream-1min bench-batch test-unit test-gpu build-sm90 build-sage browser services clean
 
@@ -66,13 +68,13 @@ test: $(STAMP) browser services aiperf-env
 	$(PY) -m ruff check --quiet telefuser tools tests examples
 	$(MAKE) -C tf-kernel build-sm90 PYTHON=$(abspath $(PY))
 	$(MAKE) -C tf-kernel test-cpu PYTHON=$(abspath $(PY)) PYTEST_ARGS=-q
-	@$(PY) -m pytest; rc=$$?; \
+	@$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 	$(MAKE) test-numerics
 
 test-numerics: $(STAMP)
 	@echo "== the numerics tests again under portable CPU kernels ($(PORTABLE_KERNELS))"
-	@$(PORTABLE_KERNELS) $(PY) -m pytest -q -m numerics -p no:cacheprovider; rc=$$?; \
+	@$(PORTABLE_KERNELS) $(PY) -m pytest -q -m numerics -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no test carries the numerics marker"; exit 1; fi; exit $$rc
 
 # The streaming service's web page is tested in headless Chromium: Debian's package, no browser download.

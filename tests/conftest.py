@@ -36,3 +36,14 @@ def pytest_sessionfinish(session, exitstatus):
     for pool in _pools.values():
         pool.close()
     _pools.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output with a lone surrogate (the hostile tests log model errors such as "\\udcff") spelled out, so
+    that pytest-xdist can send the report from its worker: its channel refuses text that is not valid UTF-8."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections
+    ]
