@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from telefuser.models.flags import SIZES
 from telefuser.pipelines.lingbot_world_v2 import WorldSessionPipeline, build_lingbot_pipeline, load_control_trace
 from telefuser.pipelines.wan.vae import WanVideoVAE
 from telefuser.runtime import Runtime
@@ -185,7 +186,7 @@ def default_variants() -> list[str]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", choices=["tiny", "official"], default="official")
+    p.add_argument("--config", choices=SIZES, default="official")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--resolution", default="832x480")
     p.add_argument("--num-frames", type=int, default=77)

@@ -59,6 +59,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from telefuser.models.flags import SIZES
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.models.lingbot_world_v2.config import LingBotWorldV2Config
 from telefuser.models.registry import get_spec
@@ -602,7 +603,7 @@ def vs_diffusers_mode(args, runner) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["session", "vs-diffusers"])
-    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--config", choices=SIZES, default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers (fit several ranks on one GPU)")
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT in pixels, multiples of 16")
     p.add_argument(

@@ -38,6 +38,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from telefuser.models.flags import SIZES
 from telefuser.distributed.ulysses.selection import TRANSPORTS
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.dit import STEREO
@@ -110,7 +111,7 @@ def inputs(config: MiniMaxH3Config, args, device, dtype):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--config", choices=SIZES, default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers (fit several ranks on one GPU)")
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--resolution", type=int, default=768)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from telefuser.models.flags import SIZES
 from telefuser.models.minimax_h3.checkpoint import build_random_minimax_h3_dit
 from telefuser.models.minimax_h3.config import MiniMaxH3Config
 from telefuser.models.minimax_h3.spec import MINIMAX_H3
@@ -99,7 +100,7 @@ def snapshot(model: MiniMaxH3DiT, blocks: tuple[int, ...]) -> dict[str, torch.Te
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=("official", "tiny"), default="official", help="DiT sizes (default official)")
+    p.add_argument("--config", choices=SIZES, default="official", help="DiT sizes (default official)")
     p.add_argument("--device", default="cuda", help="where the DiT lives (default cuda)")
     MINIMAX_H3.add_flags(p, only=("quantization",))  # declared once, in the model's spec
     p.add_argument("--rank", type=int, default=64, help="LoRA rank (default 64)")

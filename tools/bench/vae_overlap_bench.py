@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from telefuser.models.flags import SIZES
 from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from telefuser.runtime import Runtime
 
@@ -174,7 +175,7 @@ def concurrent(run_dit, run_side, device, *, dit_priority: bool):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=["official", "tiny"], default="official")
+    p.add_argument("--config", choices=SIZES, default="official")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
     p.add_argument("--resolution", default="832x480", help="WIDTHxHEIGHT, multiples of 16")
     LINGBOT_WORLD_V2.add_flags(p, only=("quantization", "attn_impl"))  # declared once, in the model's spec

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from telefuser.models.flags import SIZES
 from telefuser.models.lingbot_world_v2.spec import LINGBOT_WORLD_V2
 from tools.aiperf.telefuser_aiperf.artifacts import check_stream_service, stream_service_deltas
 from tools.aiperf.telefuser_aiperf.runner import REPO_ROOT, split_passthrough, write_json
@@ -47,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     s.add_argument(
         "--api-key", default=os.environ.get("TELEFUSER_API_KEY"), help="Bearer key (default $TELEFUSER_API_KEY)"
     )
-    s.add_argument("--config", choices=("tiny", "official"), default="official", help="model config (default official)")
+    s.add_argument("--config", choices=SIZES, default="official", help="model config (default official)")
     s.add_argument("--checkpoint", default=None, help="checkpoint directory (the service uses random weights without)")
     s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the service's: its GPU, else cpu)")
     s.add_argument("--dtype", default=None, help="model dtype (default: the service's, bfloat16 on CUDA)")
