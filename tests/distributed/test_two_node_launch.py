@@ -8,16 +8,11 @@ processes: the same kernels on the same shards, so the decoded frames are compar
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import av
 import numpy as np
-import pytest
 
-from tests.torchrun_launch import REPO, run_torchrun
+from tests.torchrun_launch import finish, run_torchrun, start_torchrun
 from tools.harness.service_servers import free_port
 
 SESSION = ["examples/lingbot_world_v2/run_i2v.py", "--config", "tiny", "--device", "cpu", "--ulysses-degree", "2"]
@@ -31,43 +26,14 @@ def _frames(path) -> np.ndarray:
 
 def _two_agents(output) -> list[tuple[int, str]]:
     """Node 0 and node 1, each an agent of one process, started together; (exit status, output) of each."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
     agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                f"--node-rank={node}",
-                "--nproc-per-node=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}",
-                "--rdzv-id=two-node-test",
-                *SESSION,
-                "--output",
-                str(output),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )  # fmt: skip
+        start_torchrun(
+            [*rendezvous, f"--node-rank={node}", "--rdzv-id=two-node-test"], *SESSION, "--output", str(output)
+        )
         for node in (0, 1)
     ]
-    results = []
-    try:
-        for agent in agents:
-            out, _ = agent.communicate(timeout=TIMEOUT_S)
-            results.append((agent.returncode, out))
-    except subprocess.TimeoutExpired:
-        for agent in agents:
-            os.killpg(agent.pid, signal.SIGKILL)
-        pytest.fail(f"the two-node launch ran past {TIMEOUT_S} s (hang?)")
-    return results
+    return finish(agents, TIMEOUT_S)
 
 
 def test_a_session_over_two_nodes_writes_the_frames_of_one_node(tmp_path):
