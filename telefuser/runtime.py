@@ -12,6 +12,7 @@ command to use; a world that does not match is refused with the same error on ev
 
 from __future__ import annotations
 
+from .arg_types import positive_int
 import argparse
 import os
 from dataclasses import dataclass
@@ -33,13 +34,13 @@ def add_runtime_args(parser: argparse.ArgumentParser, *, tp: bool = False, ulyss
         "--ulysses-degree",
         "--gpu-num",
         dest="ulysses_degree",
-        type=int,
+        type=positive_int,
         default=ulysses_default,
         help="Ulysses sequence-parallel degree (launch with torchrun --nproc-per-node=N)"
         + ("" if ulysses_default else "; default: every launched rank"),
     )
     if tp:
-        group.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree (innermost)")
+        group.add_argument("--tp-degree", type=positive_int, default=1, help="tensor-parallel degree (innermost)")
     group.add_argument("--device", default=None, help="default: this rank's CUDA device, else cpu")
     group.add_argument(
         "--dtype", choices=DTYPE_NAMES, default=None, help="model dtype; default bfloat16 on CUDA, float32 on CPU"

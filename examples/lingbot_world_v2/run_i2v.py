@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from telefuser.arg_types import positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
 from telefuser.serving.common.startup import run_example
@@ -61,11 +62,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--num-frames",
-        type=int,
+        type=positive_int,
         default=77,
         help="1 + 4k frames; 77 = 5 chunks (13 + 4 x 16); truncate drops an incomplete last chunk",
     )
-    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--fps", type=positive_int, default=16)
     p.add_argument("--frame-policy", choices=FRAME_POLICIES, default="truncate")
     MODEL.add_flags(p.add_argument_group(f"model: {MODEL.name}"))
     p.add_argument(

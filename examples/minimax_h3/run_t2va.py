@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from telefuser.arg_types import int_at_least, positive_float, positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
 from telefuser.serving.common.startup import run_example
@@ -34,7 +35,7 @@ DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--duration", type=float, default=5.0, help="seconds; snapped up to 17n+5 frames at 24 fps")
+    p.add_argument("--duration", type=positive_float, default=5.0, help="seconds; snapped up to 17n+5 frames at 24 fps")
     p.add_argument("--resolution", default="768", help="short edge in pixels (with --aspect-ratio) or WIDTHxHEIGHT")
     p.add_argument(
         "--aspect-ratio",
@@ -73,11 +74,16 @@ def parse_args() -> argparse.Namespace:
         ),
     )
     p.add_argument(
-        "--steps", type=int, default=None, help="sigma points; the DiT runs steps-1 times (default: the preset's)"
+        "--steps",
+        type=int_at_least(2),
+        default=None,
+        help="sigma points; the DiT runs steps-1 times (default: the preset's)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--flow-shift", type=float, default=None, help="video flow shift (default: the preset's)")
-    p.add_argument("--audio-flow-shift", type=float, default=None, help="audio flow shift (default: the preset's)")
+    p.add_argument("--flow-shift", type=positive_float, default=None, help="video flow shift (default: the preset's)")
+    p.add_argument(
+        "--audio-flow-shift", type=positive_float, default=None, help="audio flow shift (default: the preset's)"
+    )
     p.add_argument(
         "--calibrate-feature-cache",
         type=Path,
@@ -90,7 +96,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--repeat",
-        type=int,
+        type=positive_int,
         default=1,
         help="run the request this many times on the loaded pipeline (default 1): the first run compiles, the later "
         "ones time what a warm service pays; the report and the files are the last run's",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from telefuser.arg_types import finite_float, positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
 from telefuser.serving.common.startup import run_example
@@ -48,12 +49,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--size", default=None, help="WIDTHxHEIGHT (default: the release's canvas)")
-    p.add_argument("--num-frames", type=int, default=None, help="4n + 1 (default: the release's)")
+    p.add_argument("--num-frames", type=positive_int, default=None, help="4n + 1 (default: the release's)")
     p.add_argument(
-        "--steps", type=int, default=None, help="denoising steps, one DiT call each (default: the release's)"
+        "--steps", type=positive_int, default=None, help="denoising steps, one DiT call each (default: the release's)"
     )
-    p.add_argument("--guidance-scale", type=float, default=None, help="the high-noise expert's (default: release)")
-    p.add_argument("--guidance-scale-2", type=float, default=None, help="the low-noise expert's (default: release)")
+    p.add_argument(
+        "--guidance-scale", type=finite_float, default=None, help="the high-noise expert's (default: release)"
+    )
+    p.add_argument(
+        "--guidance-scale-2", type=finite_float, default=None, help="the low-noise expert's (default: release)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--image",

@@ -9,6 +9,7 @@ and the tier `--offload auto` would choose for that budget, or the refusal an en
 
 from __future__ import annotations
 
+from ..arg_types import positive_float, positive_int
 import argparse
 import sys
 
@@ -25,18 +26,20 @@ def add_plan_parser(sub) -> None:
     )
     names = registry.names()
     p.add_argument("--model", choices=names, required=True, help="the registered model")
-    p.add_argument("--ulysses-degree", type=int, default=1, help="Ulysses degree of the launch (default 1)")
-    p.add_argument("--tp-degree", type=int, default=1, help="tensor-parallel degree of the launch (default 1)")
+    p.add_argument("--ulysses-degree", type=positive_int, default=1, help="Ulysses degree of the launch (default 1)")
+    p.add_argument("--tp-degree", type=positive_int, default=1, help="tensor-parallel degree of the launch (default 1)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16", help="model dtype (default bfloat16)")
     request = p.add_argument_group("the request (each model reads its own; the model's defaults for the rest)")
-    request.add_argument("--duration", type=float, help="MiniMax H3: seconds")
+    request.add_argument("--duration", type=positive_float, help="MiniMax H3: seconds")
     # --size too: Wan 2.2's entry points and its refusals name the canvas that way
     request.add_argument("--resolution", "--size", help="MiniMax H3: short edge or WxH; LingBot, Wan 2.2: WxH")
     request.add_argument("--aspect-ratio", help="MiniMax H3: e.g. 16:9")
-    request.add_argument("--steps", type=int, help="MiniMax H3: sigma points (steps - 1 DiT calls)")
-    request.add_argument("--num-frames", type=int, help="LingBot: frames of a session; Wan 2.2: frames of the clip")
-    request.add_argument("--fps", type=int, help="LingBot: frames per second")
-    request.add_argument("--sessions", type=int, dest="max_sessions", help="LingBot: sessions held at once")
+    request.add_argument("--steps", type=positive_int, help="MiniMax H3: sigma points (steps - 1 DiT calls)")
+    request.add_argument(
+        "--num-frames", type=positive_int, help="LingBot: frames of a session; Wan 2.2: frames of the clip"
+    )
+    request.add_argument("--fps", type=positive_int, help="LingBot: frames per second")
+    request.add_argument("--sessions", type=positive_int, dest="max_sessions", help="LingBot: sessions held at once")
     added: set[str] = set()
     for name in names:
         spec = registry.get_spec(name)

@@ -5,6 +5,7 @@ Plain data (no torch): the services build their command lines from these without
 
 from __future__ import annotations
 
+from ..arg_types import positive_float
 from pathlib import Path
 
 from ..dtypes import DTYPE_NAMES
@@ -72,7 +73,7 @@ def gpu_memory_flag() -> Flag:
     return Flag(
         ("--gpu-memory-gb",),
         {
-            "type": float,
+            "type": positive_float,
             "default": None,
             "metavar": "GIB",
             "help": "GPU memory this process may use, in GiB (default: the device's free memory): the plan fits 90%% "

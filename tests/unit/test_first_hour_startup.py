@@ -148,3 +148,59 @@ def test_run_example_lets_a_fault_show_its_traceback():
     with pytest.raises(KeyError):
         run_example(broken)
     assert run_example(lambda: None) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--fake", "--port", "99999"), "argument --port: must be 0 to 65535, got 99999"),
+        (("--fake", "--max-steps", "0"), "argument --max-steps: must be 1 or more, got 0"),
+        (("--fake", "--max-image-mib", "-2"), "argument --max-image-mib: must be positive, got -2"),
+        (("--fake", "--lora-scale-range", "-1", "nan"), "argument --lora-scale-range: 'nan' is not a finite number"),
+        (("--fake", "--ulysses-degree", "0"), "argument --ulysses-degree/--gpu-num: must be 1 or more, got 0"),
+    ],
+    ids=["port", "max-steps", "max-image-mib", "lora-scale-nan", "ulysses-degree"],
+)
+def test_a_number_out_of_range_is_a_usage_error(tmp_path, args, expected):
+    """Before, a port past 65535 ended in a traceback, and the others started a service that refused every request."""
+    lines = serve(tmp_path, *args)
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
+def test_every_numeric_flag_of_every_command_is_range_checked():
+    """A flag typed plain int or float takes 0, negatives, NaN or infinity; each has a telefuser.arg_types type."""
+    import argparse
+
+    from telefuser.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    plain = [
+        f"telefuser {name} {action.option_strings[0]}"
+        for name, parser in commands.items()
+        for action in parser._actions
+        if action.type in (int, float)
+    ]
+    assert plain == []
+    assert len(commands) >= 4  # serve, serve-stream, plan, info at least: the scan saw the commands
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        ("examples/wan2_2/run_t2v.py", ("--steps", "0"), "argument --steps: must be 1 or more, got 0"),
+        ("examples/minimax_h3/run_t2va.py", ("--steps", "1"), "argument --steps: must be 2 or more, got 1"),
+        ("examples/lingbot_world_v2/run_i2v.py", ("--fps", "0"), "argument --fps: must be 1 or more, got 0"),
+    ],
+    ids=["wan-steps", "minimax-steps", "lingbot-fps"],
+)
+def test_an_example_given_a_number_out_of_range_ends_in_one_line(script, args, expected):
+    """Before: Wan 2.2 wrote a clip of no denoising step, the other two ended in a ValueError traceback."""
+    done = subprocess.run(
+        [sys.executable, script, "--config", "tiny", "--device", "cpu", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"{Path(script).name}: error: {expected}" in done.stderr.splitlines()[-1], done.stderr[-3000:]

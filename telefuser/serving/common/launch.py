@@ -11,6 +11,7 @@ followers leave only when rank 0 broadcasts stop, never in the middle of a colle
 
 from __future__ import annotations
 
+from ...arg_types import port as port_number
 import argparse
 import ipaddress
 import logging
@@ -34,7 +35,9 @@ def add_server_args(group, *, port: int) -> None:
         default="127.0.0.1",
         help="127.0.0.1 (default) serves this machine only; see the README before exposing a service",
     )
-    group.add_argument("--port", type=int, default=port, help="the port to listen on; 0 picks a free one (logged)")
+    group.add_argument(
+        "--port", type=port_number, default=port, help="the port to listen on; 0 picks a free one (logged)"
+    )
     group.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"), help="log verbosity"
     )

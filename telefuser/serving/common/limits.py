@@ -7,6 +7,7 @@ memory comes from the device (memory_budget.py).
 
 from __future__ import annotations
 
+from ...arg_types import positive_int
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -79,11 +80,13 @@ def add_canvas_limit_args(parser, what: str) -> object:
         "request limits (defaults derived from the model and the device; see /v1/service/metadata)"
     )
     group.add_argument(
-        "--max-width", type=int, default=None, help=f"widest {what} (default: 2 x the model's long edge)"
+        "--max-width", type=positive_int, default=None, help=f"widest {what} (default: 2 x the model's long edge)"
     )
-    group.add_argument("--max-height", type=int, default=None, help=f"tallest {what} (default: as --max-width)")
     group.add_argument(
-        "--max-pixels", type=int, default=None, help="pixels per frame (default: 4 x the model's canvas)"
+        "--max-height", type=positive_int, default=None, help=f"tallest {what} (default: as --max-width)"
+    )
+    group.add_argument(
+        "--max-pixels", type=positive_int, default=None, help="pixels per frame (default: 4 x the model's canvas)"
     )
     return group
 

@@ -8,6 +8,7 @@ torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves 
 
 from __future__ import annotations
 
+from ...arg_types import int_in, non_negative_float, positive_float, positive_int
 import argparse
 import logging
 import sys
@@ -68,13 +69,13 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     add_server_args(g, port=8088)
     g.add_argument(
         "--max-sessions",
-        type=int,
+        type=positive_int,
         default=None,
         help="concurrent sessions (model KV slots); default: the factory's metadata max_sessions, else 1",
     )
     g.add_argument(
         "--buffer-chunks",
-        type=int,
+        type=positive_int,
         default=4,
         help="chunks a session may run ahead of what its viewer has played (the page never holds more), and the "
         "delivery queue's length",
@@ -89,12 +90,19 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--codec", choices=CODECS, default="jpeg", help="the WebSocket envelope's frame codec when a create names none"
     )
-    g.add_argument("--jpeg-quality", type=int, default=85, help="JPEG quality of the envelope's frames, 1-95")
-    g.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the client's delivery_ack")
+    g.add_argument("--jpeg-quality", type=int_in(1, 95), default=85, help="JPEG quality of the envelope's frames, 1-95")
     g.add_argument(
-        "--idle-timeout", type=float, default=120.0, help="seconds: close sessions nobody attaches to within this"
+        "--ack-timeout", type=positive_float, default=10.0, help="seconds to wait for the client's delivery_ack"
     )
-    g.add_argument("--max-body-mib", type=float, default=32.0, help="largest create request (the image is in it)")
+    g.add_argument(
+        "--idle-timeout",
+        type=positive_float,
+        default=120.0,
+        help="seconds: close sessions nobody attaches to within this",
+    )
+    g.add_argument(
+        "--max-body-mib", type=positive_float, default=32.0, help="largest create request (the image is in it)"
+    )
     g.add_argument(
         "--replica-id",
         type=replica_id,
@@ -113,7 +121,7 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--webrtc-codec", choices=WEBRTC_CODECS, default="vp8", help="video codec, encoded with PyAV")
     w.add_argument(
         "--webrtc-max-bitrate-mbps",
-        type=float,
+        type=positive_float,
         default=DEFAULT_MAX_BITRATE / 1e6,
         help="the video encoder's bitrate cap, Mbit/s",
     )
@@ -125,7 +133,7 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
         "objects ({urls, username, credential}); default: none (host candidates only; PROTOCOL.md, WebRTC)",
     )
     g.add_argument("--fake", action="store_true", help="serve the deterministic test-pattern model (no weights)")
-    g.add_argument("--fake-delay", type=float, default=0.25, help="--fake: seconds of 'compute' per chunk")
+    g.add_argument("--fake-delay", type=non_negative_float, default=0.25, help="--fake: seconds of 'compute' per chunk")
     g.add_argument(
         "--fake-pattern",
         choices=("scene", "noise"),
@@ -135,19 +143,19 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     lim = add_canvas_limit_args(p, "canvas")
     lim.add_argument(
         "--max-frames",
-        type=int,
+        type=positive_int,
         default=None,
         help="frames per session; open-ended sessions end there (default: 10 minutes at the model fps)",
     )
     lim.add_argument(
         "--max-session-memory-gib",
-        type=float,
+        type=positive_float,
         default=None,
         help="estimated memory one session may take (default: free device memory / max sessions)",
     )
     lim.add_argument(
         "--max-image-pixels",
-        type=int,
+        type=positive_int,
         default=None,
         help="uploaded image, checked before decoding (default: 40 megapixels)",
     )
@@ -159,8 +167,10 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="WxH (default: the model's; LingBot-World v2 832x480, its tiny config 128x96)",
     )
-    m.add_argument("--num-frames", type=int, default=None, help="frames per session (default: the model's, 77)")
-    m.add_argument("--fps", type=float, default=None, help="target FPS (default: the model's, 16)")
+    m.add_argument(
+        "--num-frames", type=positive_int, default=None, help="frames per session (default: the model's, 77)"
+    )
+    m.add_argument("--fps", type=positive_float, default=None, help="target FPS (default: the model's, 16)")
     add_warmup_arg(m, what="a discarded session that runs every chunk shape")
     p.set_defaults(func=run_serve_stream)
     return p

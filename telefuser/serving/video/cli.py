@@ -12,6 +12,7 @@ follower ranks.
 
 from __future__ import annotations
 
+from ...arg_types import finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 import argparse
 import logging
 import sys
@@ -74,17 +75,19 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         help="where MP4s go: a directory (with the embedded job store also its records; replicas may share one on a "
         "shared filesystem) or s3://bucket/prefix (credentials from the usual AWS variables)",
     )
-    g.add_argument("--max-queue", type=int, default=16, help="jobs waiting (on all replicas); more get 429")
+    g.add_argument("--max-queue", type=positive_int, default=16, help="jobs waiting (on all replicas); more get 429")
     g.add_argument(
         "--max-seconds",
-        type=float,
+        type=positive_float,
         default=10.0,
         help="longest clip a request may ask for (the OpenAI SDK's seconds='12' needs --max-seconds 12)",
     )
-    g.add_argument("--max-steps", type=int, default=1000, help="most num_inference_steps a request may ask for")
+    g.add_argument(
+        "--max-steps", type=positive_int, default=1000, help="most num_inference_steps a request may ask for"
+    )
     g.add_argument(
         "--max-body-mib",
-        type=float,
+        type=positive_float,
         default=None,
         help="largest request body (default: 1 MiB for a text-only model; with keyframes or references, 1 MiB + "
         "two images and one clip at their limits, base64-encoded)",
@@ -98,27 +101,31 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=non_negative_float,
         default=30.0,
         help="seconds to wait at shutdown for the running job to stop at its next step",
     )
     g.add_argument(
         "--fake", action="store_true", help="serve a fake model (fake-MiniMax-H3): test pattern + tone, no weights"
     )
-    g.add_argument("--fake-step-delay", type=float, default=0.01, help="--fake: seconds per denoising step")
+    g.add_argument(
+        "--fake-step-delay", type=non_negative_float, default=0.01, help="--fake: seconds per denoising step"
+    )
     g.add_argument("--fake-run-log", type=Path, default=None, help="--fake: append a JSON line per run start and end")
     add_replica_args(p)
     lim = add_canvas_limit_args(p, "clip")
-    lim.add_argument("--max-frames", type=int, default=None, help="frames per clip (default: those of --max-seconds)")
+    lim.add_argument(
+        "--max-frames", type=positive_int, default=None, help="frames per clip (default: those of --max-seconds)"
+    )
     lim.add_argument(
         "--max-pixel-seconds",
-        type=float,
+        type=positive_float,
         default=None,
         help="generated pixels x seconds (default: the model's canvas for --max-seconds)",
     )
     lim.add_argument(
         "--max-job-memory-gib",
-        type=float,
+        type=positive_float,
         default=None,
         help="estimated memory one job may take (default: free device memory after loading)",
     )
@@ -132,7 +139,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--steps-default",
-        type=int,
+        type=positive_int,
         default=None,
         help="num_inference_steps when a request omits it (default: 50; --fake 4)",
     )
@@ -143,7 +150,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--seconds-default",
-        type=float,
+        type=positive_float,
         default=None,
         help="seconds when a request omits it (default: 5; --config tiny and --fake 0.5)",
     )
@@ -162,11 +169,16 @@ def add_media_args(p: argparse.ArgumentParser) -> None:
         help="MiniMax H3's DiT to serve: FL2VA runs text-only and keyframe (input_reference, last_frame) jobs, "
         "Ref2VA runs reference jobs; a job the other one runs gets 422 naming it",
     )
-    g.add_argument("--max-image-mib", type=float, default=10.0, help="largest image file (a keyframe or reference)")
     g.add_argument(
-        "--max-image-pixels", type=int, default=4096 * 4096, help="most pixels of an image, read from its header"
+        "--max-image-mib", type=positive_float, default=10.0, help="largest image file (a keyframe or reference)"
     )
-    g.add_argument("--max-clip-mib", type=float, default=32.0, help="largest video or audio reference file")
+    g.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=4096 * 4096,
+        help="most pixels of an image, read from its header",
+    )
+    g.add_argument("--max-clip-mib", type=positive_float, default=32.0, help="largest video or audio reference file")
     g.add_argument(
         "--lora-dir",
         type=Path,
@@ -174,10 +186,10 @@ def add_media_args(p: argparse.ArgumentParser) -> None:
         help="the directory of LoRA files (NAME.safetensors) a request may name in 'lora'; the only place LoRAs "
         "come from (needs the DiT's blocks resident: not --offload block)",
     )
-    g.add_argument("--max-loras", type=int, default=4, help="most LoRAs one request may stack")
+    g.add_argument("--max-loras", type=non_negative_int, default=4, help="most LoRAs one request may stack")
     g.add_argument(
         "--lora-scale-range",
-        type=float,
+        type=finite_float,
         nargs=2,
         default=(-4.0, 4.0),
         metavar=("MIN", "MAX"),

@@ -3,6 +3,7 @@ loads, and the stores they open (on rank 0 only, once the model is up)."""
 
 from __future__ import annotations
 
+from ...arg_types import positive_float, positive_int
 import argparse
 import logging
 import os
@@ -31,14 +32,21 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         help="answer .../content with a redirect to a presigned URL instead of streaming the MP4 through the replica",
     )
     g.add_argument("--replica-id", type=replica_id, default=None, help="this replica's name (default: host-pid)")
-    g.add_argument("--max-attempts", type=int, default=3, help="runs of a job whose replica was lost, then worker_lost")
     g.add_argument(
-        "--lease-seconds", type=float, default=30.0, help="a running job whose replica stops renewing is requeued"
+        "--max-attempts", type=positive_int, default=3, help="runs of a job whose replica was lost, then worker_lost"
     )
-    g.add_argument("--poll-seconds", type=float, default=1.0, help="an idle replica checks for work this often")
+    g.add_argument(
+        "--lease-seconds",
+        type=positive_float,
+        default=30.0,
+        help="a running job whose replica stops renewing is requeued",
+    )
+    g.add_argument(
+        "--poll-seconds", type=positive_float, default=1.0, help="an idle replica checks for work this often"
+    )
     g.add_argument(
         "--retention-hours",
-        type=float,
+        type=positive_float,
         default=None,
         help="delete finished jobs and their MP4s this long after they end (expires_at); default: keep them",
     )
