@@ -9,7 +9,7 @@ and the tier `--offload auto` would choose for that budget, or the refusal an en
 
 from __future__ import annotations
 
-from ..arg_types import positive_float, positive_int
+from ..arg_types import int_at_least, positive_float, positive_int
 import argparse
 import sys
 
@@ -34,7 +34,7 @@ def add_plan_parser(sub) -> None:
     # --size too: Wan 2.2's entry points and its refusals name the canvas that way
     request.add_argument("--resolution", "--size", help="MiniMax H3: short edge or WxH; LingBot, Wan 2.2: WxH")
     request.add_argument("--aspect-ratio", help="MiniMax H3: e.g. 16:9")
-    request.add_argument("--steps", type=positive_int, help="MiniMax H3: sigma points (steps - 1 DiT calls)")
+    request.add_argument("--steps", type=int_at_least(2), help="MiniMax H3: sigma points (steps - 1 DiT calls)")
     request.add_argument(
         "--num-frames", type=positive_int, help="LingBot: frames of a session; Wan 2.2: frames of the clip"
     )
