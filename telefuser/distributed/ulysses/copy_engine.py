@@ -32,7 +32,11 @@ class UlyssesCaptureError(RuntimeError):
 
 
 def _default_timeout() -> float:
-    return float(os.environ.get("TELEFUSER_ULYSSES_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    text = os.environ.get("TELEFUSER_ULYSSES_TIMEOUT_S", DEFAULT_TIMEOUT_S)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"TELEFUSER_ULYSSES_TIMEOUT_S must be a number of seconds, got {text!r}") from None
 
 
 @dataclass
