@@ -10,6 +10,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from .sizes import parse_size
+
 
 def _number(kind: type, text: str) -> int | float:
     try:
@@ -46,3 +48,15 @@ positive_float = _checked(float, lambda v: v > 0, "positive")
 non_negative_float = _checked(float, lambda v: v >= 0, "0 or more")
 finite_float = _checked(float, lambda v: True, "finite")
 port = int_in(0, 65535)
+
+
+def canvas_size(text: str) -> str:
+    """WIDTHxHEIGHT of two positive integers, written back as such (what the request parsers take); whether the
+    model can make that canvas is the model's to say."""
+    try:
+        width, height = parse_size(text, what="the size")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"width and height must be positive, got {text}")
+    return f"{width}x{height}"

@@ -12,12 +12,12 @@ command to use; a world that does not match is refused with the same error on ev
 
 from __future__ import annotations
 
-from .arg_types import positive_int
 import argparse
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .arg_types import positive_int
 from .dtypes import DTYPE_NAMES, torch_dtype
 
 if TYPE_CHECKING:  # torch is imported where it is used: the services' CLIs parse their flags without it

@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 from telefuser.arg_types import positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
-from telefuser.serving.common.startup import run_example
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.lingbot_world_v2 import (
     FRAME_POLICIES,
@@ -35,6 +34,7 @@ from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
 from telefuser.pipelines.lingbot_world_v2.loading import request_from_args
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
+from telefuser.serving.common.startup import run_example
 
 MODEL = get_spec("lingbot_world_v2")
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,6 @@ from pathlib import Path
 from telefuser.arg_types import int_at_least, positive_float, positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
-from telefuser.serving.common.startup import run_example
 from telefuser.models.minimax_h3.lora import LoraError
 from telefuser.models.registry import get_spec
 from telefuser.pipelines.minimax_h3 import ASPECT_RATIOS, FlowSchedule, load_reference, partition_for_task, plan_shape
@@ -27,6 +26,7 @@ from telefuser.pipelines.minimax_h3.loading import request_from_args
 from telefuser.pipelines.minimax_h3.presets import PRESETS, get_preset
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
+from telefuser.serving.common.startup import run_example
 
 MODEL = get_spec("minimax_h3")
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching softly while a crow calls overhead."

@@ -29,11 +29,11 @@ from PIL import Image, UnidentifiedImageError
 from telefuser.arg_types import finite_float, positive_int
 from telefuser.media import write_mp4
 from telefuser.memory.plan import plan_or_exit
-from telefuser.serving.common.startup import run_example
 from telefuser.models.registry import get_spec
 from telefuser.models.wan2_2.config import release
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
+from telefuser.serving.common.startup import run_example
 
 MODELS = ("wan2.2-t2v-a14b", "wan2.2-ti2v-5b")
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its breath steaming in the cold air."

@@ -9,10 +9,10 @@ and the tier `--offload auto` would choose for that budget, or the refusal an en
 
 from __future__ import annotations
 
-from ..arg_types import int_at_least, positive_float, positive_int
 import argparse
 import sys
 
+from ..arg_types import int_at_least, positive_float, positive_int
 from ..models import registry
 from ..runtime import DTYPE_NAMES
 

@@ -5,9 +5,9 @@ Plain data (no torch): the services build their command lines from these without
 
 from __future__ import annotations
 
-from ..arg_types import positive_float
 from pathlib import Path
 
+from ..arg_types import positive_float
 from ..dtypes import DTYPE_NAMES
 from ..ops.attention_registry import AUTO, offered_names
 from .spec import Flag

@@ -204,3 +204,47 @@ def test_an_example_given_a_number_out_of_range_ends_in_one_line(script, args, e
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"{Path(script).name}: error: {expected}" in done.stderr.splitlines()[-1], done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--fake", "--size-default", "0x64"), "argument --size-default: width and height must be positive, got 0x64"),
+        (
+            ("--fake", "--seconds-default", "20"),
+            "a request that leaves size, seconds and steps out would be refused: 'seconds' is 20; this server allows "
+            "at most 10 s",
+        ),
+        (("--fake", "--steps-default", "2000"), "'num_inference_steps' is 2,000; this server allows at most 1000"),
+    ],
+    ids=["size-zero", "seconds-past-the-limit", "steps-past-the-limit"],
+)
+def test_request_defaults_the_service_would_refuse(tmp_path, args, expected):
+    """Before, the service started and answered every request that left the field out with a 422 for the server's
+    own flag."""
+    lines = serve(tmp_path, *args)
+    assert expected in lines[-1], lines
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--resolution", "100x100"), "the session defaults: resolution 100x100: width and height must be positive "),
+        (("--num-frames", "3"), "the session defaults: num_frames must be 1 + 4k"),
+        (("--resolution", "12x"), "argument --resolution: the size must be WIDTHxHEIGHT (e.g. 832x480), got '12x'"),
+    ],
+    ids=["resolution-not-a-multiple", "num-frames", "resolution-unreadable"],
+)
+def test_session_defaults_the_stream_service_cannot_make(args, expected):
+    """Before: a ValueError traceback from the memory plan, or (through the fake) a 422 on every create."""
+    done = subprocess.run(
+        [sys.executable, "-m", "telefuser.cli", "serve-stream", "--config", "tiny", "--device", "cpu", "--port", "0"]
+        + list(args),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith("telefuser serve-stream: error: " + expected), done.stderr[-3000:]

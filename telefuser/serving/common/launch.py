@@ -11,7 +11,6 @@ followers leave only when rank 0 broadcasts stop, never in the middle of a colle
 
 from __future__ import annotations
 
-from ...arg_types import port as port_number
 import argparse
 import ipaddress
 import logging
@@ -21,6 +20,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ...arg_types import port as port_number
 from .auth import add_auth_args, keys_from_args
 from .cli_help import OneLineErrorParser
 from .startup import StartupError, bind_failure, check_attention, check_device, check_port, explain_build_error, run_cli

@@ -7,10 +7,10 @@ memory comes from the device (memory_budget.py).
 
 from __future__ import annotations
 
-from ...arg_types import positive_int
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ...arg_types import positive_int
 from .http_errors import RequestError
 
 

@@ -8,12 +8,12 @@ torchrun --nproc-per-node 4 -m telefuser.cli serve-stream ...   # rank 0 serves 
 
 from __future__ import annotations
 
-from ...arg_types import int_in, non_negative_float, positive_float, positive_int
 import argparse
 import logging
 import sys
 from typing import Any
 
+from ...arg_types import canvas_size, int_in, non_negative_float, positive_float, positive_int
 from ...models.registry import names
 from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
@@ -164,6 +164,7 @@ def add_serve_stream_parser(subparsers) -> argparse.ArgumentParser:
     m = p.add_argument_group("sessions", "what a session that leaves them out gets")
     m.add_argument(
         "--resolution",
+        type=canvas_size,
         default=None,
         help="WxH (default: the model's; LingBot-World v2 832x480, its tiny config 128x96)",
     )

@@ -18,7 +18,9 @@ import torch
 
 from telefuser.memory.plan import plan_or_exit
 from telefuser.models.lingbot_world_v2.controls import KEY_BINDINGS
+from telefuser.pipelines.lingbot_world_v2.request import plan_session
 
+from ..common.startup import StartupError
 from ..common.warmup import warmup_wanted
 
 log = logging.getLogger("telefuser.serving")
@@ -153,6 +155,10 @@ def build_lingbot_factory(args: argparse.Namespace) -> LingBotSessionFactory:
         "fps": args.fps or 16,
         "frame_policy": "truncate",
     }
+    try:  # a session that names none of these must be one this service makes: else every such create is a 422
+        plan_session(**{k: defaults[k] for k in ("resolution", "num_frames", "fps", "frame_policy")})
+    except ValueError as exc:
+        raise StartupError(f"the session defaults: {exc}; change --resolution, --num-frames or --fps") from None
     # the plan holds --max-sessions default sessions at once; each session is checked again when it is made
     request = {**{k: defaults[k] for k in ("resolution", "num_frames", "fps")}, "sessions": args.max_sessions or 1}
     memory_plan = plan_or_exit(LINGBOT_WORLD_V2, args, runtime, request)

@@ -12,15 +12,16 @@ follower ranks.
 
 from __future__ import annotations
 
-from ...arg_types import finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 import argparse
 import logging
 import sys
 from pathlib import Path
 
+from ...arg_types import canvas_size, finite_float, non_negative_float, non_negative_int, positive_float, positive_int
 from ...models.registry import names
 from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
+from ..common.http_errors import RequestError
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
 from ..common.model_args import add_model_args, chosen_spec
@@ -145,6 +146,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--size-default",
+        type=canvas_size,
         default=None,
         help="size when a request omits it (default: 1344x768; --config tiny 64x32; --fake 64x64)",
     )
@@ -250,12 +252,25 @@ def _serve(args: argparse.Namespace, runner: VideoRunner) -> int:
         media_limits=media,
         lora_policy=loras,
     )
+    check_request_defaults(app.state.service)
     model = runner.model
     if runner.metadata.get("fake"):
         also = runner.metadata["stands_in_for"]
         model += f" (a fake model: test pattern and tone, no weights; requests may also name {also})"
     describe = f"model: {model}, jobs: {job_store.location}, artifacts: {artifacts.location}"
     return serve_until_stopped(app, args, describe=describe, command="serve")
+
+
+def check_request_defaults(service) -> None:
+    """A request that names only a prompt must be one this service runs: otherwise every such request would get a 422
+    for what the server was started with."""
+    try:
+        service.validate("application/json", b'{"prompt": "the start-up check of the request defaults"}')
+    except RequestError as exc:
+        raise StartupError(
+            f"a request that leaves size, seconds and steps out would be refused: {exc.detail}; change "
+            "--size-default, --seconds-default or --steps-default, or the limit named"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

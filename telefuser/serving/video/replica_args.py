@@ -3,11 +3,11 @@ loads, and the stores they open (on rank 0 only, once the model is up)."""
 
 from __future__ import annotations
 
-from ...arg_types import positive_float, positive_int
 import argparse
 import logging
 import os
 
+from ...arg_types import positive_float, positive_int
 from ..common.replica import replica_id
 from ..common.startup import require_package
 from .store import ArtifactStore, JobStore, QueuePolicy, open_artifacts, open_job_store
