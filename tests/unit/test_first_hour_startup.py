@@ -248,3 +248,17 @@ def test_session_defaults_the_stream_service_cannot_make(args, expected):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1].startswith("telefuser serve-stream: error: " + expected), done.stderr[-3000:]
+
+
+def test_an_artifacts_directory_that_cannot_be_made(tmp_path):
+    """Under a file: refused before the model is built. In a pseudo filesystem (/proc refuses even root): refused when
+    the store opens, in one line. Before, the second was a FileNotFoundError traceback."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    lines = serve(tmp_path, "--fake", "--artifacts", str(a_file / "videos"))
+    assert lines == [f"telefuser serve: error: --artifacts {a_file / 'videos'}: {a_file} is not a directory"]
+    line = serve(tmp_path, "--fake", "--artifacts", "/proc/telefuser-videos")[-1]
+    assert (
+        line
+        == "telefuser serve: error: --artifacts /proc/telefuser-videos: cannot create or use it (No such file or directory)"
+    )

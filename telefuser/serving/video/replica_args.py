@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 
 from ...arg_types import positive_float, positive_int
 from ..common.replica import replica_id
@@ -79,6 +80,19 @@ def check_replica_args(args: argparse.Namespace) -> None:
         require_package("psycopg_pool", flag="--job-store postgresql://...", install=install)
     if str(args.artifacts).startswith("s3://"):
         require_package("boto3", flag="--artifacts s3://...", install=install)
+    else:
+        _check_artifacts_directory(str(args.artifacts))
+
+
+def _check_artifacts_directory(path: str) -> None:
+    """The directory exists, or its nearest existing parent is a directory this user may write in (nothing is created
+    here: followers check too, and never write)."""
+    target = Path(path).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise SystemExit(f"telefuser serve: --artifacts {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"telefuser serve: --artifacts {path}: {existing} is not writable by this user")
 
 
 def open_stores(args: argparse.Namespace) -> tuple[JobStore, ArtifactStore]:
@@ -87,3 +101,7 @@ def open_stores(args: argparse.Namespace) -> tuple[JobStore, ArtifactStore]:
         return open_job_store(args.job_store, queue_policy(args), artifacts), artifacts
     except (ValueError, StoreUnavailable) as exc:
         raise SystemExit(f"telefuser serve: {exc}") from None
+    except OSError as exc:  # the directory could not be made or used after all (a read-only or pseudo filesystem)
+        raise SystemExit(
+            f"telefuser serve: --artifacts {args.artifacts}: cannot create or use it ({exc.strerror or exc})"
+        ) from None
