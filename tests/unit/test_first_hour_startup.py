@@ -229,17 +229,27 @@ def test_request_defaults_the_service_would_refuse(tmp_path, args, expected):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("--resolution", "100x100"), "the session defaults: resolution 100x100: width and height must be positive "),
-        (("--num-frames", "3"), "the session defaults: num_frames must be 1 + 4k"),
-        (("--resolution", "12x"), "argument --resolution: the size must be WIDTHxHEIGHT (e.g. 832x480), got '12x'"),
+        (
+            ("--config", "tiny", "--resolution", "100x100"),
+            "the session defaults: resolution 100x100: width and height must be positive ",
+        ),
+        (("--config", "tiny", "--num-frames", "3"), "the session defaults: num_frames must be 1 + 4k"),
+        (
+            ("--config", "tiny", "--resolution", "12x"),
+            "argument --resolution: the size must be WIDTHxHEIGHT (e.g. 832x480), got '12x'",
+        ),
+        (
+            ("--fake", "--resolution", "2048x2048", "--max-width", "1024"),
+            "a session that leaves resolution, num_frames and fps out would be refused: resolution 2048x2048 is 2048 "
+            "pixels wide; the limit is max_width=1,024",
+        ),
     ],
-    ids=["resolution-not-a-multiple", "num-frames", "resolution-unreadable"],
+    ids=["resolution-not-a-multiple", "num-frames", "resolution-unreadable", "past-a-limit"],
 )
 def test_session_defaults_the_stream_service_cannot_make(args, expected):
-    """Before: a ValueError traceback from the memory plan, or (through the fake) a 422 on every create."""
+    """Before: a ValueError traceback from the memory plan, or a service that answered every create with a 422."""
     done = subprocess.run(
-        [sys.executable, "-m", "telefuser.cli", "serve-stream", "--config", "tiny", "--device", "cpu", "--port", "0"]
-        + list(args),
+        [sys.executable, "-m", "telefuser.cli", "serve-stream", "--device", "cpu", "--port", "0"] + list(args),
         cwd=REPO,
         capture_output=True,
         text=True,

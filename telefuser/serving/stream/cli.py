@@ -17,14 +17,16 @@ from ...arg_types import canvas_size, int_in, non_negative_float, positive_float
 from ...models.registry import names
 from ...runtime import add_runtime_args
 from ..common.auth import keys_from_args
+from ..common.http_errors import RequestError
 from ..common.launch import add_server_args, run_command, run_service, serve_until_stopped
 from ..common.limits import add_canvas_limit_args
 from ..common.model_args import add_model_args, chosen_spec
 from ..common.replica import replica_id
+from ..common.startup import StartupError
 from ..common.warmup import add_warmup_arg
 from .contract import SessionFactory
 from .envelope import CODECS
-from .limits import StreamLimitFlags
+from .limits import StreamLimitFlags, check_stream_config
 from .replay import FollowingFactory, follow
 from .replica import ReplicaIdentity
 from .webrtc.settings import CODECS as WEBRTC_CODECS
@@ -226,7 +228,21 @@ def _serve(args: argparse.Namespace, factory: SessionFactory) -> int:
         models=names(SERVICE),
         webrtc=_webrtc(args),
     )
+    check_session_defaults(app.state.service.registry)
     return serve_until_stopped(app, args, describe=f"model: {factory.metadata.get('model')}", command="serve-stream")
+
+
+def check_session_defaults(registry) -> None:
+    """A create that names no resolution, frames or fps must pass this service's limits: otherwise every such create
+    would get a 422 for what the server was started with."""
+    try:
+        check_stream_config(registry.limits, registry.effective_config({}))
+    except (ValueError, RequestError) as exc:
+        detail = exc.detail if isinstance(exc, RequestError) else str(exc)
+        raise StartupError(
+            f"a session that leaves resolution, num_frames and fps out would be refused: {detail}; change "
+            "--resolution, --num-frames or --fps, or the limit named"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
