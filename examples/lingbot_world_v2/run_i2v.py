@@ -34,7 +34,7 @@ from telefuser.pipelines.lingbot_world_v2.image import load_reference_image
 from telefuser.pipelines.lingbot_world_v2.loading import request_from_args
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
-from telefuser.serving.common.startup import run_example
+from telefuser.serving.common.startup import check_output_file, run_example
 
 MODEL = get_spec("lingbot_world_v2")
 HERE = Path(__file__).resolve().parent
@@ -85,13 +85,17 @@ def main(argv=None) -> None:
     if args.resolution is None:
         args.resolution = TINY_RESOLUTION if args.config == "tiny" and args.checkpoint is None else OFFICIAL_RESOLUTION
     # Refuse a bad request before any process group or weight exists.
-    plan = plan_session(
-        resolution=args.resolution, num_frames=args.num_frames, fps=args.fps, frame_policy=args.frame_policy
-    )
-    trace = ControlTrace() if args.controls.lower() == "none" else load_control_trace(args.controls)
-    image = load_reference_image(args.image)
+    try:
+        plan = plan_session(
+            resolution=args.resolution, num_frames=args.num_frames, fps=args.fps, frame_policy=args.frame_policy
+        )
+        trace = ControlTrace() if args.controls.lower() == "none" else load_control_trace(args.controls)
+        image = load_reference_image(args.image)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if not args.prompt.strip():
         raise SystemExit("--prompt must not be empty")
+    check_output_file(args.output)
 
     runtime = Runtime.from_args(args)
     mesh, device, dtype, rank = runtime.mesh, runtime.device, runtime.dtype, runtime.rank

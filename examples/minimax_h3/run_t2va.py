@@ -26,7 +26,7 @@ from telefuser.pipelines.minimax_h3.loading import request_from_args
 from telefuser.pipelines.minimax_h3.presets import PRESETS, get_preset
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
-from telefuser.serving.common.startup import run_example
+from telefuser.serving.common.startup import check_output_file, run_example
 
 MODEL = get_spec("minimax_h3")
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its paws crunching softly while a crow calls overhead."
@@ -160,8 +160,12 @@ def main() -> None:
     if args.calibrate_feature_cache and args.calibrate_feature_cache.resolve() == metrics_path.resolve():
         raise SystemExit(f"--calibrate-feature-cache {metrics_path} would be overwritten by the metrics JSON")
     # Refuse a bad request before any weight is loaded (the pipeline checks again with the DiT's patch size).
-    plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio or "16:9")
-    FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
+    try:
+        plan_shape(duration_s=args.duration, resolution=args.resolution, aspect_ratio=args.aspect_ratio or "16:9")
+        FlowSchedule.build(args.steps, args.flow_shift, args.audio_flow_shift)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    check_output_file(args.output)
     runtime = Runtime.from_args(args)
     attn_impl = MODEL.attention_impl(args, runtime)  # --attn-impl auto resolved here, agreed by every rank
     memory = plan_or_exit(MODEL, args, runtime, request_from_args(args))  # before any weight loads, agreed by all

@@ -33,7 +33,7 @@ from telefuser.models.registry import get_spec
 from telefuser.models.wan2_2.config import release
 from telefuser.profiling.timing import device_peaks
 from telefuser.runtime import Runtime, add_runtime_args
-from telefuser.serving.common.startup import run_example
+from telefuser.serving.common.startup import check_output_file, run_example
 
 MODELS = ("wan2.2-t2v-a14b", "wan2.2-ti2v-5b")
 DEFAULT_PROMPT = "A red fox trots across fresh snow at dawn, its breath steaming in the cold air."
@@ -112,6 +112,7 @@ def read_image(p: argparse.ArgumentParser, args: argparse.Namespace) -> Image.Im
 def main(argv=None) -> int:
     args = parse_args(argv)
     spec = get_spec(args.model)
+    check_output_file(args.output)
     runtime = Runtime.from_args(args)
     # before any weight loads: the cheapest --offload tier that fits, or a refusal naming what would (exit status 2)
     plan = plan_or_exit(spec, args, runtime, spec.request_from_args(args))

@@ -272,3 +272,39 @@ def test_an_artifacts_directory_that_cannot_be_made(tmp_path):
         line
         == "telefuser serve: error: --artifacts /proc/telefuser-videos: cannot create or use it (No such file or directory)"
     )
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        (
+            "examples/minimax_h3/run_t2va.py",
+            ("--resolution", "abc"),
+            "resolution must be a short edge or WIDTHxHEIGHT, got 'abc'",
+        ),
+        (
+            "examples/lingbot_world_v2/run_i2v.py",
+            ("--resolution", "100x100"),
+            "resolution 100x100: width and height must be positive multiples of 16",
+        ),
+        ("examples/lingbot_world_v2/run_i2v.py", ("--image", "/nonexistent.png"), "reference image not found"),
+        (
+            "examples/minimax_h3/run_t2va.py",
+            ("--output", "/proc/telefuser/out.mp4"),
+            "--output /proc/telefuser/out.mp4: cannot create /proc/telefuser (No such file or directory)",
+        ),
+        ("examples/wan2_2/run_t2v.py", ("--output", "/tmp"), "--output /tmp is a directory; name a file"),
+    ],
+    ids=["minimax-resolution", "lingbot-resolution", "lingbot-image", "minimax-output", "wan-output"],
+)
+def test_an_example_refuses_a_request_or_an_output_it_cannot_make_before_it_runs(script, args, expected):
+    """Before: a ValueError traceback, or (the output) minutes of generation lost when the MP4 could not be written."""
+    done = subprocess.run(
+        [sys.executable, script, "--config", "tiny", "--device", "cpu", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(f"{Path(script).name}: error: {expected}"), done.stderr[-3000:]

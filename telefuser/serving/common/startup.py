@@ -57,6 +57,23 @@ def run_cli(func: Callable[[argparse.Namespace], int], args: argparse.Namespace,
         return _report(one_line(command, exc.code))
 
 
+def check_output_file(path, flag: str = "--output") -> None:
+    """`path` can be written: its directory exists or can be made, and is writable (checked before a run of minutes
+    whose result would be lost at the end). Creates the directory, as the write would."""
+    import os
+    from pathlib import Path
+
+    directory = Path(path).absolute().parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"{flag} {path}: cannot create {directory} ({exc.strerror or exc})") from None
+    if Path(path).is_dir():
+        raise StartupError(f"{flag} {path} is a directory; name a file")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise StartupError(f"{flag} {path}: {directory} is not writable by this user")
+
+
 def run_example(main: Callable[[], int | None]) -> int:
     """An example script's `main()`, with a start-up mistake (a message-carrying SystemExit, or what
     `explain_build_error` recognises) printed as one line, `<script>: error: ...`, and exit status 2."""
