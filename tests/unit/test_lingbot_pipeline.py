@@ -292,11 +292,11 @@ def test_cli_refuses_bad_requests_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "pipeline_from_args", lambda *a, **kw: pytest.fail("loaded weights for a bad request"))
     bad = tmp_path / "trace.json"
     bad.write_text('[{"chunk": 0, "keys": ["Q"]}]')
-    with pytest.raises(ValueError, match="unknown control key 'Q'"):
+    with pytest.raises(SystemExit, match="unknown control key 'Q'"):  # one line: run_example prints it
         cli.main(["--controls", str(bad), "--output", str(tmp_path / "x.mp4")])
-    with pytest.raises(ValueError, match="multiples of 16"):
+    with pytest.raises(SystemExit, match="multiples of 16"):  # one line: run_example prints it
         cli.main(["--resolution", "100x48", "--output", str(tmp_path / "x.mp4")])
-    with pytest.raises(ValueError, match=r"1 \+ 4k"):
+    with pytest.raises(SystemExit, match=r"1 \+ 4k"):  # one line: run_example prints it
         cli.main(["--num-frames", "50", "--output", str(tmp_path / "x.mp4")])
 
 

@@ -396,7 +396,7 @@ def test_flags_are_checked_before_the_model_loads(tmp_path):
 
     for args, message in (
         (["--job-store", "mysql://x"], "--job-store must be 'embedded' or a postgresql:// URL"),
-        (["--max-attempts", "0"], "max_attempts must be >= 1"),
+        (["--max-attempts", "0"], "argument --max-attempts: must be 1 or more, got 0"),
         (["--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint needs --artifacts s3://"),
         (["--replica-id", "a/b"], "is not a replica id"),
         (["--job-store", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the job database"),
