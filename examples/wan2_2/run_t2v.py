@@ -133,7 +133,6 @@ def main(argv=None) -> int:
         image=args.first_frame,
     )
     if runtime.rank == 0:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         write_mp4(args.output, video.frames, fps=video.fps)
         variant = release(args.model.removeprefix("wan2.2-"), "official" if args.checkpoint else args.config)
         summary = {

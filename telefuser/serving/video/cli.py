@@ -201,8 +201,8 @@ def add_media_args(p: argparse.ArgumentParser) -> None:
 
 def media_options(args: argparse.Namespace) -> tuple[MediaLimits, LoraPolicy]:
     low, high = args.lora_scale_range
-    if low > high or args.max_loras < 0:
-        raise StartupError("--lora-scale-range MIN MAX needs MIN <= MAX, and --max-loras >= 0")
+    if low > high:  # --max-loras is range-checked by its argparse type
+        raise StartupError("--lora-scale-range MIN MAX needs MIN <= MAX")
     media = MediaLimits(
         max_image_bytes=int(args.max_image_mib * 2**20),
         max_image_pixels=args.max_image_pixels,
